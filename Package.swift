@@ -1,0 +1,99 @@
+// swift-tools-version: 6.1
+// Tether: a realtime messaging server (PubNub-compatible wire) and Swift client SDK.
+import PackageDescription
+
+/// Strict settings for every target we own: Swift 6 language mode is the package default;
+/// these add the upcoming features the codebase is written against.
+let strictSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+]
+
+let package = Package(
+    name: "Tether",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "TetherProtocol", targets: ["TetherProtocol"]),
+        .library(name: "TetherServer", targets: ["TetherServer"]),
+        .executable(name: "tether", targets: ["TetherCLI"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
+        .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+    ],
+    targets: [
+        .target(
+            name: "TetherProtocol",
+            swiftSettings: strictSettings
+        ),
+        .target(
+            name: "TetherServerCore",
+            dependencies: ["TetherProtocol"],
+            swiftSettings: strictSettings
+        ),
+        .systemLibrary(name: "CZlib", pkgConfig: "zlib", providers: [.apt(["zlib1g-dev"])]),
+        .target(
+            name: "TetherServer",
+            dependencies: [
+                "TetherProtocol",
+                "TetherServerCore",
+                "CZlib",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .executableTarget(
+            name: "TetherCLI",
+            dependencies: [
+                "TetherProtocol",
+                "TetherServer",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "TetherProtocolTests",
+            dependencies: ["TetherProtocol"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "TetherServerCoreTests",
+            dependencies: ["TetherServerCore", "TetherProtocol"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "TetherServerTests",
+            dependencies: [
+                "TetherServer",
+                "TetherProtocol",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings
+        ),
+    ]
+)

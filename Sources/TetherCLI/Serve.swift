@@ -1,0 +1,85 @@
+import ArgumentParser
+import Foundation
+import Logging
+import Prometheus
+import TetherServer
+
+/// `tether serve`: run the server until SIGINT/SIGTERM.
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the Tether server.",
+        discussion: """
+            Every option can also be set through the environment variable shown; a flag wins over \
+            the environment. The server prints one line with its URL when it is ready, and on \
+            SIGINT/SIGTERM answers waiting long-polls, finishes in-flight requests, flushes the \
+            store and exits 0.
+
+            Without --config the server accepts only the demo/demo keyset (no access control). \
+            A config file is JSON; see docs/configuration.md.
+            """
+    )
+
+    @Option(help: "Address to listen on. [env: TETHER_HOST] (default: 127.0.0.1)")
+    var host: String?
+
+    @Option(help: "Port to listen on; 0 picks a free one. [env: TETHER_PORT] (default: 8090)")
+    var port: Int?
+
+    @Option(name: .customLong("data-dir"), help: "Directory for the SQLite store. [env: TETHER_DATA_DIR] (default: ./.tether-data)")
+    var dataDir: String?
+
+    @Option(help: "JSON file with keysets and limits. [env: TETHER_CONFIG]")
+    var config: String?
+
+    @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning, error or critical. [env: TETHER_LOG_LEVEL] (default: info)")
+    var logLevel: String?
+
+    @Option(name: .customLong("subscribe-timeout"), help: "Seconds a subscribe long-poll waits before answering empty. [env: TETHER_SUBSCRIBE_TIMEOUT] (default: 280)")
+    var subscribeTimeout: Double?
+
+    func validate() throws {
+        if let port, !(0...65535).contains(port) { throw ValidationError("--port must be between 0 and 65535") }
+        if let logLevel, Logger.Level(rawValue: logLevel) == nil {
+            throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
+        }
+    }
+
+    func run() async throws {
+        let env = ProcessInfo.processInfo.environment
+        let levelText = logLevel ?? env["TETHER_LOG_LEVEL"] ?? "info"
+        guard let level = Logger.Level(rawValue: levelText) else {
+            throw ValidationError("TETHER_LOG_LEVEL must be one of trace, debug, info, notice, warning, error, critical")
+        }
+        var logger = Logger(label: "tether") { StreamLogHandler.standardError(label: $0) }
+        logger.logLevel = level
+
+        var file = ConfigurationFile()
+        if let path = config ?? env["TETHER_CONFIG"] {
+            file = try ConfigurationFile.load(path: path)
+        }
+        if let timeout = subscribeTimeout ?? env["TETHER_SUBSCRIBE_TIMEOUT"].flatMap(Double.init) {
+            file.subscribeTimeoutSeconds = timeout
+            try file.validate()
+        }
+        var resolvedPort = port ?? 8090
+        if port == nil, let text = env["TETHER_PORT"] {
+            guard let value = Int(text), (0...65535).contains(value) else { throw ValidationError("TETHER_PORT must be a port number") }
+            resolvedPort = value
+        }
+        let configuration = ServerConfiguration(
+            host: host ?? env["TETHER_HOST"] ?? "127.0.0.1",
+            port: resolvedPort,
+            dataDirectory: dataDir ?? env["TETHER_DATA_DIR"] ?? ".tether-data",
+            file: file
+        )
+        let registry = PrometheusCollectorRegistry()
+        let server = try TetherServer(configuration: configuration, logger: logger, registry: registry)
+        let keysets = server.state.keysets.all.map { $0.name ?? $0.subscribeKey }.sorted().joined(separator: ", ")
+        let readyLogger = logger
+        try await server.run(handleSignals: true) { url in
+            readyLogger.info("server ready", metadata: ["url": "\(url)", "data-dir": "\(configuration.dataDirectory)", "keysets": "\(keysets)"])
+            // One line on stdout, flushed at once, so scripts can wait for it.
+            FileHandle.standardOutput.write(Data("Tether listening on \(url)\n".utf8))
+        }
+    }
+}

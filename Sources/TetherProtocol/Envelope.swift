@@ -1,0 +1,134 @@
+/// The kind of an event as carried in a subscribe envelope's `e` field.
+public enum EventKind: Int, Sendable, Hashable, Codable {
+    /// A published message (`e` absent or 0).
+    case message = 0
+    /// A signal (`e: 1`): small, never stored.
+    case signal = 1
+    /// An App Context object event (`e: 2`).
+    case object = 2
+    /// A message action event (`e: 3`).
+    case messageAction = 3
+    /// A file message (`e: 4`).
+    case file = 4
+}
+
+/// One event as it appears in the `m` array of a subscribe response (pubnub-wire §6.3).
+///
+/// The server encodes each envelope once, when the event is published, and splices in the
+/// per-subscription `b` field at delivery time (see ``encodedWithMatch(_:)``).
+public struct SubscribeEnvelope: Sendable, Hashable {
+    /// Publish timetoken (`p.t`).
+    public var timetoken: Timetoken
+    /// Region (`p.r`); never 0.
+    public var region: Int
+    /// Subscribe key (`k`).
+    public var subscribeKey: String
+    /// The actual channel (`c`); presence events use `{ch}-pnpres`.
+    public var channel: String
+    /// The payload (`d`) as JSON text.
+    public var payload: String
+    /// Publisher uuid (`i`), absent for presence events.
+    public var publisher: String?
+    /// Publish metadata (`u`) as JSON object text.
+    public var meta: String?
+    /// Event kind (`e`); omitted on the wire for plain messages.
+    public var kind: EventKind
+    /// Custom message type (`cmt`).
+    public var customMessageType: String?
+    /// Publisher sequence number (`s`).
+    public var sequence: Int?
+    /// Shard id (`a`), always present on the wire.
+    public var shard: String
+
+    /// Creates an envelope.
+    public init(
+        timetoken: Timetoken, region: Int = 1, subscribeKey: String, channel: String, payload: String,
+        publisher: String? = nil, meta: String? = nil, kind: EventKind = .message, customMessageType: String? = nil,
+        sequence: Int? = nil, shard: String = "1"
+    ) {
+        self.timetoken = timetoken
+        self.region = region
+        self.subscribeKey = subscribeKey
+        self.channel = channel
+        self.payload = payload
+        self.publisher = publisher
+        self.meta = meta
+        self.kind = kind
+        self.customMessageType = customMessageType
+        self.sequence = sequence
+        self.shard = shard
+    }
+
+    /// The envelope as JSON object bytes, without `b`.
+    public func encoded() -> [UInt8] {
+        var w = JSONWriter(capacity: 128 + payload.utf8.count + (meta?.utf8.count ?? 0))
+        w.raw("{\"a\":")
+        w.string(shard)
+        w.raw(",\"f\":0")
+        if kind != .message {
+            w.raw(",\"e\":")
+            w.number(kind.rawValue)
+        }
+        if let publisher {
+            w.raw(",\"i\":")
+            w.string(publisher)
+        }
+        if let sequence {
+            w.raw(",\"s\":")
+            w.number(sequence)
+        }
+        w.raw(",\"p\":{\"t\":")
+        w.timetokenString(timetoken)
+        w.raw(",\"r\":")
+        w.number(region)
+        w.raw("},\"k\":")
+        w.string(subscribeKey)
+        w.raw(",\"c\":")
+        w.string(channel)
+        w.raw(",\"d\":")
+        w.raw(payload.utf8)
+        if let meta {
+            w.raw(",\"u\":")
+            w.raw(meta.utf8)
+        }
+        if let customMessageType {
+            w.raw(",\"cmt\":")
+            w.string(customMessageType)
+        }
+        w.raw("}")
+        return w.bytes
+    }
+
+    /// Splices the subscription match `b` (a group, wildcard pattern or presence name) into an
+    /// envelope produced by ``encoded()``.
+    public static func encodedWithMatch(_ encoded: [UInt8], match: String?) -> [UInt8] {
+        guard let match else { return encoded }
+        var w = JSONWriter(capacity: encoded.count + match.utf8.count + 8)
+        w.raw("{\"b\":")
+        w.string(match)
+        w.raw(",")
+        w.raw(encoded.dropFirst())
+        return w.bytes
+    }
+}
+
+/// Builds the body of a subscribe v2 response: `{"t":{"t":"<cursor>","r":1},"m":[…]}`.
+public enum SubscribeResponseBody {
+    /// Encodes the cursor and already-encoded envelopes into a response body.
+    public static func encode(cursor: Timetoken, region: Int, envelopes: [[UInt8]]) -> [UInt8] {
+        var capacity = 48
+        for e in envelopes { capacity += e.count + 1 }
+        var w = JSONWriter(capacity: capacity)
+        w.raw("{\"t\":{\"t\":")
+        w.timetokenString(cursor)
+        w.raw(",\"r\":")
+        w.number(region)
+        w.raw("},\"m\":[")
+        for (i, e) in envelopes.enumerated() {
+            if i > 0 { w.raw(",") }
+            w.raw(e)
+        }
+        w.raw("]}")
+        return w.bytes
+    }
+}

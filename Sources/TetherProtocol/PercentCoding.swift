@@ -1,0 +1,51 @@
+/// Percent-encoding as PubNub clients use it: each path segment and query value encoded on its
+/// own, `+` always a literal plus (never a space).
+public enum PercentCoding {
+    /// Decodes `%XX` escapes. Returns `nil` for a malformed escape or bytes that are not UTF-8,
+    /// so a server can answer with 400 instead of guessing.
+    public static func decode(_ text: some StringProtocol) -> String? {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(text.utf8.count)
+        var iterator = text.utf8.makeIterator()
+        while let byte = iterator.next() {
+            if byte == 0x25 {  // %
+                guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else {
+                    return nil
+                }
+                bytes.append(high << 4 | low)
+            } else {
+                bytes.append(byte)
+            }
+        }
+        return String(validating: bytes, as: UTF8.self)
+    }
+
+    /// Encodes everything except RFC 3986 unreserved characters (`A-Z a-z 0-9 - . _ ~`), which is
+    /// what the PubNub Python SDK does for path segments and query values.
+    public static func encode(_ text: some StringProtocol) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity(text.utf8.count)
+        let hex = Array("0123456789ABCDEF".utf8)
+        for byte in text.utf8 {
+            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
+                || byte == 0x2D || byte == 0x2E || byte == 0x5F || byte == 0x7E
+            {
+                out.append(byte)
+            } else {
+                out.append(0x25)
+                out.append(hex[Int(byte >> 4)])
+                out.append(hex[Int(byte & 0x0F)])
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    private static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case 0x30...0x39: return byte - 0x30
+        case 0x41...0x46: return byte - 0x41 + 10
+        case 0x61...0x66: return byte - 0x61 + 10
+        default: return nil
+        }
+    }
+}

@@ -1,0 +1,180 @@
+import Foundation
+
+/// Limits applied to requests, per keyset or server-wide (PubNub-compatible defaults).
+public struct Limits: Sendable, Codable, Equatable {
+    /// Largest message (decoded JSON plus channel name), in bytes. Larger → 413.
+    public var maxMessageBytes: Int = 32 * 1024
+    /// Largest signal payload, in bytes. Larger → 400 `Signal size too large`.
+    public var maxSignalBytes: Int = 64
+    /// Longest request URI, in bytes. Longer → 414.
+    public var maxURIBytes: Int = 32 * 1024
+    /// Most channels plus groups in one subscribe request.
+    public var maxChannelsPerSubscribe: Int = 200
+    /// Envelopes per subscribe response (PubNub: 100).
+    public var maxEnvelopesPerResponse: Int = 100
+
+    /// Creates the default limits.
+    public init() {}
+
+    /// Decodes limits, keeping defaults for absent keys.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let d = Limits.init()
+        maxMessageBytes = try c.decodeIfPresent(Int.self, forKey: .maxMessageBytes) ?? d.maxMessageBytes
+        maxSignalBytes = try c.decodeIfPresent(Int.self, forKey: .maxSignalBytes) ?? d.maxSignalBytes
+        maxURIBytes = try c.decodeIfPresent(Int.self, forKey: .maxURIBytes) ?? d.maxURIBytes
+        maxChannelsPerSubscribe = try c.decodeIfPresent(Int.self, forKey: .maxChannelsPerSubscribe) ?? d.maxChannelsPerSubscribe
+        maxEnvelopesPerResponse = try c.decodeIfPresent(Int.self, forKey: .maxEnvelopesPerResponse) ?? d.maxEnvelopesPerResponse
+    }
+}
+
+/// A keyset: the publish/subscribe key pair clients are configured with, and its policies.
+public struct Keyset: Sendable, Codable, Equatable {
+    /// Optional human name, for logs.
+    public var name: String?
+    /// The publish key (`pub-c-…` in PubNub terms).
+    public var publishKey: String
+    /// The subscribe key.
+    public var subscribeKey: String
+    /// The secret key for admin calls and signatures (access manager; optional).
+    public var secretKey: String?
+    /// How long stored messages stay in history, in hours. `0` keeps them forever.
+    public var historyRetentionHours: Double
+    /// Limits for this keyset; server-wide limits apply where absent.
+    public var limits: Limits?
+
+    /// Creates a keyset.
+    public init(name: String? = nil, publishKey: String, subscribeKey: String, secretKey: String? = nil,
+                historyRetentionHours: Double = 24 * 7, limits: Limits? = nil) {
+        self.name = name
+        self.publishKey = publishKey
+        self.subscribeKey = subscribeKey
+        self.secretKey = secretKey
+        self.historyRetentionHours = historyRetentionHours
+        self.limits = limits
+    }
+
+    /// The keyset every server has unless the configuration turns it off: `demo`/`demo`, no
+    /// access control, seven days of history.
+    public static let demo = Keyset(name: "demo", publishKey: "demo", subscribeKey: "demo")
+
+    enum CodingKeys: String, CodingKey {
+        case name, publishKey, subscribeKey, secretKey, historyRetentionHours, limits
+    }
+
+    /// Decodes a keyset; `historyRetentionHours` defaults to 168.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        name = try c.decodeIfPresent(String.self, forKey: .name)
+        publishKey = try c.decode(String.self, forKey: .publishKey)
+        subscribeKey = try c.decode(String.self, forKey: .subscribeKey)
+        secretKey = try c.decodeIfPresent(String.self, forKey: .secretKey)
+        historyRetentionHours = try c.decodeIfPresent(Double.self, forKey: .historyRetentionHours) ?? 24 * 7
+        limits = try c.decodeIfPresent(Limits.self, forKey: .limits)
+    }
+}
+
+/// The `--config` file: keysets and server-wide limits, as JSON.
+///
+/// ```json
+/// {
+///   "demoKeyset": false,
+///   "keysets": [{"name": "prod", "publishKey": "pub-1", "subscribeKey": "sub-1", "historyRetentionHours": 72}],
+///   "limits": {"maxMessageBytes": 32768},
+///   "subscribeTimeoutSeconds": 280
+/// }
+/// ```
+public struct ConfigurationFile: Sendable, Codable, Equatable {
+    /// Whether the built-in `demo`/`demo` keyset stays enabled (default: only when no keysets
+    /// are configured).
+    public var demoKeyset: Bool?
+    /// Configured keysets.
+    public var keysets: [Keyset]
+    /// Server-wide limits.
+    public var limits: Limits?
+    /// How long a subscribe long-poll waits before answering empty (default 280 s).
+    public var subscribeTimeoutSeconds: Double?
+
+    /// Creates an empty configuration.
+    public init(demoKeyset: Bool? = nil, keysets: [Keyset] = [], limits: Limits? = nil, subscribeTimeoutSeconds: Double? = nil) {
+        self.demoKeyset = demoKeyset
+        self.keysets = keysets
+        self.limits = limits
+        self.subscribeTimeoutSeconds = subscribeTimeoutSeconds
+    }
+
+    /// Reads and validates a configuration file, with errors that name the problem.
+    public static func load(path: String) throws -> ConfigurationFile {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigurationError("cannot read configuration file at \(path)")
+        }
+        let file: ConfigurationFile
+        do {
+            file = try JSONDecoder().decode(ConfigurationFile.self, from: data)
+        } catch let DecodingError.keyNotFound(key, context) {
+            throw ConfigurationError("\(path): missing \"\(key.stringValue)\" at \(context.codingPath.map(\.stringValue).joined(separator: "."))")
+        } catch {
+            throw ConfigurationError("\(path): not a valid Tether configuration: \(error)")
+        }
+        try file.validate()
+        return file
+    }
+
+    /// Checks keys are well-formed and unique.
+    public func validate() throws {
+        var seen = Set<String>()
+        for keyset in keysets {
+            for key in [keyset.publishKey, keyset.subscribeKey] where !TetherProtocolKeys.isValid(key) {
+                throw ConfigurationError("invalid key \"\(key)\": use 1-100 characters of A-Z a-z 0-9 . _ -")
+            }
+            if !seen.insert(keyset.subscribeKey).inserted {
+                throw ConfigurationError("subscribe key \"\(keyset.subscribeKey)\" is configured twice")
+            }
+            if keyset.historyRetentionHours < 0 {
+                throw ConfigurationError("historyRetentionHours must be 0 (forever) or positive")
+            }
+        }
+        if let timeout = subscribeTimeoutSeconds, !(1...300).contains(timeout) {
+            throw ConfigurationError("subscribeTimeoutSeconds must be between 1 and 300 (clients give up at 310)")
+        }
+    }
+}
+
+/// A configuration problem, reported to the operator before the server starts.
+public struct ConfigurationError: Error, CustomStringConvertible {
+    /// What is wrong.
+    public var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The keysets a server accepts, looked up by subscribe or publish key.
+public struct KeysetRegistry: Sendable {
+    private let bySubscribeKey: [String: Keyset]
+    /// Server-wide limits.
+    public let defaultLimits: Limits
+
+    /// Builds the registry from a configuration (the demo keyset included unless disabled).
+    public init(configuration: ConfigurationFile) {
+        var keysets = configuration.keysets
+        if configuration.demoKeyset ?? configuration.keysets.isEmpty {
+            keysets.append(.demo)
+        }
+        bySubscribeKey = Dictionary(keysets.map { ($0.subscribeKey, $0) }, uniquingKeysWith: { first, _ in first })
+        defaultLimits = configuration.limits ?? Limits()
+    }
+
+    /// The keyset with this subscribe key.
+    public func keyset(subscribeKey: String) -> Keyset? { bySubscribeKey[subscribeKey] }
+
+    /// The limits that apply to a keyset.
+    public func limits(for keyset: Keyset) -> Limits { keyset.limits ?? defaultLimits }
+
+    /// All keysets.
+    public var all: [Keyset] { Array(bySubscribeKey.values) }
+}
+
+import TetherProtocol
+
+enum TetherProtocolKeys {
+    static func isValid(_ key: String) -> Bool { NameRules.validateKey(key) }
+}

@@ -1,0 +1,245 @@
+import Foundation
+public import Logging
+public import NIOCore
+import Synchronization
+public import TetherProtocol
+public import TetherServerCore
+
+/// Why a waiting long-poll stopped waiting.
+enum WakeReason: Sendable {
+    /// A visible event matches it.
+    case event
+    /// Its expiry (280 s by default) passed.
+    case timeout
+    /// The server is shutting down gracefully.
+    case shutdown
+    /// Its client closed the connection.
+    case clientGone
+}
+
+/// One page of a subscribe response.
+public struct SubscribePage: Sendable {
+    /// The cursor for the client's next request.
+    public var cursor: Timetoken
+    /// Encoded envelopes, oldest first.
+    public var envelopes: [[UInt8]]
+    /// Retention gaps the client's cursor fell into (Tether extension, see docs/protocol.md).
+    public var gaps: [RetentionGap]
+}
+
+/// The shell around ``DeliveryHub``: a mutex-protected core plus the continuations of waiting
+/// long-polls. Every transition runs under the lock; continuations are resumed and timers
+/// cancelled after it is released.
+public final class LongPollHub: Sendable {
+    private struct Waiting {
+        var continuation: CheckedContinuation<WakeReason, Never>
+        var timer: Scheduled<Void>
+        var connection: ObjectIdentifier?
+    }
+
+    private struct State {
+        var core: DeliveryHub
+        var waiting: [WaiterID: Waiting] = [:]
+        /// Registered in the core, continuation not yet installed.
+        var installing: Set<WaiterID> = []
+        /// Wake-ups that arrived before the continuation was installed.
+        var early: [WaiterID: WakeReason] = [:]
+        /// The waiting long-poll of each watched connection.
+        var byConnection: [ObjectIdentifier: WaiterID] = [:]
+        /// Connections whose close is already observed.
+        var watched: Set<ObjectIdentifier> = []
+        var shuttingDown = false
+    }
+
+    private let state: Mutex<State>
+    private let store: MessageStore
+    private let metrics: ServerMetrics
+    private let logger: Logger
+    private let clock: @Sendable () -> Timetoken
+
+    /// Creates a hub whose timetokens start above the store's highest timetoken.
+    public init(store: MessageStore, metrics: ServerMetrics, logger: Logger,
+                configuration: DeliveryHubConfiguration = .init(),
+                clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow) throws {
+        self.store = store
+        self.metrics = metrics
+        self.logger = logger
+        self.clock = clock
+        let core = DeliveryHub(floor: try store.highestTimetoken(), now: clock(), configuration: configuration)
+        self.state = Mutex(State(core: core))
+    }
+
+    /// The wall clock as a timetoken.
+    public static let systemNow: @Sendable () -> Timetoken = {
+        Timetoken(unixSeconds: Date().timeIntervalSince1970)
+    }
+
+    /// The current visible cursor (what `/time/0` and handshakes return).
+    public var currentCursor: Timetoken { state.withLock { $0.core.visibleThrough } }
+
+    /// Number of long-polls currently waiting.
+    public var waitingCount: Int { state.withLock { $0.waiting.count } }
+
+    /// Publishes an event: reserves its timetoken, makes it durable when `store` is set, then
+    /// commits it and wakes matching long-polls. Returns the event's timetoken once durable.
+    public func publish(
+        _ makeEnvelope: (Timetoken) -> SubscribeEnvelope, store stored: ((Timetoken) -> StoredMessage)?
+    ) async throws -> Timetoken {
+        let now = clock()
+        let probe = makeEnvelope(.zero)
+        let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
+        let timetoken = state.withLock { $0.core.reserve(key, now: now) }
+        if let stored {
+            do {
+                try await store.append(stored(timetoken))
+            } catch {
+                let woken = state.withLock { $0.core.abandon(timetoken) }
+                wake(woken, reason: .event)
+                throw error
+            }
+        }
+        let event = BufferedEvent(envelope: makeEnvelope(timetoken), isStored: stored != nil)
+        let woken = state.withLock { $0.core.commit(event, now: clock()) }
+        wake(woken, reason: .event)
+        return timetoken
+    }
+
+    /// Serves a subscribe continuation from cursor `after`: returns at once when events are
+    /// available (from memory or the store, at most `limit`), otherwise waits until one
+    /// arrives, `timeout` passes, the server shuts down, or the client disconnects (throws
+    /// `CancellationError`).
+    public func receive(
+        _ spec: SubscriptionSpec, after: Timetoken, limit: Int, timeout: TimeAmount, channel: any Channel
+    ) async throws -> SubscribePage {
+        let deadline = NIODeadline.now() + timeout
+        var after = after
+        var gaps: [RetentionGap] = []
+        var checkedGaps = false
+        while true {
+            enum Step { case read(ReadPlan), wait(WaiterID) }
+            let step: Step = state.withLock { s in
+                let plan = s.core.plan(spec, after: after, now: clock())
+                if !plan.isEmpty || s.shuttingDown { return .read(plan) }
+                let id = s.core.register(spec)
+                s.installing.insert(id)
+                return .wait(id)
+            }
+            switch step {
+            case .read(let plan):
+                if !checkedGaps, !plan.storeRanges.isEmpty {
+                    checkedGaps = true
+                    gaps = try await store.retentionGaps(
+                        subscribeKey: spec.subscribeKey, channels: spec.channels,
+                        prefixes: spec.wildcards.map(WildcardPattern.prefix(of:)), after: after)
+                }
+                var results: [StoreRangeResult] = []
+                for range in plan.storeRanges {
+                    results.append(try await store.read(range, limit: limit))
+                }
+                let (cursor, envelopes) = plan.merge(storeResults: results, limit: limit)
+                let shuttingDown = state.withLock { $0.shuttingDown }
+                if envelopes.isEmpty, !shuttingDown, NIODeadline.now() < deadline {
+                    after = cursor  // the store had nothing newer: wait from here
+                    continue
+                }
+                metrics.recordDeliveries(envelopes.count)
+                return SubscribePage(cursor: cursor, envelopes: envelopes, gaps: gaps)
+            case .wait(let id):
+                switch await wait(id, deadline: deadline, channel: channel) {
+                case .event:
+                    continue
+                case .timeout, .shutdown:
+                    return SubscribePage(cursor: max(after, currentCursor), envelopes: [], gaps: gaps)
+                case .clientGone:
+                    throw CancellationError()
+                }
+            }
+        }
+    }
+
+    private func wait(_ id: WaiterID, deadline: NIODeadline, channel: any Channel) async -> WakeReason {
+        let connection = ObjectIdentifier(channel)
+        let mustWatch = state.withLock { $0.watched.insert(connection).inserted }
+        if mustWatch {
+            channel.closeFuture.whenComplete { [weak self] _ in
+                guard let self else { return }
+                let id = self.state.withLock { s -> WaiterID? in
+                    s.watched.remove(connection)
+                    return s.byConnection.removeValue(forKey: connection)
+                }
+                if let id { self.wake([id], reason: .clientGone) }
+            }
+        }
+        metrics.longPollStarted()
+        defer { metrics.longPollEnded() }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<WakeReason, Never>) in
+                let timer = channel.eventLoop.scheduleTask(deadline: deadline) { [weak self] in
+                    guard let self else { return }
+                    self.wake([id], reason: .timeout)
+                }
+                let immediate: WakeReason? = state.withLock { s in
+                    s.installing.remove(id)
+                    if let reason = s.early.removeValue(forKey: id) { return reason }
+                    if s.shuttingDown {
+                        s.core.unregister(id)
+                        return .shutdown
+                    }
+                    if !channel.isActive {
+                        s.core.unregister(id)
+                        return .clientGone
+                    }
+                    s.waiting[id] = Waiting(continuation: continuation, timer: timer, connection: connection)
+                    s.byConnection[connection] = id
+                    return nil
+                }
+                if let immediate {
+                    timer.cancel()
+                    continuation.resume(returning: immediate)
+                }
+            }
+        } onCancel: {
+            self.wake([id], reason: .clientGone)
+        }
+    }
+
+    private func wake(_ ids: [WaiterID], reason: WakeReason) {
+        guard !ids.isEmpty else { return }
+        let resumed = state.withLock { s -> [Waiting] in
+            var resumed: [Waiting] = []
+            for id in ids {
+                s.core.unregister(id)
+                if let waiting = s.waiting.removeValue(forKey: id) {
+                    if let connection = waiting.connection, s.byConnection[connection] == id {
+                        s.byConnection[connection] = nil
+                    }
+                    resumed.append(waiting)
+                } else if s.installing.contains(id), s.early[id] == nil {
+                    s.early[id] = reason
+                }
+            }
+            return resumed
+        }
+        for waiting in resumed {
+            waiting.timer.cancel()
+            waiting.continuation.resume(returning: reason)
+        }
+    }
+
+    /// Answers every waiting long-poll (empty page, current cursor) and makes new ones answer
+    /// at once. Called when graceful shutdown starts.
+    public func shutdown() {
+        let ids = state.withLock { s -> [WaiterID] in
+            s.shuttingDown = true
+            return Array(s.waiting.keys)
+        }
+        logger.info("answering waiting long-polls for shutdown", metadata: ["count": "\(ids.count)"])
+        wake(ids, reason: .shutdown)
+    }
+
+    /// Drops expired in-memory events and empty windows.
+    public func sweep() {
+        let now = clock()
+        state.withLock { $0.core.sweep(now: now) }
+    }
+}

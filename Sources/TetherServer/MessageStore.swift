@@ -1,0 +1,373 @@
+import Foundation
+import GRDB
+public import Logging
+import Synchronization
+public import TetherProtocol
+public import TetherServerCore
+
+/// A stored message: everything history and catch-up need to rebuild its envelope.
+public struct StoredMessage: Sendable, Hashable {
+    /// The keyset.
+    public var subscribeKey: String
+    /// The channel.
+    public var channel: String
+    /// Unique publish timetoken.
+    public var timetoken: Timetoken
+    /// Message kind (message or file).
+    public var kind: EventKind
+    /// Publisher uuid.
+    public var publisher: String?
+    /// Payload JSON text.
+    public var payload: String
+    /// Meta JSON object text.
+    public var meta: String?
+    /// Custom message type.
+    public var customMessageType: String?
+    /// Publisher sequence number.
+    public var sequence: Int?
+    /// When the message leaves history (timetoken units), or `nil` to keep it forever.
+    public var expiresAt: Timetoken?
+
+    /// Creates a stored message.
+    public init(
+        subscribeKey: String, channel: String, timetoken: Timetoken, kind: EventKind = .message, publisher: String?,
+        payload: String, meta: String?, customMessageType: String?, sequence: Int?, expiresAt: Timetoken?
+    ) {
+        self.subscribeKey = subscribeKey
+        self.channel = channel
+        self.timetoken = timetoken
+        self.kind = kind
+        self.publisher = publisher
+        self.payload = payload
+        self.meta = meta
+        self.customMessageType = customMessageType
+        self.sequence = sequence
+        self.expiresAt = expiresAt
+    }
+
+    /// The subscribe envelope for this message.
+    public var envelope: SubscribeEnvelope {
+        SubscribeEnvelope(timetoken: timetoken, subscribeKey: subscribeKey, channel: channel, payload: payload,
+                          publisher: publisher, meta: meta, kind: kind, customMessageType: customMessageType,
+                          sequence: sequence)
+    }
+
+    init(row: Row) {
+        subscribeKey = row["sub_key"]
+        channel = row["channel"]
+        timetoken = Timetoken(UInt64(row["timetoken"] as Int64))
+        kind = EventKind(rawValue: row["kind"]) ?? .message
+        publisher = row["publisher"]
+        payload = row["payload"]
+        meta = row["meta"]
+        customMessageType = row["custom_type"]
+        sequence = row["seqn"]
+        expiresAt = (row["expires_at"] as Int64?).map { Timetoken(UInt64($0)) }
+    }
+}
+
+/// Bounds of messages a subscriber can no longer receive because retention removed them.
+public struct RetentionGap: Sendable, Hashable {
+    /// The channel.
+    public var channel: String
+    /// The subscriber's cursor (exclusive lower bound of the gap).
+    public var from: Timetoken
+    /// The newest timetoken removed by retention (inclusive upper bound of the gap).
+    public var through: Timetoken
+}
+
+/// Errors from the store.
+public struct StoreError: Error, CustomStringConvertible {
+    /// What went wrong.
+    public var description: String
+}
+
+/// The embedded durable store: one SQLite file in WAL mode through GRDB.
+///
+/// Writes go through a group-commit queue: concurrent publishes are written in one transaction
+/// and each is acknowledged only after that transaction is durable (`synchronous=FULL`). Reads
+/// run concurrently on WAL readers.
+public final class MessageStore: Sendable {
+    private let pool: DatabasePool
+    private let logger: Logger
+    private let queue = Mutex<[(StoredMessage, CheckedContinuation<Void, any Error>)]>([])
+    private let doorbell: AsyncStream<Void>
+    private let doorbellContinuation: AsyncStream<Void>.Continuation
+    private let metrics: ServerMetrics
+
+    /// The SQLite file path.
+    public let path: String
+
+    /// Opens (creating if needed) the store in `directory`.
+    public init(directory: String, logger: Logger, metrics: ServerMetrics) throws {
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        self.path = (directory as NSString).appendingPathComponent("tether.sqlite")
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(10)
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+        }
+        self.pool = try DatabasePool(path: path, configuration: configuration)
+        self.logger = logger
+        self.metrics = metrics
+        (doorbell, doorbellContinuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        try migrator.migrate(pool)
+    }
+
+    private var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE message (
+                    sub_key TEXT NOT NULL,
+                    channel TEXT NOT NULL,
+                    timetoken INTEGER NOT NULL,
+                    kind INTEGER NOT NULL DEFAULT 0,
+                    publisher TEXT,
+                    payload TEXT NOT NULL,
+                    meta TEXT,
+                    custom_type TEXT,
+                    seqn INTEGER,
+                    expires_at INTEGER,
+                    PRIMARY KEY (sub_key, channel, timetoken)
+                ) WITHOUT ROWID;
+                CREATE INDEX message_expiry ON message(expires_at) WHERE expires_at IS NOT NULL;
+                CREATE TABLE retention_floor (
+                    sub_key TEXT NOT NULL,
+                    channel TEXT NOT NULL,
+                    pruned_through INTEGER NOT NULL,
+                    PRIMARY KEY (sub_key, channel)
+                ) WITHOUT ROWID;
+                CREATE TABLE server_state (
+                    key TEXT PRIMARY KEY NOT NULL,
+                    value INTEGER NOT NULL
+                );
+                """)
+        }
+        return migrator
+    }
+
+    /// The highest timetoken ever issued and stored; the sequencer starts above it.
+    public func highestTimetoken() throws -> Timetoken {
+        try pool.read { db in
+            let stored = try Int64.fetchOne(db, sql: "SELECT value FROM server_state WHERE key = 'highest_timetoken'") ?? 0
+            return Timetoken(UInt64(stored))
+        }
+    }
+
+    /// Appends a message and returns once it is durable.
+    public func append(_ message: StoredMessage) async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            queue.withLock { $0.append((message, continuation)) }
+            doorbellContinuation.yield()
+        }
+    }
+
+    /// Runs the group-commit writer until `doorbell` finishes (see ``finish()``).
+    public func runWriter() async {
+        for await _ in doorbell {
+            while true {
+                let batch = queue.withLock { pending -> [(StoredMessage, CheckedContinuation<Void, any Error>)] in
+                    let taken = pending
+                    pending.removeAll(keepingCapacity: true)
+                    return taken
+                }
+                if batch.isEmpty { break }
+                let started = ContinuousClock.now
+                do {
+                    let messages = batch.map(\.0)
+                    try await pool.write { db in
+                        let statement = try db.cachedStatement(sql: """
+                            INSERT INTO message (sub_key, channel, timetoken, kind, publisher, payload, meta, custom_type, seqn, expires_at)
+                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                            """)
+                        var highest: Int64 = 0
+                        for m in messages {
+                            let tt = Int64(m.timetoken.rawValue)
+                            highest = max(highest, tt)
+                            try statement.execute(arguments: [
+                                m.subscribeKey, m.channel, tt, m.kind.rawValue, m.publisher, m.payload, m.meta,
+                                m.customMessageType, m.sequence, m.expiresAt.map { Int64($0.rawValue) },
+                            ])
+                        }
+                        try db.execute(sql: """
+                            INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
+                            ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
+                            """, arguments: [highest])
+                    }
+                    metrics.recordStoreWrite(duration: ContinuousClock.now - started, batchSize: batch.count)
+                    for (_, continuation) in batch { continuation.resume() }
+                } catch {
+                    logger.error("store write failed", metadata: ["error": "\(error)", "batch": "\(batch.count)"])
+                    for (_, continuation) in batch { continuation.resume(throwing: error) }
+                }
+            }
+        }
+    }
+
+    /// Stops the writer after it has written everything queued.
+    public func finish() { doorbellContinuation.finish() }
+
+    /// Checkpoints the WAL into the database file and closes it.
+    public func close() throws {
+        try pool.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)")
+        }
+        try pool.close()
+    }
+
+    /// Reads stored messages for a subscribe catch-up range, oldest first, at most `limit`.
+    public func read(_ range: StoreRange, limit: Int) async throws -> StoreRangeResult {
+        let started = ContinuousClock.now
+        let rows: [StoredMessage] = try await pool.read { db in
+            let after = Int64(range.after.rawValue)
+            let through = Int64(range.through.rawValue)
+            switch range.selector {
+            case .channel(let channel):
+                return try Row.fetchAll(db, sql: """
+                    SELECT * FROM message WHERE sub_key = ? AND channel = ? AND timetoken > ? AND timetoken <= ?
+                    ORDER BY timetoken LIMIT ?
+                    """, arguments: [range.subscribeKey, channel, after, through, limit]).map(StoredMessage.init(row:))
+            case .prefix(let prefix):
+                // Range scan on the primary key: every channel that starts with `prefix`.
+                let upper = String(prefix.dropLast()) + "/"
+                return try Row.fetchAll(db, sql: """
+                    SELECT * FROM message WHERE sub_key = ? AND channel > ? AND channel < ?
+                    AND channel NOT LIKE '%-pnpres' AND timetoken > ? AND timetoken <= ?
+                    ORDER BY timetoken LIMIT ?
+                    """, arguments: [range.subscribeKey, prefix, upper, after, through, limit]).map(StoredMessage.init(row:))
+            }
+        }
+        metrics.recordStoreRead(duration: ContinuousClock.now - started)
+        return StoreRangeResult(range: range, envelopes: rows.map(\.envelope), reachedLimit: rows.count >= limit)
+    }
+
+    /// Retention gaps a subscriber at cursor `after` has on `channels` (messages removed by
+    /// retention after its cursor).
+    public func retentionGaps(subscribeKey: String, channels: [String], prefixes: [String], after: Timetoken) async throws
+        -> [RetentionGap]
+    {
+        try await pool.read { db in
+            var gaps: [RetentionGap] = []
+            let afterValue = Int64(after.rawValue)
+            for channel in channels {
+                if let through = try Int64.fetchOne(db, sql: """
+                    SELECT pruned_through FROM retention_floor WHERE sub_key = ? AND channel = ? AND pruned_through > ?
+                    """, arguments: [subscribeKey, channel, afterValue])
+                {
+                    gaps.append(RetentionGap(channel: channel, from: after, through: Timetoken(UInt64(through))))
+                }
+            }
+            for prefix in prefixes {
+                let upper = String(prefix.dropLast()) + "/"
+                let rows = try Row.fetchAll(db, sql: """
+                    SELECT channel, pruned_through FROM retention_floor WHERE sub_key = ? AND channel > ? AND channel < ?
+                    AND pruned_through > ?
+                    """, arguments: [subscribeKey, prefix, upper, afterValue])
+                for row in rows where !channels.contains(row["channel"] as String) {
+                    gaps.append(RetentionGap(channel: row["channel"], from: after, through: Timetoken(UInt64(row["pruned_through"] as Int64))))
+                }
+            }
+            return gaps
+        }
+    }
+
+    /// Removes messages whose retention has ended and records how far each channel was pruned.
+    /// - Returns: the number of messages removed.
+    @discardableResult
+    public func pruneExpired(now: Timetoken) async throws -> Int {
+        try await pool.write { db in
+            let nowValue = Int64(now.rawValue)
+            try db.execute(sql: """
+                INSERT INTO retention_floor (sub_key, channel, pruned_through)
+                SELECT sub_key, channel, MAX(timetoken) FROM message
+                WHERE expires_at IS NOT NULL AND expires_at <= ? GROUP BY sub_key, channel
+                ON CONFLICT(sub_key, channel) DO UPDATE SET pruned_through = max(pruned_through, excluded.pruned_through)
+                """, arguments: [nowValue])
+            try db.execute(sql: "DELETE FROM message WHERE expires_at IS NOT NULL AND expires_at <= ?", arguments: [nowValue])
+            return db.changesCount
+        }
+    }
+
+    /// History query for one channel (pubnub-wire §9): `start` exclusive, `end` inclusive;
+    /// the newest `count` in range, or the oldest with `reverse`. Returned oldest first.
+    public func history(
+        subscribeKey: String, channel: String, start: Timetoken?, end: Timetoken?, count: Int, reverse: Bool
+    ) async throws -> [StoredMessage] {
+        try await pool.read { db in
+            var conditions = ["sub_key = ?", "channel = ?"]
+            var arguments: [any DatabaseValueConvertible] = [subscribeKey, channel]
+            switch (start, end) {
+            case (let s?, let e?):
+                if s >= e {
+                    conditions.append("timetoken < ?")
+                    conditions.append("timetoken >= ?")
+                } else {
+                    conditions.append("timetoken > ?")
+                    conditions.append("timetoken <= ?")
+                }
+                arguments.append(Int64(s.rawValue))
+                arguments.append(Int64(e.rawValue))
+            case (let s?, nil):
+                conditions.append("timetoken < ?")
+                arguments.append(Int64(s.rawValue))
+            case (nil, let e?):
+                conditions.append("timetoken >= ?")
+                arguments.append(Int64(e.rawValue))
+            case (nil, nil):
+                break
+            }
+            arguments.append(count)
+            let order = reverse ? "ASC" : "DESC"
+            let rows = try Row.fetchAll(db, sql: """
+                SELECT * FROM message WHERE \(conditions.joined(separator: " AND ")) ORDER BY timetoken \(order) LIMIT ?
+                """, arguments: StatementArguments(arguments))
+            let messages = rows.map(StoredMessage.init(row:))
+            return reverse ? messages : messages.reversed()
+        }
+    }
+
+    /// Counts stored messages newer than the given timetoken per channel, capped at 10,000.
+    public func messageCounts(subscribeKey: String, channels: [(String, Timetoken)]) async throws -> [String: Int] {
+        try await pool.read { db in
+            var counts: [String: Int] = [:]
+            for (channel, after) in channels {
+                counts[channel] = try Int.fetchOne(db, sql: """
+                    SELECT COUNT(*) FROM (SELECT 1 FROM message WHERE sub_key = ? AND channel = ? AND timetoken > ? LIMIT 10000)
+                    """, arguments: [subscribeKey, channel, Int64(after.rawValue)]) ?? 0
+            }
+            return counts
+        }
+    }
+
+    /// Deletes messages of a channel with `start < timetoken <= end` (either bound optional).
+    /// - Returns: the number of messages deleted.
+    @discardableResult
+    public func delete(subscribeKey: String, channel: String, start: Timetoken?, end: Timetoken?) async throws -> Int {
+        try await pool.write { db in
+            var sql = "DELETE FROM message WHERE sub_key = ? AND channel = ?"
+            var arguments: [any DatabaseValueConvertible] = [subscribeKey, channel]
+            let bounds = [start, end].compactMap { $0 }.sorted()
+            if let start, let end {
+                sql += " AND timetoken > ? AND timetoken <= ?"
+                arguments.append(Int64(min(start, end).rawValue))
+                arguments.append(Int64(max(start, end).rawValue))
+            } else if let only = bounds.first {
+                sql += start != nil ? " AND timetoken > ?" : " AND timetoken <= ?"
+                arguments.append(Int64(only.rawValue))
+            }
+            try db.execute(sql: sql, arguments: StatementArguments(arguments))
+            return db.changesCount
+        }
+    }
+
+    /// Number of stored messages (for health and tests).
+    public func messageCount() async throws -> Int {
+        try await pool.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM message") ?? 0 }
+    }
+
+    /// Runs SQLite's integrity check; returns `true` when the file is consistent.
+    public func integrityCheck() async throws -> Bool {
+        try await pool.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check") == "ok" }
+    }
+}

@@ -1,0 +1,46 @@
+import HTTPTypes
+import Hummingbird
+import NIOCore
+import TetherProtocol
+
+/// Response construction with the headers PubNub clients expect (pubnub-wire §1.4): a JSON
+/// body with a `javascript` content type, no caching, CORS open.
+enum Reply {
+    static let malformedFilterExpression = HTTPResponse.Status(code: 481, reasonPhrase: "Malformed Filter Expression")
+
+    static func json(_ status: HTTPResponse.Status, _ body: [UInt8], extraHeaders: HTTPFields = [:]) -> Response {
+        var headers: HTTPFields = [
+            .contentType: "text/javascript; charset=\"UTF-8\"",
+            .cacheControl: "no-cache",
+            .accessControlAllowOrigin: "*",
+            .accessControlAllowMethods: "GET, POST, DELETE, OPTIONS",
+        ]
+        headers.append(contentsOf: extraHeaders)
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: body)))
+    }
+
+    static func json(_ status: HTTPResponse.Status, _ text: String) -> Response {
+        json(status, Array(text.utf8))
+    }
+
+    /// The generic JSON error object.
+    static func error(_ status: HTTPResponse.Status, service: String, _ message: String) -> Response {
+        json(status, ErrorBody.service(status: status.code, service: service, message: message))
+    }
+
+    /// The publish-family error array `[0,"<text>","<tt>"]`.
+    static func publishError(_ status: HTTPResponse.Status, _ text: String, timetoken: Timetoken) -> Response {
+        json(status, ErrorBody.publish(text, timetoken: timetoken))
+    }
+
+    /// The history v3 error object.
+    static func historyError(_ status: HTTPResponse.Status, _ message: String) -> Response {
+        json(status, ErrorBody.history(status: status.code, message: message))
+    }
+}
+
+extension HTTPField.Name {
+    static let retryAfter = HTTPField.Name("Retry-After")!
+    /// Tether extension: the bounds of messages a catching-up subscriber can no longer receive.
+    static let tetherGap = HTTPField.Name("X-Tether-Gap")!
+}

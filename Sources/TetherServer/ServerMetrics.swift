@@ -1,0 +1,64 @@
+public import CoreMetrics
+import Metrics
+
+/// The server's metrics, created from an explicit factory so tests and embedded servers never
+/// depend on the process-wide `MetricsSystem` bootstrap.
+///
+/// Exposed at `/metrics` in Prometheus text format when the server is given a registry.
+public struct ServerMetrics: Sendable {
+    private let factory: any MetricsFactory
+    private let deliveries: Counter
+    private let openLongPolls: Meter
+    private let storeWrite: Timer
+    private let storeRead: Timer
+    private let storeBatch: Recorder
+
+    /// Creates the metrics on `factory` (defaults to the bootstrapped system).
+    public init(factory: any MetricsFactory = MetricsSystem.factory) {
+        self.factory = factory
+        deliveries = Counter(label: "tether_deliveries_total", factory: factory)
+        openLongPolls = Meter(label: "tether_open_long_polls", factory: factory)
+        storeWrite = Timer(label: "tether_store_write_seconds", factory: factory)
+        storeRead = Timer(label: "tether_store_read_seconds", factory: factory)
+        storeBatch = Recorder(label: "tether_store_write_batch_size", factory: factory)
+    }
+
+    /// Counts one request to `endpoint` answered with `status`.
+    public func recordRequest(endpoint: String, status: Int) {
+        Counter(label: "tether_requests_total", dimensions: [("endpoint", endpoint), ("status", String(status))], factory: factory)
+            .increment()
+    }
+
+    /// Counts an accepted publish (message, signal or fire).
+    public func recordPublish(kind: String) {
+        Counter(label: "tether_publishes_total", dimensions: [("kind", kind)], factory: factory).increment()
+    }
+
+    /// Counts envelopes delivered in subscribe responses.
+    public func recordDeliveries(_ count: Int) {
+        if count > 0 { deliveries.increment(by: count) }
+    }
+
+    /// Tracks the number of long-polls currently waiting.
+    public func longPollStarted() { openLongPolls.increment() }
+    /// Tracks the number of long-polls currently waiting.
+    public func longPollEnded() { openLongPolls.decrement() }
+
+    /// Records one group-commit transaction.
+    public func recordStoreWrite(duration: Duration, batchSize: Int) {
+        storeWrite.recordNanoseconds(duration.nanoseconds)
+        storeBatch.record(batchSize)
+    }
+
+    /// Records one store read.
+    public func recordStoreRead(duration: Duration) {
+        storeRead.recordNanoseconds(duration.nanoseconds)
+    }
+}
+
+extension Duration {
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    }
+}

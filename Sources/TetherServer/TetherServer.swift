@@ -1,0 +1,147 @@
+import Foundation
+public import Hummingbird
+import HummingbirdCore
+public import Logging
+import NIOCore
+public import Prometheus
+import ServiceLifecycle
+import UnixSignals
+import TetherProtocol
+import TetherServerCore
+
+/// How to run a Tether server.
+public struct ServerConfiguration: Sendable {
+    /// Address to listen on (default 127.0.0.1).
+    public var host: String
+    /// Port (default 8090; 0 picks a free port).
+    public var port: Int
+    /// Directory holding the SQLite store (default `./.tether-data`).
+    public var dataDirectory: String
+    /// Keysets and limits.
+    public var file: ConfigurationFile
+
+    /// Creates a configuration.
+    public init(host: String = "127.0.0.1", port: Int = 8090, dataDirectory: String = ".tether-data",
+                file: ConfigurationFile = .init()) {
+        self.host = host
+        self.port = port
+        self.dataDirectory = dataDirectory
+        self.file = file
+    }
+
+    /// The subscribe long-poll expiry.
+    public var subscribeTimeout: TimeAmount {
+        .milliseconds(Int64((file.subscribeTimeoutSeconds ?? 280) * 1000))
+    }
+}
+
+/// The Tether server: the PubNub-compatible REST wire over the embedded durable store.
+///
+/// ```swift
+/// let server = try TetherServer(configuration: .init(port: 8090), logger: logger)
+/// try await server.run { url in print("Tether listening on \(url)") }
+/// ```
+///
+/// `run` returns after a graceful shutdown (SIGINT/SIGTERM when `handleSignals` is set, or
+/// task cancellation): waiting long-polls are answered, in-flight requests finish, the store
+/// writes everything queued, checkpoints and closes.
+public struct TetherServer: Sendable {
+    /// The configuration.
+    public let configuration: ServerConfiguration
+    /// Shared state (store, hub, keysets).
+    public let state: ServerState
+    private let logger: Logger
+
+    /// Opens the store and prepares the server; does not listen yet.
+    public init(configuration: ServerConfiguration, logger: Logger, registry: PrometheusCollectorRegistry? = nil) throws {
+        self.configuration = configuration
+        self.logger = logger
+        let metrics: ServerMetrics
+        if let registry {
+            metrics = ServerMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        } else {
+            metrics = ServerMetrics()
+        }
+        let store = try MessageStore(directory: configuration.dataDirectory, logger: logger, metrics: metrics)
+        let hub = try LongPollHub(store: store, metrics: metrics, logger: logger)
+        state = ServerState(keysets: KeysetRegistry(configuration: configuration.file), store: store, hub: hub, metrics: metrics,
+                            registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
+                            startedAt: .now)
+    }
+
+    /// Listens and serves until shutdown. `onReady` receives the base URL once listening.
+    public func run(handleSignals: Bool = true, onReady: @escaping @Sendable (String) -> Void = { _ in }) async throws {
+        let host = configuration.host
+        let app = Application(
+            responder: TetherResponder(state: state),
+            server: .http1(configuration: .init(additionalChannelHandlers: [InputClosedCloser()])),
+            configuration: .init(address: .hostname(host, port: configuration.port), serverName: nil, backlog: 4096),
+            onServerRunning: { channel in
+                let port = channel.localAddress?.port ?? 0
+                let shownHost = host.contains(":") ? "[\(host)]" : host
+                onReady("http://\(shownHost):\(port)")
+            },
+            logger: logger
+        )
+        let group = ServiceGroup(configuration: .init(
+            services: [
+                .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
+                .init(service: app),
+                .init(service: MaintenanceService(hub: state.hub, store: state.store, logger: logger),
+                      successTerminationBehavior: .gracefullyShutdownGroup),
+            ],
+            gracefulShutdownSignals: handleSignals ? [.sigterm, .sigint] : [],
+            logger: logger
+        ))
+        try await group.run()
+    }
+}
+
+/// Runs the store's group-commit writer; on shutdown it writes what is queued, checkpoints the
+/// WAL and closes the file. Listed first so it stops last.
+struct StoreWriterService: Service {
+    let store: MessageStore
+
+    func run() async throws {
+        await withGracefulShutdownHandler {
+            await store.runWriter()
+        } onGracefulShutdown: {
+            store.finish()
+        }
+        try store.close()
+    }
+}
+
+/// Periodic upkeep (window sweeps, retention pruning); on shutdown it answers every waiting
+/// long-poll. Listed last so it is the first to hear of shutdown, before the HTTP server
+/// waits for in-flight requests.
+struct MaintenanceService: Service {
+    let hub: LongPollHub
+    let store: MessageStore
+    let logger: Logger
+
+    func run() async throws {
+        await withGracefulShutdownHandler {
+            var tick = 0
+            while !Task.isCancelled && !Task.isShuttingDownGracefully {
+                do {
+                    try await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(10)) }
+                } catch {
+                    break
+                }
+                hub.sweep()
+                tick += 1
+                if tick % 6 == 1 {
+                    do {
+                        let removed = try await store.pruneExpired(now: LongPollHub.systemNow())
+                        if removed > 0 { logger.info("retention removed messages", metadata: ["count": "\(removed)"]) }
+                    } catch {
+                        logger.error("retention pruning failed", metadata: ["error": "\(error)"])
+                    }
+                }
+            }
+        } onGracefulShutdown: {
+            hub.shutdown()
+        }
+    }
+}
