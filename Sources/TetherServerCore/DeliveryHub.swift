@@ -68,6 +68,13 @@ public struct ReadPlan: Sendable {
     /// Ranges to read from the durable store before answering.
     public var storeRanges: [StoreRange]
 
+    /// Creates a plan.
+    public init(visibleThrough: Timetoken, bufferEvents: [(event: BufferedEvent, match: String?)], storeRanges: [StoreRange]) {
+        self.visibleThrough = visibleThrough
+        self.bufferEvents = bufferEvents
+        self.storeRanges = storeRanges
+    }
+
     /// Whether the plan delivers nothing without the store.
     public var isEmpty: Bool { bufferEvents.isEmpty && storeRanges.isEmpty }
 

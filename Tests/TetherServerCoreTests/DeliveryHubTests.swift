@@ -1,0 +1,177 @@
+import Testing
+import TetherProtocol
+import TetherServerCore
+
+private func envelope(_ tt: Timetoken, _ channel: String, key: String = "k", payload: String = "1") -> SubscribeEnvelope {
+    SubscribeEnvelope(timetoken: tt, subscribeKey: key, channel: channel, payload: payload)
+}
+
+private func decodedTimetokens(_ page: [[UInt8]]) -> [String] {
+    page.map { bytes in
+        let text = String(decoding: bytes, as: UTF8.self)
+        let afterMarker = text.split(separator: "\"p\":{\"t\":\"", maxSplits: 1)[1]
+        return String(afterMarker.prefix { $0 != "\"" })
+    }
+}
+
+@Suite struct SequencerTests {
+    @Test func strictlyIncreasingEvenWhenTheClockStepsBack() {
+        var sequencer = TimetokenSequencer(floor: Timetoken(100))
+        #expect(sequencer.next(now: Timetoken(50)) == Timetoken(101))
+        #expect(sequencer.next(now: Timetoken(500)) == Timetoken(500))
+        #expect(sequencer.next(now: Timetoken(500)) == Timetoken(501))
+        #expect(sequencer.next(now: Timetoken(10)) == Timetoken(502))
+    }
+}
+
+@Suite struct DeliveryHubTests {
+    let now = Timetoken(1_000_000_000)
+
+    @Test func eventsBecomeVisibleOnlyWhenEveryEarlierReservationCommitted() {
+        var hub = DeliveryHub(floor: .zero, now: now)
+        let start = hub.visibleThrough
+        let spec = SubscriptionSpec(subscribeKey: "k", channels: ["a", "b"])
+        let first = hub.reserve(ChannelKey(subscribeKey: "k", channel: "a"), now: now)
+        let second = hub.reserve(ChannelKey(subscribeKey: "k", channel: "b"), now: now)
+        #expect(first < second)
+        #expect(hub.visibleThrough == Timetoken(first.rawValue - 1))
+
+        let waiter = hub.register(spec)
+        // The later event commits first: still invisible, nobody is woken.
+        let wokenEarly = hub.commit(BufferedEvent(envelope: envelope(second, "b"), isStored: false), now: now)
+        #expect(wokenEarly.isEmpty)
+        #expect(hub.plan(spec, after: start, now: now).bufferEvents.isEmpty)
+        // The earlier one commits: both become visible and the waiter wakes once.
+        let woken = hub.commit(BufferedEvent(envelope: envelope(first, "a"), isStored: false), now: now)
+        #expect(woken == [waiter])
+        let plan = hub.plan(spec, after: start, now: now)
+        #expect(plan.bufferEvents.map(\.event.timetoken) == [first, second])
+        #expect(plan.visibleThrough == second)
+        #expect(hub.waiterCount == 0)
+    }
+
+    @Test func abandonedReservationsReleaseTheCursor() {
+        var hub = DeliveryHub(floor: .zero, now: now)
+        let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: "a"), now: now)
+        #expect(hub.visibleThrough < tt)
+        _ = hub.abandon(tt)
+        #expect(hub.visibleThrough == tt)
+        #expect(hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["a"]), after: Timetoken(tt.rawValue - 1), now: now).isEmpty)
+    }
+
+    @Test func wakesOnlyMatchingWaitersIncludingWildcards() {
+        var hub = DeliveryHub(floor: .zero, now: now)
+        let direct = hub.register(SubscriptionSpec(subscribeKey: "k", channels: ["sports.eu"]))
+        let wildcard = hub.register(SubscriptionSpec(subscribeKey: "k", names: ["sports.*"]))
+        let other = hub.register(SubscriptionSpec(subscribeKey: "k", channels: ["news"]))
+        let otherKeyset = hub.register(SubscriptionSpec(subscribeKey: "other", channels: ["sports.eu"]))
+        let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: "sports.eu"), now: now)
+        let woken = hub.commit(BufferedEvent(envelope: envelope(tt, "sports.eu"), isStored: true), now: now)
+        #expect(Set(woken) == [direct, wildcard])
+        #expect(hub.waiterCount == 2)
+        let removedOther = hub.unregister(other)
+        let removedOtherKeyset = hub.unregister(otherKeyset)
+        let removedTwice = hub.unregister(other)
+        #expect(removedOther && removedOtherKeyset && !removedTwice)
+    }
+
+    @Test func wildcardDeliveryCarriesThePatternAndSkipsPresence() {
+        var hub = DeliveryHub(floor: .zero, now: now)
+        let start = hub.visibleThrough
+        for channel in ["a.b", "a.c.d", "a.b-pnpres", "ab"] {
+            let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: channel), now: now)
+            _ = hub.commit(BufferedEvent(envelope: envelope(tt, channel), isStored: false), now: now)
+        }
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", names: ["a.*"]), after: start, now: now)
+        #expect(plan.bufferEvents.sorted { $0.event.timetoken < $1.event.timetoken }.map(\.event.envelope.channel) == ["a.b", "a.c.d"])
+        #expect(plan.bufferEvents.allSatisfy { $0.match == "a.*" })
+        let (_, page) = plan.merge(storeResults: [], limit: 100)
+        #expect(String(decoding: page[0], as: UTF8.self).hasPrefix(#"{"b":"a.*""#))
+    }
+
+    @Test func evictionMovesCoverageAndPlansAStoreRead() {
+        var hub = DeliveryHub(floor: .zero, now: now, configuration: .init(bufferCapacity: 3))
+        let start = hub.visibleThrough
+        var tts: [Timetoken] = []
+        for _ in 0..<5 {
+            let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: "c"), now: now)
+            _ = hub.commit(BufferedEvent(envelope: envelope(tt, "c"), isStored: true), now: now)
+            tts.append(tt)
+        }
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c"]), after: start, now: now)
+        #expect(plan.storeRanges == [StoreRange(subscribeKey: "k", selector: .channel("c"), after: start, through: tts[1], match: nil)])
+        #expect(plan.bufferEvents.map(\.event.timetoken) == Array(tts[2...]))
+        // A client already past the evicted events needs no store read.
+        let current = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c"]), after: tts[2], now: now)
+        #expect(current.storeRanges.isEmpty)
+        #expect(current.bufferEvents.map(\.event.timetoken) == Array(tts[3...]))
+    }
+
+    @Test func ageEvictionDropsOldEventsFromTheWindow() {
+        var hub = DeliveryHub(floor: .zero, now: now, configuration: .init(bufferCapacity: 100, bufferMaximumAgeSeconds: 60))
+        let start = hub.visibleThrough
+        let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: "c"), now: now)
+        _ = hub.commit(BufferedEvent(envelope: envelope(tt, "c"), isStored: false), now: now)
+        hub.sweep(now: Timetoken(now.rawValue + 61 * 10_000_000))
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c"]), after: start, now: now)
+        #expect(plan.bufferEvents.isEmpty)
+    }
+
+    @Test func oldCursorsFromBeforeStartReadTheStore() {
+        let floor = Timetoken(900_000_000)
+        var hub = DeliveryHub(floor: floor, now: now)
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", names: ["c", "w.*"]), after: Timetoken(5), now: now)
+        let expected = [
+            StoreRange(subscribeKey: "k", selector: .channel("c"), after: Timetoken(5), through: hub.startCursor, match: nil),
+            StoreRange(subscribeKey: "k", selector: .prefix("w."), after: Timetoken(5), through: hub.startCursor, match: "w.*"),
+        ]
+        #expect(plan.storeRanges == expected)
+    }
+
+    @Test func presenceChannelsAreNeverReadFromTheStore() {
+        var hub = DeliveryHub(floor: .zero, now: now)
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c-pnpres"]), after: Timetoken(5), now: now)
+        #expect(plan.storeRanges.isEmpty)
+    }
+}
+
+@Suite struct MergeTests {
+    private func stored(_ values: [UInt64], channel: String = "c") -> [SubscribeEnvelope] {
+        values.map { envelope(Timetoken($0), channel) }
+    }
+
+    @Test func truncatesAtTheLimitAndPointsTheCursorAtTheLastIncluded() {
+        let plan = ReadPlan(visibleThrough: Timetoken(1000), bufferEvents: [], storeRanges: [])
+        let range = StoreRange(subscribeKey: "k", selector: .channel("c"), after: .zero, through: Timetoken(1000), match: nil)
+        let result = StoreRangeResult(range: range, envelopes: stored(Array(1...5)), reachedLimit: false)
+        let (cursor, page) = plan.merge(storeResults: [result], limit: 3)
+        #expect(decodedTimetokens(page) == ["1", "2", "3"])
+        #expect(cursor == Timetoken(3))
+    }
+
+    @Test func aLimitedStoreReadCapsEveryOtherSource() {
+        // Channel c's store read stopped at 3 (more may exist); d has 2 and 4. Delivering 4 now
+        // would let the cursor pass c's unread events, so the page stops at 3.
+        let plan = ReadPlan(visibleThrough: Timetoken(1000), bufferEvents: [], storeRanges: [])
+        let rc = StoreRange(subscribeKey: "k", selector: .channel("c"), after: .zero, through: Timetoken(900), match: nil)
+        let rd = StoreRange(subscribeKey: "k", selector: .channel("d"), after: .zero, through: Timetoken(900), match: nil)
+        let (cursor, page) = plan.merge(storeResults: [
+            StoreRangeResult(range: rc, envelopes: stored([1, 3]), reachedLimit: true),
+            StoreRangeResult(range: rd, envelopes: stored([2, 4], channel: "d"), reachedLimit: false),
+        ], limit: 100)
+        #expect(decodedTimetokens(page) == ["1", "2", "3"])
+        #expect(cursor == Timetoken(3))
+    }
+
+    @Test func duplicatesReachedTwiceAreDeliveredOnce() {
+        let plan = ReadPlan(visibleThrough: Timetoken(10), bufferEvents: [], storeRanges: [])
+        let r1 = StoreRange(subscribeKey: "k", selector: .channel("a.b"), after: .zero, through: Timetoken(10), match: nil)
+        let r2 = StoreRange(subscribeKey: "k", selector: .prefix("a."), after: .zero, through: Timetoken(10), match: "a.*")
+        let (cursor, page) = plan.merge(storeResults: [
+            StoreRangeResult(range: r1, envelopes: stored([7], channel: "a.b"), reachedLimit: false),
+            StoreRangeResult(range: r2, envelopes: stored([7], channel: "a.b"), reachedLimit: false),
+        ], limit: 100)
+        #expect(page.count == 1)
+        #expect(cursor == Timetoken(10))
+    }
+}

@@ -1,0 +1,146 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import Testing
+import TetherProtocol
+import TetherServer
+
+@Suite(.serialized) struct LongPollTests {
+    @Test func aWaitingLongPollIsAnsweredByAPublish() async throws {
+        let server = try await TestServer.start()
+        let cursor = try await server.handshake("live")
+        async let waiting = server.subscribe("live", tt: cursor)
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        let tt = try await server.publish("live", #"{"text":"hello"}"#)
+        let (next, messages, _) = try await waiting
+        #expect(messages.count == 1)
+        #expect(messages.first?.publishTimetoken == String(tt.rawValue))
+        #expect((messages.first?["d"] as? [String: Any])?["text"] as? String == "hello")
+        #expect(messages.first?["c"] as? String == "live")
+        #expect(next >= tt)
+        await server.stop()
+    }
+
+    @Test func aLongPollStopsWaitingWhenItsClientDisconnects() async throws {
+        let server = try await TestServer.start()
+        let cursor = try await server.handshake("idle")
+        let port = Int(server.baseURL.split(separator: ":").last!)!
+        let group = MultiThreadedEventLoopGroup.singleton
+        let channel = try await ClientBootstrap(group: group).connect(host: "127.0.0.1", port: port).get()
+        let request = "GET /v2/subscribe/demo/idle/0?tt=\(cursor.rawValue)&uuid=u HTTP/1.1\r\nHost: x\r\n\r\n"
+        try await channel.writeAndFlush(ByteBuffer(string: request))
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        try await channel.close()
+        #expect(await eventually(within: 5) { server.server.state.hub.waitingCount == 0 })
+        await server.stop()
+    }
+
+    @Test func anEmptyResponseComesAtTheConfiguredExpiry() async throws {
+        let server = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 1))
+        let cursor = try await server.handshake("quiet")
+        let (next, messages, _) = try await server.subscribe("quiet", tt: cursor, timeout: .seconds(10))
+        #expect(messages.isEmpty)
+        #expect(next >= cursor)
+        await server.stop()
+    }
+
+    @Test func catchUpIsPagedInOrderExactlyOnce() async throws {
+        let server = try await TestServer.start()
+        let start = try await server.handshake("paged")
+        var published: [String] = []
+        for i in 0..<250 {
+            published.append(String(try await server.publish("paged", "\(i)").rawValue))
+        }
+        var cursor = start
+        var received: [String] = []
+        var pageSizes: [Int] = []
+        while received.count < 250 {
+            let (next, messages, _) = try await server.subscribe("paged", tt: cursor, timeout: .seconds(5))
+            pageSizes.append(messages.count)
+            received.append(contentsOf: messages.compactMap(\.publishTimetoken))
+            #expect(next > cursor)
+            cursor = next
+        }
+        #expect(received == published)
+        #expect(pageSizes.allSatisfy { $0 <= 100 })
+        await server.stop()
+    }
+
+    @Test func changingTheChannelListKeepsTheCursor() async throws {
+        let server = try await TestServer.start()
+        let cursor = try await server.handshake("first")
+        let tt = try await server.publish("second", "1")
+        // The client adds a channel it never handshook on, continuing from its old cursor.
+        let (_, messages, _) = try await server.subscribe("first,second", tt: cursor, timeout: .seconds(5))
+        #expect(messages.compactMap(\.publishTimetoken) == [String(tt.rawValue)])
+        await server.stop()
+    }
+
+    @Test func wildcardAndNonStoredMessagesReachCatchingUpSubscribers() async throws {
+        let server = try await TestServer.start()
+        let cursor = try await server.handshake("scores.*")
+        let a = try await server.publish("scores.eu", "1", query: "&store=0")
+        let b = try await server.publish("scores.us.east", "2")
+        _ = try await server.publish("scoresX", "3")
+        let (_, messages, _) = try await server.subscribe("scores.*", tt: cursor, timeout: .seconds(5))
+        #expect(messages.compactMap(\.publishTimetoken) == [String(a.rawValue), String(b.rawValue)])
+        #expect(messages.allSatisfy { $0["b"] as? String == "scores.*" })
+        await server.stop()
+    }
+
+    @Test func catchUpSurvivesARestartAndTimetokensKeepIncreasing() async throws {
+        let first = try await TestServer.start()
+        let cursor = try await first.handshake("durable")
+        var published: [String] = []
+        for i in 0..<120 { published.append(String(try await first.publish("durable", "\(i)").rawValue)) }
+        _ = try await first.publish("durable", "\"gone\"", query: "&store=0")
+        await first.stop()
+
+        let second = try await TestServer.start(directory: first.directory)
+        let after = try await second.publish("durable", "\"after\"")
+        #expect(String(after.rawValue) > published.last!)
+        var received: [String] = []
+        var next = cursor
+        while received.count < 121 {
+            let page = try await second.subscribe("durable", tt: next, timeout: .seconds(5))
+            received.append(contentsOf: page.messages.compactMap(\.publishTimetoken))
+            next = page.cursor
+        }
+        // Stored messages survive the restart; the store=0 one lived only in the old process.
+        #expect(received == published + [String(after.rawValue)])
+        await second.stop()
+    }
+
+    @Test func aCursorOlderThanRetentionIsReportedAsAGap() async throws {
+        let keyset = Keyset(name: "short", publishKey: "demo", subscribeKey: "demo", historyRetentionHours: 1)
+        let server = try await TestServer.start(file: .init(keysets: [keyset], subscribeTimeoutSeconds: 30))
+        let cursor = try await server.handshake("ephemeral")
+        let old = try await server.publish("ephemeral", "1")
+        // Two hours later retention removes it.
+        let removed = try await server.server.state.store.pruneExpired(now: Timetoken(old.rawValue + 2 * 36_000_000_000))
+        #expect(removed == 1)
+        await server.stop()
+        // After a restart nothing is in memory: the subscriber catches up from the store.
+        let restarted = try await TestServer.start(directory: server.directory, file: .init(keysets: [keyset], subscribeTimeoutSeconds: 30))
+        let kept = try await restarted.publish("ephemeral", "2")
+        let (_, messages, headers) = try await restarted.subscribe("ephemeral", tt: cursor, timeout: .seconds(5))
+        #expect(messages.compactMap(\.publishTimetoken) == [String(kept.rawValue)])
+        #expect(headers.first(name: "X-Tether-Gap") == "ephemeral;from=\(cursor.rawValue);through=\(old.rawValue)")
+        // Once past the gap, it is not reported again.
+        _ = try await restarted.publish("ephemeral", "3")
+        let (_, _, later) = try await restarted.subscribe("ephemeral", tt: kept, timeout: .seconds(5))
+        #expect(later.first(name: "X-Tether-Gap") == nil)
+        await restarted.stop()
+    }
+
+    @Test func aCursorFromTheFutureIsTreatedAsCurrent() async throws {
+        let server = try await TestServer.start()
+        async let waiting = server.subscribe("future", tt: Timetoken(99_999_999_999_999_999), timeout: .seconds(10))
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        let tt = try await server.publish("future", "1")
+        #expect(try await waiting.messages.compactMap(\.publishTimetoken) == [String(tt.rawValue)])
+        await server.stop()
+    }
+}

@@ -1,0 +1,98 @@
+import AsyncHTTPClient
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import TetherProtocol
+import TetherServer
+
+/// A real Tether server on a loopback port with its own SQLite file, for end-to-end tests.
+struct TestServer {
+    let server: TetherServer
+    let baseURL: String
+    let task: Task<Void, any Error>
+    let directory: String
+
+    static func start(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30)) async throws -> TestServer {
+        let directory = directory ?? FileManager.default.temporaryDirectory
+            .appendingPathComponent("tether-test-\(UUID().uuidString)").path
+        var logger = Logger(label: "test-server")
+        logger.logLevel = .warning
+        let server = try TetherServer(configuration: .init(host: "127.0.0.1", port: 0, dataDirectory: directory, file: file),
+                                      logger: logger)
+        let (urls, continuation) = AsyncStream.makeStream(of: String.self)
+        let task = Task {
+            try await server.run(handleSignals: false) { url in continuation.yield(url) }
+        }
+        var iterator = urls.makeAsyncIterator()
+        guard let url = await iterator.next() else { throw CancellationError() }
+        return TestServer(server: server, baseURL: url, task: task, directory: directory)
+    }
+
+    /// Stops the server and waits until it has closed its store.
+    func stop() async {
+        task.cancel()
+        _ = await task.result
+    }
+
+    func get(_ path: String, timeout: TimeAmount = .seconds(60)) async throws -> (status: Int, body: String, headers: HTTPHeaders) {
+        try await send(path, method: .GET, body: nil, timeout: timeout)
+    }
+
+    func send(_ path: String, method: HTTPMethod, body: [UInt8]?, headers: [(String, String)] = [],
+              timeout: TimeAmount = .seconds(60)) async throws -> (status: Int, body: String, headers: HTTPHeaders) {
+        var request = HTTPClientRequest(url: baseURL + path)
+        request.method = method
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
+        if let body { request.body = .bytes(ByteBuffer(bytes: body)) }
+        let response = try await HTTPClient.shared.execute(request, timeout: timeout)
+        let bytes = try await response.body.collect(upTo: 16 * 1024 * 1024)
+        return (Int(response.status.code), String(buffer: bytes), response.headers)
+    }
+
+    /// Publishes `message` (JSON text) on `channel` of the demo keyset; returns its timetoken.
+    @discardableResult
+    func publish(_ channel: String, _ message: String, query: String = "") async throws -> Timetoken {
+        let (status, body, _) = try await get("/publish/demo/demo/0/\(PercentCoding.encode(channel))/0/\(PercentCoding.encode(message))?uuid=tester\(query)")
+        guard status == 200, let data = body.data(using: .utf8),
+              let array = try JSONSerialization.jsonObject(with: data) as? [Any], let text = array[2] as? String,
+              let tt = Timetoken(parsing: text)
+        else { throw TestFailure("publish failed: \(status) \(body)") }
+        return tt
+    }
+
+    /// One subscribe request; returns the cursor and the envelopes.
+    func subscribe(_ channels: String, tt: Timetoken, timeout: TimeAmount = .seconds(60)) async throws
+        -> (cursor: Timetoken, messages: [[String: Any]], headers: HTTPHeaders)
+    {
+        let (status, body, headers) = try await get("/v2/subscribe/demo/\(channels)/0?tt=\(tt.rawValue)&tr=1&uuid=tester", timeout: timeout)
+        guard status == 200, let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any],
+              let t = object["t"] as? [String: Any], let cursorText = t["t"] as? String, let cursor = Timetoken(parsing: cursorText),
+              let messages = object["m"] as? [[String: Any]]
+        else { throw TestFailure("subscribe failed: \(status) \(body)") }
+        return (cursor, messages, headers)
+    }
+
+    func handshake(_ channels: String) async throws -> Timetoken {
+        try await subscribe(channels, tt: .zero).cursor
+    }
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+extension Dictionary where Key == String, Value == Any {
+    var publishTimetoken: String? { (self["p"] as? [String: Any])?["t"] as? String }
+}
+
+/// Polls `condition` until it holds or `seconds` pass (no fixed sleeps deciding outcomes).
+func eventually(within seconds: Double = 10, _ condition: () async throws -> Bool) async rethrows -> Bool {
+    let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1000))
+    while ContinuousClock.now < deadline {
+        if try await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(20))
+    }
+    return try await condition()
+}
