@@ -3,6 +3,11 @@ import Foundation
 import Logging
 import Prometheus
 import TetherServer
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// `tether serve`: run the server until SIGINT/SIGTERM.
 struct Serve: AsyncParsableCommand {
@@ -72,6 +77,7 @@ struct Serve: AsyncParsableCommand {
             dataDirectory: dataDir ?? env["TETHER_DATA_DIR"] ?? ".tether-data",
             file: file
         )
+        raiseOpenFileLimit(logger: logger)
         let registry = PrometheusCollectorRegistry()
         let server = try TetherServer(configuration: configuration, logger: logger, registry: registry)
         let keysets = server.state.keysets.all.map { $0.name ?? $0.subscribeKey }.sorted().joined(separator: ", ")
@@ -81,5 +87,20 @@ struct Serve: AsyncParsableCommand {
             // One line on stdout, flushed at once, so scripts can wait for it.
             FileHandle.standardOutput.write(Data("Tether listening on \(url)\n".utf8))
         }
+    }
+}
+
+/// Every waiting long-poll holds a socket: raise the soft open-file limit to the hard limit so a
+/// default shell limit (often 1024) does not cap the server far below 10,000 subscribers.
+private func raiseOpenFileLimit(logger: Logger) {
+    var limit = rlimit()
+    guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
+    let previous = limit.rlim_cur
+    guard previous < limit.rlim_max else { return }
+    limit.rlim_cur = limit.rlim_max
+    if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 {
+        logger.debug("raised open-file limit", metadata: ["from": "\(previous)", "to": "\(limit.rlim_max)"])
+    } else {
+        logger.warning("could not raise the open-file limit; long-polls are capped by it", metadata: ["limit": "\(previous)"])
     }
 }
