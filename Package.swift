@@ -16,6 +16,8 @@ let package = Package(
     products: [
         .library(name: "TetherProtocol", targets: ["TetherProtocol"]),
         .library(name: "TetherServer", targets: ["TetherServer"]),
+        .library(name: "Tether", targets: ["Tether"]),
+        .library(name: "TetherTesting", targets: ["TetherTesting"]),
         .executable(name: "tether", targets: ["TetherCLI"]),
     ],
     dependencies: [
@@ -28,6 +30,9 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
+        .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.1.1"),
     ],
     targets: [
         .target(
@@ -64,12 +69,68 @@ let package = Package(
             dependencies: [
                 "TetherProtocol",
                 "TetherServer",
+                "Tether",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .target(
+            name: "TetherClientCore",
+            dependencies: ["TetherProtocol"],
+            swiftSettings: strictSettings
+        ),
+        .target(
+            name: "Tether",
+            dependencies: [
+                "TetherProtocol",
+                "TetherClientCore",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CryptoExtras", package: "swift-crypto"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .target(
+            name: "TetherTesting",
+            dependencies: [
+                "TetherProtocol",
+                "TetherServer",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            resources: [.copy("Certificates")],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "TetherClientCoreTests",
+            dependencies: ["TetherClientCore", "TetherProtocol", .product(name: "Clocks", package: "swift-clocks")],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "TetherTests",
+            dependencies: [
+                "Tether",
+                "TetherTesting",
+                "TetherServer",
+                "TetherProtocol",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Clocks", package: "swift-clocks"),
             ],
             swiftSettings: strictSettings
         ),

@@ -1,8 +1,8 @@
 import ArgumentParser
 
-/// The `tether` command: run a server, measure it, talk to it.
+/// The `tether` command (named `TetherCommand` so it does not clash with the `Tether` SDK module): run a server, measure it, talk to it.
 @main
-struct Tether: AsyncParsableCommand {
+struct TetherCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tether",
         abstract: "Tether: a realtime messaging server that speaks PubNub's REST protocol.",
