@@ -1,0 +1,1 @@
+// The Tether client SDK.

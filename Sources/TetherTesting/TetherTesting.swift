@@ -1,0 +1,1 @@
+// Test kit shipped as a product: in-process servers and misbehaving servers.
