@@ -1,4 +1,5 @@
 import Foundation
+public import TetherServerCore
 
 /// Limits applied to requests, per keyset or server-wide (PubNub-compatible defaults).
 public struct Limits: Sendable, Codable, Equatable {
@@ -12,6 +13,8 @@ public struct Limits: Sendable, Codable, Equatable {
     public var maxChannelsPerSubscribe: Int = 200
     /// Envelopes per subscribe response (PubNub: 100).
     public var maxEnvelopesPerResponse: Int = 100
+    /// Channels in one channel group (PubNub: 2,000).
+    public var maxChannelsPerGroup: Int = 2000
 
     /// Creates the default limits.
     public init() {}
@@ -25,6 +28,7 @@ public struct Limits: Sendable, Codable, Equatable {
         maxURIBytes = try c.decodeIfPresent(Int.self, forKey: .maxURIBytes) ?? d.maxURIBytes
         maxChannelsPerSubscribe = try c.decodeIfPresent(Int.self, forKey: .maxChannelsPerSubscribe) ?? d.maxChannelsPerSubscribe
         maxEnvelopesPerResponse = try c.decodeIfPresent(Int.self, forKey: .maxEnvelopesPerResponse) ?? d.maxEnvelopesPerResponse
+        maxChannelsPerGroup = try c.decodeIfPresent(Int.self, forKey: .maxChannelsPerGroup) ?? d.maxChannelsPerGroup
     }
 }
 
@@ -42,6 +46,13 @@ public struct Keyset: Sendable, Codable, Equatable {
     public var historyRetentionHours: Double
     /// Limits for this keyset; server-wide limits apply where absent.
     public var limits: Limits?
+    /// Presence: above this occupancy a channel sends interval events instead of each join,
+    /// leave and timeout (PubNub's announce-max; default 20).
+    public var presenceAnnounceMax: Int?
+    /// Presence: seconds between interval events (default 10).
+    public var presenceIntervalSeconds: Int?
+    /// Presence: the smallest `heartbeat` timeout accepted, in seconds (default 20).
+    public var presenceMinimumTimeoutSeconds: Int?
 
     /// Creates a keyset.
     public init(name: String? = nil, publishKey: String, subscribeKey: String, secretKey: String? = nil,
@@ -60,6 +71,7 @@ public struct Keyset: Sendable, Codable, Equatable {
 
     enum CodingKeys: String, CodingKey {
         case name, publishKey, subscribeKey, secretKey, historyRetentionHours, limits
+        case presenceAnnounceMax, presenceIntervalSeconds, presenceMinimumTimeoutSeconds
     }
 
     /// Decodes a keyset; `historyRetentionHours` defaults to 168.
@@ -71,6 +83,18 @@ public struct Keyset: Sendable, Codable, Equatable {
         secretKey = try c.decodeIfPresent(String.self, forKey: .secretKey)
         historyRetentionHours = try c.decodeIfPresent(Double.self, forKey: .historyRetentionHours) ?? 24 * 7
         limits = try c.decodeIfPresent(Limits.self, forKey: .limits)
+        presenceAnnounceMax = try c.decodeIfPresent(Int.self, forKey: .presenceAnnounceMax)
+        presenceIntervalSeconds = try c.decodeIfPresent(Int.self, forKey: .presenceIntervalSeconds)
+        presenceMinimumTimeoutSeconds = try c.decodeIfPresent(Int.self, forKey: .presenceMinimumTimeoutSeconds)
+    }
+
+    /// The presence configuration this keyset asks for.
+    public var presenceConfiguration: PresenceConfiguration {
+        var configuration = PresenceConfiguration()
+        if let value = presenceAnnounceMax { configuration.announceMax = max(0, value) }
+        if let value = presenceIntervalSeconds { configuration.interval = .seconds(max(1, value)) }
+        if let value = presenceMinimumTimeoutSeconds { configuration.minimumTimeout = .seconds(max(1, value)) }
+        return configuration
     }
 }
 

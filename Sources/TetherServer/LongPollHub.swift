@@ -104,6 +104,30 @@ public final class LongPollHub: Sendable {
         return timetoken
     }
 
+    /// Publishes an event that is never stored (presence events): reserved, committed and
+    /// delivered at once.
+    @discardableResult
+    public func publishEphemeral(_ makeEnvelope: (Timetoken) -> SubscribeEnvelope) -> Timetoken {
+        let now = clock()
+        let probe = makeEnvelope(.zero)
+        let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
+        let timetoken = state.withLock { $0.core.reserve(key, now: now) }
+        let event = BufferedEvent(envelope: makeEnvelope(timetoken), isStored: false)
+        let woken = state.withLock { $0.core.commit(event, now: now) }
+        wake(woken, reason: .event)
+        return timetoken
+    }
+
+    /// Replaces the channels of a channel group in the delivery index.
+    public func setGroup(subscribeKey: String, group: String, channels: Set<String>) {
+        state.withLock { $0.core.setGroup(subscribeKey: subscribeKey, group: group, channels: channels) }
+    }
+
+    /// The channels of a channel group.
+    public func channels(subscribeKey: String, group: String) -> Set<String> {
+        state.withLock { $0.core.channels(subscribeKey: subscribeKey, group: group) }
+    }
+
     /// Serves a subscribe continuation from cursor `after`: returns at once when events are
     /// available (from memory or the store, at most `limit`), otherwise waits until one
     /// arrives, `timeout` passes, the server shuts down, or the client disconnects (throws

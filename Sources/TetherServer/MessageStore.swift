@@ -144,7 +144,54 @@ public final class MessageStore: Sendable {
                 );
                 """)
         }
+        migrator.registerMigration("v2-channel-groups") { db in
+            try db.execute(sql: """
+                CREATE TABLE channel_group (
+                    sub_key TEXT NOT NULL,
+                    grp TEXT NOT NULL,
+                    channel TEXT NOT NULL,
+                    PRIMARY KEY (sub_key, grp, channel)
+                ) WITHOUT ROWID;
+                """)
+        }
         return migrator
+    }
+
+    /// Every channel group membership: `(subscribeKey, group, channel)`.
+    public func allGroupMemberships() throws -> [(String, String, String)] {
+        try pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT sub_key, grp, channel FROM channel_group").map { ($0["sub_key"], $0["grp"], $0["channel"]) }
+        }
+    }
+
+    /// Adds and removes channels of a group durably; returns the group's channels afterwards.
+    public func updateGroup(subscribeKey: String, group: String, add: [String], remove: [String]) async throws -> Set<String> {
+        try await pool.write { db in
+            for channel in add {
+                try db.execute(sql: "INSERT OR IGNORE INTO channel_group (sub_key, grp, channel) VALUES (?, ?, ?)",
+                               arguments: [subscribeKey, group, channel])
+            }
+            for channel in remove {
+                try db.execute(sql: "DELETE FROM channel_group WHERE sub_key = ? AND grp = ? AND channel = ?",
+                               arguments: [subscribeKey, group, channel])
+            }
+            return Set(try String.fetchAll(db, sql: "SELECT channel FROM channel_group WHERE sub_key = ? AND grp = ?",
+                                           arguments: [subscribeKey, group]))
+        }
+    }
+
+    /// The names of a keyset's groups, sorted.
+    public func groupNames(subscribeKey: String) async throws -> [String] {
+        try await pool.read { db in
+            try String.fetchAll(db, sql: "SELECT DISTINCT grp FROM channel_group WHERE sub_key = ? ORDER BY grp", arguments: [subscribeKey])
+        }
+    }
+
+    /// Deletes a group durably.
+    public func deleteGroup(subscribeKey: String, group: String) async throws {
+        try await pool.write { db in
+            try db.execute(sql: "DELETE FROM channel_group WHERE sub_key = ? AND grp = ?", arguments: [subscribeKey, group])
+        }
     }
 
     /// The highest timetoken ever issued and stored; the sequencer starts above it.

@@ -15,6 +15,8 @@ public struct ServerState: Sendable {
     public var store: MessageStore
     /// Delivery and long-polls.
     public var hub: LongPollHub
+    /// Presence.
+    public var presence: PresenceService
     /// Metrics.
     public var metrics: ServerMetrics
     /// Registry exposed at `/metrics`, if any.
@@ -83,6 +85,10 @@ public struct TetherResponder: HTTPResponder {
                 return ("delete", try await deleteMessages(wire))
             case (.get, "v3") where s.count == 6 && s[1] == "history" && s[2] == "sub-key" && s[4] == "message-counts":
                 return ("message-counts", try await messageCounts(wire))
+            case (.get, "v2") where s.count >= 2 && s[1] == "presence":
+                return try await presence(wire)
+            case (.get, "v1") where s.count >= 2 && s[1] == "channel-registration":
+                return try await channelGroups(wire)
             case (.get, "health") where s.count == 1:
                 return ("health", await health())
             case (.get, "metrics") where s.count == 1:
@@ -108,7 +114,7 @@ public struct TetherResponder: HTTPResponder {
         var response: Response
     }
 
-    private func keyset(subscribeKey: String, service: String) throws(RequestError) -> Keyset {
+    func keyset(subscribeKey: String, service: String) throws(RequestError) -> Keyset {
         guard NameRules.validateKey(subscribeKey), let keyset = state.keysets.keyset(subscribeKey: subscribeKey) else {
             throw RequestError(response: Reply.json(.badRequest, ErrorBody.service(status: 400, service: service, message: "Invalid Subscribe Key")))
         }
@@ -123,7 +129,7 @@ public struct TetherResponder: HTTPResponder {
         }
     }
 
-    private func timetoken(_ wire: WireRequest, _ name: String, service: String) throws(RequestError) -> Timetoken? {
+    func timetoken(_ wire: WireRequest, _ name: String, service: String) throws(RequestError) -> Timetoken? {
         guard let text = wire.query[name], !text.isEmpty else { return nil }
         guard let value = Timetoken(parsing: text) else {
             throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid \(name): expected a timetoken of up to 17 digits"))
@@ -266,8 +272,10 @@ public struct TetherResponder: HTTPResponder {
                 return Reply.error(.badRequest, service: "Subscribe", "Invalid channel \(String(reflecting: name)): \(error)")
             }
         }
-        if !groups.isEmpty {
-            return Reply.error(.badRequest, service: "Subscribe", "Channel groups are not supported by this server version yet")
+        for group in groups {
+            do { try NameRules.validateGroup(group) } catch {
+                return Reply.error(.badRequest, service: "Subscribe", "Invalid channel group \(String(reflecting: group)): \(error)")
+            }
         }
         if let filter = wire.query["filter-expr"], !filter.isEmpty {
             return Reply.error(.badRequest, service: "Subscribe", "Filter expressions are not supported by this server version yet")
@@ -276,15 +284,28 @@ public struct TetherResponder: HTTPResponder {
         if let region = wire.query["tr"], !region.isEmpty, Int(region) == nil {
             return Reply.error(.badRequest, service: "Subscribe", "Invalid tr: expected a region number")
         }
+        // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
+        let heartbeat = try heartbeatSeconds(wire, service: "Subscribe")
+        let states = try channelStates(wire, service: "Subscribe")
+        let uuid = wire.query["uuid"].flatMap { $0.isEmpty ? nil : $0 }
+        if let uuid {
+            state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
+                                     timeoutSeconds: heartbeat, states: states)
+        }
         if requested == .zero {
             // Handshake: the current cursor, never backlog (pubnub-wire §6.4.1).
             return Reply.json(.ok, SubscribeResponseBody.encode(cursor: state.hub.currentCursor, region: 1, envelopes: []))
         }
-        let spec = SubscriptionSpec(subscribeKey: keyset.subscribeKey, names: names)
+        let spec = SubscriptionSpec(subscribeKey: keyset.subscribeKey, names: names, groups: groups)
         // A cursor from the future is treated as current rather than waited for.
         let after = min(requested, state.hub.currentCursor)
         let page = try await state.hub.receive(spec, after: after, limit: limits.maxEnvelopesPerResponse,
                                                timeout: state.subscribeTimeout, channel: context.channel)
+        if let uuid {
+            // The connection was alive for the whole long-poll: count its end as a heartbeat too.
+            state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
+                                     timeoutSeconds: heartbeat)
+        }
         var headers: HTTPFields = [:]
         if !page.gaps.isEmpty {
             let value = page.gaps.map { "\(PercentCoding.encode($0.channel));from=\($0.from.rawValue);through=\($0.through.rawValue)" }

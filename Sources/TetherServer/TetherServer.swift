@@ -53,7 +53,8 @@ public struct TetherServer: Sendable {
     private let logger: Logger
 
     /// Opens the store and prepares the server; does not listen yet.
-    public init(configuration: ServerConfiguration, logger: Logger, registry: PrometheusCollectorRegistry? = nil) throws {
+    public init(configuration: ServerConfiguration, logger: Logger, registry: PrometheusCollectorRegistry? = nil,
+                clock: ServerClock = .continuous) throws {
         self.configuration = configuration
         self.logger = logger
         let metrics: ServerMetrics
@@ -64,7 +65,19 @@ public struct TetherServer: Sendable {
         }
         let store = try MessageStore(directory: configuration.dataDirectory, logger: logger, metrics: metrics)
         let hub = try LongPollHub(store: store, metrics: metrics, logger: logger)
-        state = ServerState(keysets: KeysetRegistry(configuration: configuration.file), store: store, hub: hub, metrics: metrics,
+        var groups: [String: [String: Set<String>]] = [:]
+        for (subscribeKey, group, channel) in try store.allGroupMemberships() {
+            groups[subscribeKey, default: [:]][group, default: []].insert(channel)
+        }
+        for (subscribeKey, byGroup) in groups {
+            for (group, channels) in byGroup { hub.setGroup(subscribeKey: subscribeKey, group: group, channels: channels) }
+        }
+        let keysets = KeysetRegistry(configuration: configuration.file)
+        let presence = PresenceService(
+            hub: hub, clock: clock, logger: logger,
+            configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
+                                                    uniquingKeysWith: { first, _ in first }))
+        state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
                             startedAt: .now)
     }
@@ -87,6 +100,7 @@ public struct TetherServer: Sendable {
             services: [
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: app),
+                .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: MaintenanceService(hub: state.hub, store: state.store, logger: logger),
                       successTerminationBehavior: .gracefullyShutdownGroup),
             ],
@@ -109,6 +123,15 @@ struct StoreWriterService: Service {
             store.finish()
         }
         try store.close()
+    }
+}
+
+/// Runs presence timeouts and interval events until shutdown.
+struct PresenceLoopService: Service {
+    let presence: PresenceService
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown { await presence.run() }
     }
 }
 

@@ -157,6 +157,11 @@ public struct DeliveryHub: Sendable {
     private var waiters: [WaiterID: SubscriptionSpec] = [:]
     private var waitersByChannel: [ChannelKey: Set<WaiterID>] = [:]
     private var waitersByPrefix: [ChannelKey: Set<WaiterID>] = [:]
+    private var waitersByGroup: [ChannelKey: Set<WaiterID>] = [:]
+    /// Channel group membership: keyset → group → channels.
+    private var groupMembers: [String: [String: Set<String>]] = [:]
+    /// Reverse index: channel → groups containing it.
+    private var groupsByChannel: [ChannelKey: Set<String>] = [:]
     private var nextWaiter: UInt64 = 0
 
     /// Creates a hub whose timetokens start above `floor` (the store's highest timetoken).
@@ -177,6 +182,26 @@ public struct DeliveryHub: Sendable {
 
     /// The number of channels with an in-memory window.
     public var bufferedChannelCount: Int { buffers.values.reduce(0) { $0 + $1.count } }
+
+    /// Replaces the channels of a group (an empty set deletes the group). A long-poll waiting on
+    /// the group receives events of newly added channels without a new handshake.
+    public mutating func setGroup(subscribeKey: String, group: String, channels: Set<String>) {
+        let old = groupMembers[subscribeKey]?[group] ?? []
+        for channel in old.subtracting(channels) {
+            let key = ChannelKey(subscribeKey: subscribeKey, channel: channel)
+            groupsByChannel[key]?.remove(group)
+            if groupsByChannel[key]?.isEmpty == true { groupsByChannel[key] = nil }
+        }
+        for channel in channels.subtracting(old) {
+            groupsByChannel[ChannelKey(subscribeKey: subscribeKey, channel: channel), default: []].insert(group)
+        }
+        groupMembers[subscribeKey, default: [:]][group] = channels.isEmpty ? nil : channels
+    }
+
+    /// The channels of a group.
+    public func channels(subscribeKey: String, group: String) -> Set<String> {
+        groupMembers[subscribeKey]?[group] ?? []
+    }
 
     /// Reserves the timetoken of a new event on `channel`. Call ``commit(_:now:)`` when the
     /// event is durable (or at once for events that are not stored), ``abandon(_:)`` if it
@@ -240,6 +265,15 @@ public struct DeliveryHub: Sendable {
         for channel in spec.channels {
             addChannel(channel, match: NameRules.isPresence(channel) ? channel : nil, storeFloor: after)
         }
+        for group in spec.groups {
+            let isPresence = NameRules.isPresence(group)
+            let base = isPresence ? String(group.dropLast(NameRules.presenceSuffix.count)) : group
+            for member in (groupMembers[spec.subscribeKey]?[base] ?? []).sorted() {
+                let channel = isPresence ? member + NameRules.presenceSuffix : member
+                if spec.channels.contains(channel) { continue }
+                addChannel(channel, match: group, storeFloor: after)
+            }
+        }
         for pattern in spec.wildcards {
             let prefix = WildcardPattern.prefix(of: pattern)
             if after < startCursor {
@@ -267,6 +301,9 @@ public struct DeliveryHub: Sendable {
             let key = ChannelKey(subscribeKey: spec.subscribeKey, channel: WildcardPattern.prefix(of: pattern))
             waitersByPrefix[key, default: []].insert(id)
         }
+        for group in spec.groups {
+            waitersByGroup[ChannelKey(subscribeKey: spec.subscribeKey, channel: group), default: []].insert(id)
+        }
         return id
     }
 
@@ -284,6 +321,11 @@ public struct DeliveryHub: Sendable {
             let key = ChannelKey(subscribeKey: spec.subscribeKey, channel: WildcardPattern.prefix(of: pattern))
             waitersByPrefix[key]?.remove(id)
             if waitersByPrefix[key]?.isEmpty == true { waitersByPrefix[key] = nil }
+        }
+        for group in spec.groups {
+            let key = ChannelKey(subscribeKey: spec.subscribeKey, channel: group)
+            waitersByGroup[key]?.remove(id)
+            if waitersByGroup[key]?.isEmpty == true { waitersByGroup[key] = nil }
         }
         return true
     }
@@ -321,7 +363,13 @@ public struct DeliveryHub: Sendable {
         var woken: [WaiterID] = []
         for (_, key) in invisible[..<count] {
             if let ids = waitersByChannel[key] { woken.append(contentsOf: ids) }
-            if !NameRules.isPresence(key.channel) {
+            let isPresence = NameRules.isPresence(key.channel)
+            let base = isPresence ? String(key.channel.dropLast(NameRules.presenceSuffix.count)) : key.channel
+            for group in groupsByChannel[ChannelKey(subscribeKey: key.subscribeKey, channel: base)] ?? [] {
+                let name = isPresence ? group + NameRules.presenceSuffix : group
+                if let ids = waitersByGroup[ChannelKey(subscribeKey: key.subscribeKey, channel: name)] { woken.append(contentsOf: ids) }
+            }
+            if !isPresence {
                 for prefix in WildcardPattern.candidatePrefixes(of: key.channel) {
                     if let ids = waitersByPrefix[ChannelKey(subscribeKey: key.subscribeKey, channel: prefix)] {
                         woken.append(contentsOf: ids)

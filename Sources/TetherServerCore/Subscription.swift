@@ -26,23 +26,27 @@ public struct SubscriptionSpec: Sendable, Hashable {
     public var channels: [String]
     /// Wildcard patterns as sent (`sports.*`).
     public var wildcards: [String]
+    /// Channel groups, including `{group}-pnpres` presence groups.
+    public var groups: [String]
 
     /// Creates a subscription.
-    public init(subscribeKey: String, channels: [String], wildcards: [String] = []) {
+    public init(subscribeKey: String, channels: [String], wildcards: [String] = [], groups: [String] = []) {
         self.subscribeKey = subscribeKey
         self.channels = channels
         self.wildcards = wildcards
+        self.groups = groups
     }
 
     /// Splits a subscribe channel list into concrete channels and wildcard patterns.
-    public init(subscribeKey: String, names: [String]) {
+    public init(subscribeKey: String, names: [String], groups: [String] = []) {
         self.subscribeKey = subscribeKey
         self.channels = names.filter { !NameRules.isWildcard($0) }
         self.wildcards = names.filter { NameRules.isWildcard($0) }
+        self.groups = groups
     }
 
     /// Whether the subscription is empty (nothing to wait for).
-    public var isEmpty: Bool { channels.isEmpty && wildcards.isEmpty }
+    public var isEmpty: Bool { channels.isEmpty && wildcards.isEmpty && groups.isEmpty }
 
     /// The `b` value for an event on `channel` reached through this subscription, or `nil`
     /// when the channel is subscribed directly and is not a presence channel. `nil` is also

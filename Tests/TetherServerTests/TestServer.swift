@@ -13,13 +13,14 @@ struct TestServer {
     let task: Task<Void, any Error>
     let directory: String
 
-    static func start(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30)) async throws -> TestServer {
+    static func start(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
+                      clock: ServerClock = .continuous) async throws -> TestServer {
         let directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("tether-test-\(UUID().uuidString)").path
         var logger = Logger(label: "test-server")
         logger.logLevel = .warning
         let server = try TetherServer(configuration: .init(host: "127.0.0.1", port: 0, dataDirectory: directory, file: file),
-                                      logger: logger)
+                                      logger: logger, clock: clock)
         let (urls, continuation) = AsyncStream.makeStream(of: String.self)
         let task = Task {
             try await server.run(handleSignals: false) { url in continuation.yield(url) }
@@ -75,6 +76,15 @@ struct TestServer {
 
     func handshake(_ channels: String) async throws -> Timetoken {
         try await subscribe(channels, tt: .zero).cursor
+    }
+
+    /// GET `path` and parse the JSON body as an object.
+    func object(_ path: String) async throws -> [String: Any] {
+        let (status, body, _) = try await get(path)
+        guard let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any] else {
+            throw TestFailure("not a JSON object: \(status) \(body)")
+        }
+        return object
     }
 }
 

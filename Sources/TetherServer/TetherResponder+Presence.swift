@@ -1,0 +1,370 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import TetherProtocol
+import TetherServerCore
+
+/// Presence (pubnub-wire §7) and channel groups (§16).
+extension TetherResponder {
+    // MARK: - Shared parsing
+
+    /// Channels from a path segment and groups from `channel-group`, validated; presence names
+    /// are kept here and ignored by the presence model.
+    func presenceTargets(_ segment: String, _ wire: WireRequest) throws(RequestError) -> (channels: [String], groups: [String]) {
+        let channels = WireRequest.names(segment)
+        let groups = WireRequest.names(wire.query["channel-group"])
+        for channel in channels {
+            do { try NameRules.validateChannel(channel) } catch {
+                throw RequestError(response: Reply.error(.badRequest, service: "Presence", "Invalid channel \(String(reflecting: channel)): \(error)"))
+            }
+        }
+        for group in groups {
+            do { try NameRules.validateGroup(group) } catch {
+                throw RequestError(response: Reply.error(.badRequest, service: "Presence", "Invalid channel group \(String(reflecting: group)): \(error)"))
+            }
+        }
+        return (channels, groups)
+    }
+
+    func requireUserId(_ wire: WireRequest, service: String) throws(RequestError) -> String {
+        guard let uuid = wire.query["uuid"], !uuid.isEmpty else {
+            throw RequestError(response: Reply.error(.badRequest, service: service, "Missing uuid"))
+        }
+        do { try NameRules.validateUserId(uuid) } catch {
+            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid uuid: \(error)"))
+        }
+        return uuid
+    }
+
+    /// `heartbeat=<seconds>`.
+    func heartbeatSeconds(_ wire: WireRequest, service: String) throws(RequestError) -> Int? {
+        guard let text = wire.query["heartbeat"], !text.isEmpty else { return nil }
+        guard let value = Int(text), value >= 0, value <= 1_000_000 else {
+            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid heartbeat: expected seconds"))
+        }
+        return value
+    }
+
+    /// `state=<JSON object keyed by channel>` as sent on subscribe and heartbeat.
+    func channelStates(_ wire: WireRequest, service: String) throws(RequestError) -> [String: String] {
+        guard let text = wire.query["state"], !text.isEmpty else { return [:] }
+        guard let value = try? JSONValueLite.parseObjectOfObjects(text) else {
+            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid state: expected a JSON object keyed by channel"))
+        }
+        return value
+    }
+
+    // MARK: - Endpoints
+
+    func presence(_ wire: WireRequest) async throws -> (String, Response) {
+        let s = wire.segments
+        // /v2/presence/sub-key/{sub}[/channel/{chs}[/heartbeat|/leave|/uuid/{uuid}[/data]]] or /uuid/{uuid}
+        guard s.count >= 4, s[2] == "sub-key" else {
+            return ("unknown", Reply.error(.notFound, service: "Presence", "Not found: '/\(s.joined(separator: "/"))'"))
+        }
+        let keyset = try keyset(subscribeKey: s[3], service: "Presence")
+        let key = keyset.subscribeKey
+        switch s.count {
+        case 4:
+            return ("here-now", try hereNow(key: key, channels: nil, groups: WireRequest.names(wire.query["channel-group"]), wire))
+        case 6 where s[4] == "channel":
+            let (channels, groups) = try presenceTargets(s[5], wire)
+            return ("here-now", try hereNow(key: key, channels: channels, groups: groups, wire))
+        case 6 where s[4] == "uuid":
+            let uuid = s[5]
+            do { try NameRules.validateUserId(uuid) } catch {
+                return ("where-now", Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)"))
+            }
+            let channels = state.presence.read { $0.channels(subscribeKey: key, uuid: uuid) }
+            var w = JSONWriter()
+            w.raw("{\"status\":200,\"message\":\"OK\",\"payload\":{\"channels\":")
+            w.stringArray(channels)
+            w.raw("},\"service\":\"Presence\"}")
+            return ("where-now", Reply.json(.ok, w.bytes))
+        case 7 where s[4] == "channel" && s[6] == "heartbeat":
+            let (channels, groups) = try presenceTargets(s[5], wire)
+            let uuid = try requireUserId(wire, service: "Presence")
+            let timeout = try heartbeatSeconds(wire, service: "Presence")
+            let states = try channelStates(wire, service: "Presence")
+            state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
+            return ("heartbeat", Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#))
+        case 7 where s[4] == "channel" && s[6] == "leave":
+            let (channels, groups) = try presenceTargets(s[5], wire)
+            let uuid = try requireUserId(wire, service: "Presence")
+            state.presence.leave(subscribeKey: key, uuid: uuid, channels: channels, groups: groups)
+            return ("leave", Reply.json(.ok, #"{"status":200,"action":"leave","message":"OK","service":"Presence"}"#))
+        case 8 where s[4] == "channel" && s[6] == "uuid":
+            let (channels, groups) = try presenceTargets(s[5], wire)
+            return ("get-state", getState(key: key, uuid: s[7], channels: channels, groups: groups))
+        case 9 where s[4] == "channel" && s[6] == "uuid" && s[8] == "data":
+            let (channels, groups) = try presenceTargets(s[5], wire)
+            let uuid = s[7]
+            do { try NameRules.validateUserId(uuid) } catch {
+                return ("set-state", Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)"))
+            }
+            guard let text = wire.query["state"], !text.isEmpty else {
+                return ("set-state", Reply.json(.badRequest, #"{"status":400,"error":1,"message":"No state specified.","service":"Presence"}"#))
+            }
+            guard (try? JSONText.validate(text)) == .object else {
+                return ("set-state", Reply.error(.badRequest, service: "Presence", "Invalid state: expected a JSON object"))
+            }
+            state.presence.setState(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, state: text)
+            var w = JSONWriter()
+            w.raw("{\"status\":200,\"message\":\"OK\",\"payload\":")
+            w.raw(text.utf8)
+            w.raw(",\"service\":\"Presence\"}")
+            return ("set-state", Reply.json(.ok, w.bytes))
+        default:
+            return ("unknown", Reply.error(.notFound, service: "Presence", "Not found: '/\(s.joined(separator: "/"))'"))
+        }
+    }
+
+    private func hereNow(key: String, channels requested: [String]?, groups: [String], _ wire: WireRequest) throws(RequestError) -> Response {
+        let includeState = wire.bool("state")
+        let includeUUIDs = !wire.bool("disable_uuids")
+        let presence = state.presence
+        var limit = 1000
+        if let text = wire.query["limit"], let value = Int(text), value >= 0 { limit = min(value, 1000) }
+        var offset = 0
+        if let text = wire.query["offset"], let value = Int(text), value >= 0 { offset = value }
+
+        func occupantsJSON(_ w: inout JSONWriter, _ occupants: [(uuid: String, state: String?)]) {
+            w.raw("[")
+            for (i, occupant) in occupants.dropFirst(offset).prefix(limit).enumerated() {
+                if i > 0 { w.raw(",") }
+                if includeState {
+                    w.raw("{\"uuid\":")
+                    w.string(occupant.uuid)
+                    if let s = occupant.state {
+                        w.raw(",\"state\":")
+                        w.raw(s.utf8)
+                    }
+                    w.raw("}")
+                } else {
+                    w.string(occupant.uuid)
+                }
+            }
+            w.raw("]")
+        }
+
+        // One channel and no groups: the top-level shape (pubnub-wire §7.3).
+        if let requested, requested.count == 1, groups.isEmpty {
+            let occupants = presence.read { $0.occupants(subscribeKey: key, channel: requested[0]) }
+            var w = JSONWriter()
+            w.raw("{\"status\":200,\"message\":\"OK\",\"service\":\"Presence\"")
+            if includeUUIDs {
+                w.raw(",\"uuids\":")
+                occupantsJSON(&w, occupants)
+            }
+            w.raw(",\"occupancy\":")
+            w.number(occupants.count)
+            w.raw("}")
+            return Reply.json(.ok, w.bytes)
+        }
+        var names: [String]
+        if let requested {
+            names = presence.concreteChannels(subscribeKey: key, channels: requested, groups: groups)
+        } else if !groups.isEmpty {
+            names = presence.concreteChannels(subscribeKey: key, channels: [], groups: groups)
+        } else {
+            names = presence.read { $0.occupiedChannels(subscribeKey: key) }
+        }
+        var w = JSONWriter(capacity: 1024)
+        w.raw("{\"status\":200,\"message\":\"OK\",\"service\":\"Presence\",\"payload\":{\"channels\":{")
+        var totalChannels = 0
+        var totalOccupancy = 0
+        for name in names {
+            let occupants = presence.read { $0.occupants(subscribeKey: key, channel: name) }
+            if occupants.isEmpty { continue }
+            if totalChannels > 0 { w.raw(",") }
+            totalChannels += 1
+            totalOccupancy += occupants.count
+            w.string(name)
+            w.raw(":{")
+            if includeUUIDs {
+                w.raw("\"uuids\":")
+                occupantsJSON(&w, occupants)
+                w.raw(",")
+            }
+            w.raw("\"occupancy\":")
+            w.number(occupants.count)
+            w.raw("}")
+        }
+        w.raw("},\"total_channels\":")
+        w.number(totalChannels)
+        w.raw(",\"total_occupancy\":")
+        w.number(totalOccupancy)
+        w.raw("}}")
+        return Reply.json(.ok, w.bytes)
+    }
+
+    private func getState(key: String, uuid: String, channels: [String], groups: [String]) -> Response {
+        let presence = state.presence
+        let concrete = presence.concreteChannels(subscribeKey: key, channels: channels, groups: groups)
+        var w = JSONWriter()
+        if channels.count == 1, groups.isEmpty {
+            let value = presence.read { $0.state(subscribeKey: key, uuid: uuid, channel: channels[0]) } ?? "{}"
+            w.raw("{\"status\":200,\"uuid\":")
+            w.string(uuid)
+            w.raw(",\"service\":\"Presence\",\"message\":\"OK\",\"payload\":")
+            w.raw(value.utf8)
+            w.raw(",\"channel\":")
+            w.string(channels[0])
+            w.raw("}")
+        } else {
+            w.raw("{\"status\":200,\"message\":\"OK\",\"payload\":{\"channels\":{")
+            var first = true
+            for channel in concrete {
+                guard let value = presence.read({ $0.state(subscribeKey: key, uuid: uuid, channel: channel) }) else { continue }
+                if !first { w.raw(",") }
+                first = false
+                w.string(channel)
+                w.raw(":")
+                w.raw(value.utf8)
+            }
+            w.raw("}},\"service\":\"Presence\",\"uuid\":")
+            w.string(uuid)
+            w.raw("}")
+        }
+        return Reply.json(.ok, w.bytes)
+    }
+
+    // MARK: - Channel groups (§16)
+
+    func channelGroups(_ wire: WireRequest) async throws -> (String, Response) {
+        let s = wire.segments
+        // /v1/channel-registration/sub-key/{sub}/channel-group[/{cg}[/remove]]
+        guard s.count >= 5, s[2] == "sub-key", s[4] == "channel-group" else {
+            return ("unknown", Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'"))
+        }
+        let keyset = try keyset(subscribeKey: s[3], service: "channel-registry")
+        let key = keyset.subscribeKey
+        let ok: Response = Reply.json(.ok, #"{"status":200,"message":"OK","service":"channel-registry","error":false}"#)
+        func registryError(_ message: String) -> Response {
+            var w = JSONWriter()
+            w.raw("{\"status\":400,\"message\":")
+            w.string(message)
+            w.raw(",\"service\":\"channel-registry\",\"error\":true}")
+            return Reply.json(.badRequest, w.bytes)
+        }
+        if s.count == 5 {
+            let groups = try await state.store.groupNames(subscribeKey: key)
+            var w = JSONWriter()
+            w.raw("{\"status\":200,\"payload\":{\"namespace\":\"\",\"groups\":")
+            w.stringArray(groups)
+            w.raw("},\"service\":\"channel-registry\",\"error\":false}")
+            return ("group-list", Reply.json(.ok, w.bytes))
+        }
+        let group = s[5]
+        do { try NameRules.validateGroup(group) } catch {
+            return ("group", registryError("Reserved character in input parameters."))
+        }
+        if s.count == 7, s[6] == "remove" {
+            try await state.store.deleteGroup(subscribeKey: key, group: group)
+            state.hub.setGroup(subscribeKey: key, group: group, channels: [])
+            return ("group-delete", ok)
+        }
+        guard s.count == 6 else {
+            return ("unknown", Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'"))
+        }
+        let add = WireRequest.names(wire.query["add"])
+        let remove = WireRequest.names(wire.query["remove"])
+        if add.isEmpty && remove.isEmpty {
+            let channels = state.hub.channels(subscribeKey: key, group: group).sorted()
+            var w = JSONWriter()
+            w.raw("{\"status\":200,\"payload\":{\"channels\":")
+            w.stringArray(channels)
+            w.raw(",\"group\":")
+            w.string(group)
+            w.raw("},\"service\":\"channel-registry\",\"error\":false}")
+            return ("group-channels", Reply.json(.ok, w.bytes))
+        }
+        for channel in add + remove {
+            do { try NameRules.validateChannel(channel) } catch {
+                return ("group-update", registryError("Reserved character in input parameters."))
+            }
+            if NameRules.isPresence(channel) { return ("group-update", registryError("Reserved character in input parameters.")) }
+        }
+        let maximum = state.keysets.limits(for: keyset).maxChannelsPerGroup
+        let current = state.hub.channels(subscribeKey: key, group: group)
+        if current.union(add).subtracting(remove).count > maximum {
+            return ("group-update", registryError("Maximum channel count exceeded."))
+        }
+        let channels = try await state.store.updateGroup(subscribeKey: key, group: group, add: add, remove: remove)
+        state.hub.setGroup(subscribeKey: key, group: group, channels: channels)
+        return ("group-update", ok)
+    }
+}
+
+/// Minimal parsing for the `state` parameter: a JSON object whose values are JSON objects,
+/// returned as `channel → object text`.
+enum JSONValueLite {
+    struct Invalid: Error {}
+
+    static func parseObjectOfObjects(_ text: String) throws -> [String: String] {
+        guard (try? JSONText.validate(text)) == .object else { throw Invalid() }
+        let bytes = Array(text.utf8)
+        var result: [String: String] = [:]
+        var i = 0
+        func skip() { while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 } }
+        func string() throws -> String {
+            guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { throw Invalid() }
+            let start = i
+            i += 1
+            while i < bytes.count, bytes[i] != UInt8(ascii: "\"") { i += bytes[i] == UInt8(ascii: "\\") ? 2 : 1 }
+            i += 1
+            let literal = String(decoding: bytes[start..<i], as: UTF8.self)
+            guard let data = literal.data(using: .utf8),
+                  let decoded = try? JSONDecoder().decode(String.self, from: data) else { throw Invalid() }
+            return decoded
+        }
+        func valueSpan() throws -> Range<Int> {
+            let start = i
+            var depth = 0
+            var inString = false
+            while i < bytes.count {
+                let b = bytes[i]
+                if inString {
+                    if b == UInt8(ascii: "\\") { i += 1 } else if b == UInt8(ascii: "\"") { inString = false }
+                } else if b == UInt8(ascii: "\"") {
+                    inString = true
+                } else if b == UInt8(ascii: "{") || b == UInt8(ascii: "[") {
+                    depth += 1
+                } else if b == UInt8(ascii: "}") || b == UInt8(ascii: "]") {
+                    if depth == 0 { break }
+                    depth -= 1
+                } else if b == UInt8(ascii: ","), depth == 0 {
+                    break
+                }
+                i += 1
+            }
+            return start..<i
+        }
+        skip()
+        i += 1  // {
+        skip()
+        if i < bytes.count, bytes[i] == UInt8(ascii: "}") { return [:] }
+        while i < bytes.count {
+            skip()
+            let key = try string()
+            skip()
+            i += 1  // :
+            skip()
+            let span = try valueSpan()
+            let value = String(decoding: bytes[span], as: UTF8.self).trimmingTrailingWhitespace()
+            guard (try? JSONText.validate(value)) == .object else { throw Invalid() }
+            result[key] = value
+            skip()
+            if i < bytes.count, bytes[i] == UInt8(ascii: ",") { i += 1 } else { break }
+        }
+        return result
+    }
+}
+
+extension String {
+    fileprivate func trimmingTrailingWhitespace() -> String {
+        var s = Substring(self)
+        while let last = s.last, last == " " || last == "\n" || last == "\r" || last == "\t" { s = s.dropLast() }
+        return String(s)
+    }
+}

@@ -1,0 +1,146 @@
+import Testing
+import TetherProtocol
+import TetherServerCore
+
+@Suite struct PresenceTrackerTests {
+    let timeout = Duration.seconds(20)
+
+    private func actions(_ events: [PresenceEvent]) -> [String] {
+        events.map { "\($0.action.name):\($0.uuid ?? "-")@\($0.channel.channel)=\($0.occupancy)" }
+    }
+
+    @Test func firstHeartbeatJoinsLaterOnesOnlyExtend() {
+        var tracker = PresenceTracker()
+        let joined = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a", "b"], timeout: timeout, now: .zero)
+        #expect(Set(actions(joined)) == ["join:u1@a=1", "join:u1@b=1"])
+        let again = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .seconds(5))
+        #expect(again.isEmpty)
+        #expect(tracker.channels(subscribeKey: "k", uuid: "u1") == ["a", "b"])
+        #expect(tracker.occupants(subscribeKey: "k", channel: "a").map(\.uuid) == ["u1"])
+    }
+
+    @Test func timeoutFiresExactlyOnceAtTheDeadline() {
+        var tracker = PresenceTracker()
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .zero)
+        #expect(tracker.nextWakeUp == .seconds(20))
+        #expect(tracker.tick(now: .milliseconds(19_999)).isEmpty)
+        #expect(actions(tracker.tick(now: .seconds(20))) == ["timeout:u1@a=0"])
+        #expect(tracker.tick(now: .seconds(40)).isEmpty)
+        #expect(tracker.occupiedChannels(subscribeKey: "k").isEmpty)
+        #expect(tracker.nextWakeUp == nil)
+    }
+
+    @Test func aDroppedConnectionThatReturnsWithinTheTimeoutDoesNotFlap() {
+        var tracker = PresenceTracker()
+        var all = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .zero)
+        // The long-poll drops at 5 s; the client comes back at 19 s.
+        all += tracker.tick(now: .seconds(19))
+        all += tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .seconds(19))
+        all += tracker.tick(now: .seconds(38))
+        #expect(actions(all) == ["join:u1@a=1"])
+        // Then it stops for good: one timeout, 20 s after its last heartbeat.
+        #expect(actions(tracker.tick(now: .seconds(39))) == ["timeout:u1@a=0"])
+    }
+
+    @Test func exactlyOneTimeoutAmongTenThousandPresentUUIDs() {
+        var tracker = PresenceTracker()
+        for i in 0..<10_000 {
+            _ = tracker.heartbeat(subscribeKey: "k", uuid: "u\(i)", channels: ["c\(i % 1000)"], timeout: .seconds(300), now: .zero)
+        }
+        // Everyone but u42 heartbeats again at 100 s.
+        for i in 0..<10_000 where i != 42 {
+            _ = tracker.heartbeat(subscribeKey: "k", uuid: "u\(i)", channels: ["c\(i % 1000)"], timeout: .seconds(300), now: .seconds(100))
+        }
+        #expect(tracker.tick(now: .milliseconds(299_999)).isEmpty)
+        let events = tracker.tick(now: .seconds(300))
+        #expect(events.count == 1)
+        #expect(events.first?.uuid == "u42")
+        #expect(events.first?.action == .timeout)
+        #expect(tracker.membershipCount == 9_999)
+    }
+
+    @Test func leaveIsImmediateAndCarriesState() {
+        var tracker = PresenceTracker()
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, states: ["a": #"{"mood":"ok"}"#], now: .zero)
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u2", channels: ["a"], timeout: timeout, now: .zero)
+        let left = tracker.leave(subscribeKey: "k", uuid: "u1", channels: ["a"], now: .seconds(1))
+        #expect(actions(left) == ["leave:u1@a=1"])
+        #expect(left.first?.state == #"{"mood":"ok"}"#)
+        #expect(tracker.leave(subscribeKey: "k", uuid: "u1", channels: ["a"], now: .seconds(2)).isEmpty)
+        // The left uuid's deadline no longer fires.
+        #expect(actions(tracker.tick(now: .seconds(20))) == ["timeout:u2@a=0"])
+    }
+
+    @Test func stateChangesAreAnnouncedOnlyWhenTheStateChanges() {
+        var tracker = PresenceTracker()
+        let first = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, states: ["a": #"{"s":1}"#], now: .zero)
+        #expect(actions(first) == ["join:u1@a=1", "state-change:u1@a=1"])
+        #expect(tracker.setState(subscribeKey: "k", uuid: "u1", channels: ["a"], state: #"{"s":1}"#).isEmpty)
+        let changed = tracker.setState(subscribeKey: "k", uuid: "u1", channels: ["a"], state: #"{"s":2}"#)
+        #expect(actions(changed) == ["state-change:u1@a=1"])
+        #expect(changed.first?.payload(timestamp: 7) == #"{"action":"state-change","uuid":"u1","timestamp":7,"occupancy":1,"data":{"s":2}}"#)
+        #expect(tracker.state(subscribeKey: "k", uuid: "u1", channel: "a") == #"{"s":2}"#)
+    }
+
+    @Test func intervalModeAboveAnnounceMax() {
+        var config = PresenceConfiguration()
+        config.announceMax = 2
+        config.interval = .seconds(10)
+        config.maximumIntervalDelta = 3
+        var tracker = PresenceTracker(defaultConfiguration: config)
+        var events: [PresenceEvent] = []
+        for i in 1...3 {
+            events += tracker.heartbeat(subscribeKey: "k", uuid: "u\(i)", channels: ["big"], timeout: .seconds(300), now: .seconds(1))
+        }
+        // Two joins announced; the third crosses announce-max and goes into the first interval.
+        #expect(actions(events) == ["join:u1@big=1", "join:u2@big=2"])
+        _ = tracker.leave(subscribeKey: "k", uuid: "u1", channels: ["big"], now: .seconds(2))
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u4", channels: ["big"], timeout: .seconds(300), now: .seconds(3))
+        #expect(tracker.tick(now: .seconds(10)).isEmpty)
+        let interval = tracker.tick(now: .seconds(11))
+        #expect(interval.count == 1)
+        #expect(interval.first?.action == .interval(join: ["u3", "u4"], leave: ["u1"], timeout: [], hereNowRefresh: false))
+        #expect(interval.first?.occupancy == 3)
+        #expect(interval.first?.payload(timestamp: 1).contains(#""join":["u3","u4"],"leave":["u1"],"here_now_refresh":false"#) == true)
+        // Too many changes for one event: here_now_refresh instead of lists.
+        for i in 5...8 {
+            _ = tracker.heartbeat(subscribeKey: "k", uuid: "u\(i)", channels: ["big"], timeout: .seconds(300), now: .seconds(12))
+        }
+        let refresh = tracker.tick(now: .seconds(21))
+        #expect(refresh.first?.action == .interval(join: ["u5", "u6", "u7", "u8"], leave: [], timeout: [], hereNowRefresh: true))
+        #expect(refresh.first?.payload(timestamp: 1).contains("\"here_now_refresh\":true") == true)
+        #expect(refresh.first?.payload(timestamp: 1).contains("\"join\"") == false)
+    }
+
+    @Test func timeoutsAreClampedToTheConfiguredRange() {
+        let config = PresenceConfiguration()
+        #expect(config.timeout(requestedSeconds: nil) == .seconds(300))
+        #expect(config.timeout(requestedSeconds: 5) == .seconds(20))
+        #expect(config.timeout(requestedSeconds: 60) == .seconds(60))
+        #expect(config.timeout(requestedSeconds: 999_999) == .seconds(3600))
+    }
+}
+
+@Suite struct ChannelGroupHubTests {
+    @Test func groupWaitersWakeForMemberChannelsIncludingOnesAddedWhileWaiting() {
+        let now = Timetoken(1_000_000_000)
+        var hub = DeliveryHub(floor: .zero, now: now)
+        let start = hub.visibleThrough
+        hub.setGroup(subscribeKey: "k", group: "g", channels: ["a"])
+        let spec = SubscriptionSpec(subscribeKey: "k", names: [], groups: ["g", "g-pnpres"])
+        let waiter = hub.register(spec)
+        hub.setGroup(subscribeKey: "k", group: "g", channels: ["a", "b"])
+        let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: "b"), now: now)
+        let woken = hub.commit(BufferedEvent(envelope: SubscribeEnvelope(timetoken: tt, subscribeKey: "k", channel: "b", payload: "1"),
+                                             isStored: true), now: now)
+        #expect(woken == [waiter])
+        let presence = hub.reserve(ChannelKey(subscribeKey: "k", channel: "a-pnpres"), now: now)
+        _ = hub.commit(BufferedEvent(envelope: SubscribeEnvelope(timetoken: presence, subscribeKey: "k", channel: "a-pnpres", payload: "{}"),
+                                     isStored: false), now: now)
+        let plan = hub.plan(spec, after: start, now: now)
+        let matched = plan.bufferEvents.sorted { $0.event.timetoken < $1.event.timetoken }.map { "\($0.event.envelope.channel)|\($0.match ?? "-")" }
+        #expect(matched == ["b|g", "a-pnpres|g-pnpres"])
+        hub.setGroup(subscribeKey: "k", group: "g", channels: [])
+        #expect(hub.channels(subscribeKey: "k", group: "g").isEmpty)
+    }
+}

@@ -1,0 +1,161 @@
+import Clocks
+import Foundation
+import NIOCore
+import Testing
+import TetherProtocol
+import TetherServer
+
+@Suite(.serialized) struct PresenceTests {
+    private func presenceEvents(_ messages: [[String: Any]]) -> [String] {
+        messages.compactMap { envelope in
+            guard let d = envelope["d"] as? [String: Any], let action = d["action"] as? String else { return nil }
+            let uuid = d["uuid"] as? String ?? "-"
+            let occupancy = (d["occupancy"] as? NSNumber)?.intValue ?? -1
+            #expect(d["timestamp"] is NSNumber)
+            return "\(action):\(uuid)=\(occupancy)"
+        }
+    }
+
+    /// Reads presence events from `cursor` until `count` arrived (or fails after a deadline).
+    private func events(_ server: TestServer, _ channels: String, from cursor: inout Timetoken, count: Int) async throws -> [String] {
+        var collected: [String] = []
+        let deadline = ContinuousClock.now + .seconds(10)
+        while collected.count < count, ContinuousClock.now < deadline {
+            let page = try await server.subscribe(channels, tt: cursor, timeout: .seconds(10))
+            collected += presenceEvents(page.messages)
+            cursor = page.cursor
+        }
+        return collected
+    }
+
+    @Test func joinThenExactlyOneTimeoutAtTheDeadline() async throws {
+        let clock = TestClock()
+        let server = try await TestServer.start(clock: ServerClock(clock))
+        var cursor = try await server.handshake("room-pnpres")
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/room/heartbeat?heartbeat=20&uuid=alice")
+        #expect(try await events(server, "room-pnpres", from: &cursor, count: 1) == ["join:alice=1"])
+
+        await clock.advance(by: .seconds(19))
+        let present = try await server.object("/v2/presence/sub-key/demo/channel/room?uuid=x")
+        #expect(present["occupancy"] as? Int == 1)
+        #expect(present["uuids"] as? [String] == ["alice"])
+
+        await clock.advance(by: .seconds(1))
+        #expect(try await events(server, "room-pnpres", from: &cursor, count: 1) == ["timeout:alice=0"])
+        let empty = try await server.object("/v2/presence/sub-key/demo/channel/room?uuid=x")
+        #expect(empty["occupancy"] as? Int == 0)
+        await server.stop()
+    }
+
+    @Test func subscribeCountsAsAHeartbeatAndComingBackDoesNotFlap() async throws {
+        let clock = TestClock()
+        let server = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 1), clock: ServerClock(clock))
+        var cursor = try await server.handshake("lobby-pnpres")
+        // Bob subscribes (a heartbeat with timeout 20), his long-poll drops, he returns at 15 s.
+        _ = try await server.get("/v2/subscribe/demo/lobby/0?tt=0&heartbeat=20&uuid=bob")
+        await clock.advance(by: .seconds(15))
+        _ = try await server.get("/v2/subscribe/demo/lobby/0?tt=0&heartbeat=20&uuid=bob")
+        await clock.advance(by: .seconds(15))
+        // 30 s after his first subscribe, he is still present: one join, nothing else.
+        let where_ = try await server.object("/v2/presence/sub-key/demo/uuid/bob?uuid=bob")
+        #expect((where_["payload"] as? [String: Any])?["channels"] as? [String] == ["lobby"])
+        #expect(try await events(server, "lobby-pnpres", from: &cursor, count: 1) == ["join:bob=1"])
+        // An explicit leave is immediate.
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/lobby/leave?uuid=bob")
+        #expect(try await events(server, "lobby-pnpres", from: &cursor, count: 1) == ["leave:bob=0"])
+        await server.stop()
+    }
+
+    @Test func hereNowShapesAndStateRoundTrips() async throws {
+        let server = try await TestServer.start()
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/a,b/heartbeat?uuid=u1")
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/b,b-pnpres/heartbeat?uuid=u2")
+        let set = try await server.object("/v2/presence/sub-key/demo/channel/a/uuid/u1/data?state=%7B%22mood%22%3A%22happy%22%7D&uuid=u1")
+        #expect((set["payload"] as? [String: String]) == ["mood": "happy"])
+
+        let one = try await server.object("/v2/presence/sub-key/demo/channel/a?state=1&uuid=x")
+        #expect(one["occupancy"] as? Int == 1)
+        #expect((one["uuids"] as? [[String: Any]])?.first?["uuid"] as? String == "u1")
+        #expect(((one["uuids"] as? [[String: Any]])?.first?["state"] as? [String: String]) == ["mood": "happy"])
+
+        let several = try await server.object("/v2/presence/sub-key/demo/channel/a,b?uuid=x")
+        let payload = several["payload"] as? [String: Any]
+        #expect(payload?["total_channels"] as? Int == 2)
+        #expect(payload?["total_occupancy"] as? Int == 3)
+        #expect(((payload?["channels"] as? [String: Any])?["b"] as? [String: Any])?["uuids"] as? [String] == ["u1", "u2"])
+
+        let global = try await server.object("/v2/presence/sub-key/demo?disable_uuids=1&uuid=x")
+        let globalChannels = (global["payload"] as? [String: Any])?["channels"] as? [String: [String: Any]]
+        #expect(globalChannels?.keys.sorted() == ["a", "b"])
+        #expect(globalChannels?["a"]?["uuids"] == nil)
+
+        let state = try await server.object("/v2/presence/sub-key/demo/channel/a/uuid/u1?uuid=u1")
+        #expect(state["channel"] as? String == "a")
+        #expect((state["payload"] as? [String: String]) == ["mood": "happy"])
+        let states = try await server.object("/v2/presence/sub-key/demo/channel/a,b/uuid/u1?uuid=u1")
+        #expect(((states["payload"] as? [String: Any])?["channels"] as? [String: [String: String]]) == ["a": ["mood": "happy"]])
+
+        let missing = try await server.get("/v2/presence/sub-key/demo/channel/a/uuid/u1/data?uuid=u1")
+        #expect(missing.status == 400)
+        #expect(missing.body.contains("No state specified."))
+        let noUUID = try await server.get("/v2/presence/sub-key/demo/channel/a/heartbeat")
+        #expect(noUUID.status == 400)
+        await server.stop()
+    }
+
+    @Test func channelGroupsAreDurableAndDeliverThroughTheGroup() async throws {
+        let server = try await TestServer.start()
+        let base = "/v1/channel-registration/sub-key/demo/channel-group"
+        #expect(try await server.get("\(base)/news?add=sport,weather&uuid=x").status == 200)
+        let listed = try await server.object("\(base)/news?uuid=x")
+        #expect((listed["payload"] as? [String: Any])?["channels"] as? [String] == ["sport", "weather"])
+        #expect((listed["payload"] as? [String: Any])?["group"] as? String == "news")
+
+        // A subscriber waits on the group; a channel added meanwhile reaches it without a new handshake.
+        let handshake = try await server.object("/v2/subscribe/demo/,/0?channel-group=news&tt=0&uuid=reader")
+        let cursor = Timetoken(parsing: (handshake["t"] as? [String: Any])?["t"] as? String ?? "")!
+        async let waiting = server.get("/v2/subscribe/demo/,/0?channel-group=news&tt=\(cursor.rawValue)&tr=1&uuid=reader")
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        #expect(try await server.get("\(base)/news?add=politics&uuid=x").status == 200)
+        let tt = try await server.publish("politics", #""vote""#)
+        let (status, body, _) = try await waiting
+        #expect(status == 200)
+        let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any]
+        let envelope = (object?["m"] as? [[String: Any]])?.first
+        #expect(envelope?["b"] as? String == "news")
+        #expect(envelope?["c"] as? String == "politics")
+        #expect(envelope?.publishTimetoken == String(tt.rawValue))
+
+        // The reader is present on every channel of the group.
+        let here = try await server.object("/v2/presence/sub-key/demo/channel/,?channel-group=news&uuid=x")
+        #expect(((here["payload"] as? [String: Any])?["total_occupancy"] as? Int) == 3)
+
+        #expect(try await server.get("\(base)/news?remove=weather&uuid=x").status == 200)
+        await server.stop()
+
+        let restarted = try await TestServer.start(directory: server.directory)
+        let afterRestart = try await restarted.object("\(base)/news?uuid=x")
+        #expect((afterRestart["payload"] as? [String: Any])?["channels"] as? [String] == ["politics", "sport"])
+        let groups = try await restarted.object("\(base)?uuid=x")
+        #expect((groups["payload"] as? [String: Any])?["groups"] as? [String] == ["news"])
+        #expect(try await restarted.get("\(base)/news/remove?uuid=x").status == 200)
+        let gone = try await restarted.object("\(base)?uuid=x")
+        #expect((gone["payload"] as? [String: Any])?["groups"] as? [String] == [])
+        let bad = try await restarted.get("\(base)/news?add=a%2Ab&uuid=x")
+        #expect(bad.status == 400)
+        await restarted.stop()
+    }
+
+    @Test func presenceStateIsNotPersistedSoNoGhostsAfterRestart() async throws {
+        let first = try await TestServer.start()
+        _ = try await first.get("/v2/presence/sub-key/demo/channel/hall/heartbeat?uuid=ghost")
+        _ = try await first.get("/v2/presence/sub-key/demo/channel/hall/heartbeat?uuid=real")
+        await first.stop()
+        let second = try await TestServer.start(directory: first.directory)
+        _ = try await second.get("/v2/presence/sub-key/demo/channel/hall/heartbeat?uuid=real")
+        let here = try await second.object("/v2/presence/sub-key/demo/channel/hall?uuid=x")
+        #expect(here["uuids"] as? [String] == ["real"])
+        #expect(here["occupancy"] as? Int == 1)
+        await second.stop()
+    }
+}
