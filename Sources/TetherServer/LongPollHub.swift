@@ -13,6 +13,8 @@ enum WakeReason: Sendable {
     case timeout
     /// The server is shutting down gracefully.
     case shutdown
+    /// Grants or tokens changed: re-check access before waiting again.
+    case accessChanged
     /// Its client closed the connection.
     case clientGone
 }
@@ -75,7 +77,10 @@ public final class LongPollHub: Sendable {
     }
 
     /// The current visible cursor (what `/time/0` and handshakes return).
-    public var currentCursor: Timetoken { state.withLock { $0.core.visibleThrough } }
+    public var currentCursor: Timetoken {
+        let now = clock()
+        return state.withLock { $0.core.advance(now: now) }
+    }
 
     /// Number of long-polls currently waiting.
     public var waitingCount: Int { state.withLock { $0.waiting.count } }
@@ -133,9 +138,17 @@ public final class LongPollHub: Sendable {
     /// arrives, `timeout` passes, the server shuts down, or the client disconnects (throws
     /// `CancellationError`).
     public func receive(
-        _ spec: SubscriptionSpec, after: Timetoken, limit: Int, timeout: TimeAmount, channel: any Channel
+        _ spec: SubscriptionSpec, after: Timetoken, limit: Int, timeout: TimeAmount, channel: any Channel,
+        access: AccessManager.Check? = nil, recheck: (@Sendable () -> AccessManager.Check)? = nil
     ) async throws -> SubscribePage {
-        let deadline = NIODeadline.now() + timeout
+        let responseDeadline = NIODeadline.now() + timeout
+        var validUntil = access?.validUntil
+        func waitDeadline() -> NIODeadline {
+            guard let validUntil else { return responseDeadline }
+            let remaining = Int64(validUntil.rawValue) - Int64(clock().rawValue)
+            return min(responseDeadline, NIODeadline.now() + .nanoseconds(max(0, remaining) * 100))
+        }
+        let deadline = responseDeadline
         var after = after
         var gaps: [RetentionGap] = []
         var checkedGaps = false
@@ -169,8 +182,15 @@ public final class LongPollHub: Sendable {
                 metrics.recordDeliveries(envelopes.count)
                 return SubscribePage(cursor: cursor, envelopes: envelopes, gaps: gaps)
             case .wait(let id):
-                switch await wait(id, deadline: deadline, channel: channel) {
-                case .event:
+                let reason = await wait(id, deadline: waitDeadline(), channel: channel)
+                if reason == .accessChanged || (reason == .timeout && NIODeadline.now() < responseDeadline), let recheck {
+                    let check = recheck()
+                    if case .denied = check.decision { throw AccessDeniedError(check: check) }
+                    validUntil = check.validUntil
+                    continue
+                }
+                switch reason {
+                case .event, .accessChanged:
                     continue
                 case .timeout, .shutdown:
                     return SubscribePage(cursor: max(after, currentCursor), envelopes: [], gaps: gaps)
@@ -250,6 +270,13 @@ public final class LongPollHub: Sendable {
         }
     }
 
+    /// Wakes every waiting long-poll to re-check its access (a grant changed or a token was
+    /// revoked); those still allowed wait again.
+    public func recheckAccess() {
+        let ids = state.withLock { Array($0.waiting.keys) }
+        wake(ids, reason: .accessChanged)
+    }
+
     /// Answers every waiting long-poll (empty page, current cursor) and makes new ones answer
     /// at once. Called when graceful shutdown starts.
     public func shutdown() {
@@ -266,4 +293,10 @@ public final class LongPollHub: Sendable {
         let now = clock()
         state.withLock { $0.core.sweep(now: now) }
     }
+}
+
+/// A waiting long-poll lost its access (grant expired or revoked, token revoked).
+public struct AccessDeniedError: Error {
+    /// The failed check.
+    public var check: AccessManager.Check
 }

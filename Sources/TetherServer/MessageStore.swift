@@ -154,7 +154,89 @@ public final class MessageStore: Sendable {
                 ) WITHOUT ROWID;
                 """)
         }
+        migrator.registerMigration("v3-access-manager") { db in
+            try db.execute(sql: """
+                CREATE TABLE pam_grant (
+                    sub_key TEXT NOT NULL,
+                    target_kind TEXT NOT NULL,
+                    target TEXT NOT NULL,
+                    auth_key TEXT NOT NULL,
+                    permissions INTEGER NOT NULL,
+                    ttl INTEGER NOT NULL,
+                    expires_at INTEGER,
+                    PRIMARY KEY (sub_key, target_kind, target, auth_key)
+                ) WITHOUT ROWID;
+                CREATE TABLE pam_revoked (
+                    signature TEXT PRIMARY KEY NOT NULL,
+                    expires_at INTEGER NOT NULL
+                );
+                """)
+        }
         return migrator
+    }
+
+    /// Every stored v2 grant.
+    public func allGrants() throws -> [Grant] {
+        try pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM pam_grant").compactMap { row -> Grant? in
+                let name: String = row["target"]
+                let target: GrantTarget
+                switch row["target_kind"] as String {
+                case "keyset": target = .keyset
+                case "channel": target = .channel(name)
+                case "group": target = .group(name)
+                case "uuid": target = .uuid(name)
+                default: return nil
+                }
+                let auth: String = row["auth_key"]
+                return Grant(subscribeKey: row["sub_key"], target: target, authKey: auth.isEmpty ? nil : auth,
+                             permissions: Permissions(rawValue: row["permissions"]), ttlMinutes: row["ttl"],
+                             expiresAt: (row["expires_at"] as Int64?).map { Timetoken(UInt64($0)) })
+            }
+        }
+    }
+
+    /// Stores grants (a grant with no permissions deletes its row).
+    public func saveGrants(_ grants: [Grant]) async throws {
+        try await pool.write { db in
+            for grant in grants {
+                let (kind, name): (String, String) = switch grant.target {
+                case .keyset: ("keyset", "")
+                case .channel(let n): ("channel", n)
+                case .group(let n): ("group", n)
+                case .uuid(let n): ("uuid", n)
+                }
+                if grant.permissions.isEmpty {
+                    try db.execute(sql: "DELETE FROM pam_grant WHERE sub_key = ? AND target_kind = ? AND target = ? AND auth_key = ?",
+                                   arguments: [grant.subscribeKey, kind, name, grant.authKey ?? ""])
+                } else {
+                    try db.execute(sql: """
+                        INSERT OR REPLACE INTO pam_grant (sub_key, target_kind, target, auth_key, permissions, ttl, expires_at)
+                        VALUES (?, ?, ?, ?, ?, ?, ?)
+                        """, arguments: [grant.subscribeKey, kind, name, grant.authKey ?? "", grant.permissions.rawValue, grant.ttlMinutes,
+                                         grant.expiresAt.map { Int64($0.rawValue) }])
+                }
+            }
+        }
+    }
+
+    /// Every stored token revocation: signature → expiry.
+    public func allRevocations() throws -> [String: Timetoken] {
+        try pool.read { db in
+            var result: [String: Timetoken] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT signature, expires_at FROM pam_revoked") {
+                result[row["signature"]] = Timetoken(UInt64(row["expires_at"] as Int64))
+            }
+            return result
+        }
+    }
+
+    /// Stores a token revocation.
+    public func saveRevocation(signature: String, expiresAt: Timetoken) async throws {
+        try await pool.write { db in
+            try db.execute(sql: "INSERT OR REPLACE INTO pam_revoked (signature, expires_at) VALUES (?, ?)",
+                           arguments: [signature, Int64(expiresAt.rawValue)])
+        }
     }
 
     /// Every channel group membership: `(subscribeKey, group, channel)`.
@@ -392,16 +474,26 @@ public final class MessageStore: Sendable {
     @discardableResult
     public func delete(subscribeKey: String, channel: String, start: Timetoken?, end: Timetoken?) async throws -> Int {
         try await pool.write { db in
+            // `start` is exclusive and `end` inclusive. With both, in either order, as history
+            // reads them (start < end: start < tt <= end; start > end: end <= tt < start). With
+            // one: only `start` deletes everything after it, only `end` everything up to it.
             var sql = "DELETE FROM message WHERE sub_key = ? AND channel = ?"
             var arguments: [any DatabaseValueConvertible] = [subscribeKey, channel]
-            let bounds = [start, end].compactMap { $0 }.sorted()
-            if let start, let end {
+            switch (start, end) {
+            case (let s?, let e?) where s > e:
+                sql += " AND timetoken < ? AND timetoken >= ?"
+                arguments += [Int64(s.rawValue), Int64(e.rawValue)]
+            case (let s?, let e?):
                 sql += " AND timetoken > ? AND timetoken <= ?"
-                arguments.append(Int64(min(start, end).rawValue))
-                arguments.append(Int64(max(start, end).rawValue))
-            } else if let only = bounds.first {
-                sql += start != nil ? " AND timetoken > ?" : " AND timetoken <= ?"
-                arguments.append(Int64(only.rawValue))
+                arguments += [Int64(s.rawValue), Int64(e.rawValue)]
+            case (let s?, nil):
+                sql += " AND timetoken > ?"
+                arguments.append(Int64(s.rawValue))
+            case (nil, let e?):
+                sql += " AND timetoken <= ?"
+                arguments.append(Int64(e.rawValue))
+            case (nil, nil):
+                break
             }
             try db.execute(sql: sql, arguments: StatementArguments(arguments))
             return db.changesCount

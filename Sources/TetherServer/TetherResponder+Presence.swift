@@ -10,9 +10,8 @@ extension TetherResponder {
 
     /// Channels from a path segment and groups from `channel-group`, validated; presence names
     /// are kept here and ignored by the presence model.
-    func presenceTargets(_ segment: String, _ wire: WireRequest) throws(RequestError) -> (channels: [String], groups: [String]) {
-        let channels = WireRequest.names(segment)
-        let groups = WireRequest.names(wire.query["channel-group"])
+    func presenceTargets(_ channels: [String], _ wire: WireRequest) throws(RequestError) -> (channels: [String], groups: [String]) {
+        let groups = wire.queryNames("channel-group")
         for channel in channels {
             do { try NameRules.validateChannel(channel) } catch {
                 throw RequestError(response: Reply.error(.badRequest, service: "Presence", "Invalid channel \(String(reflecting: channel)): \(error)"))
@@ -66,9 +65,13 @@ extension TetherResponder {
         let key = keyset.subscribeKey
         switch s.count {
         case 4:
-            return ("here-now", try hereNow(key: key, channels: nil, groups: WireRequest.names(wire.query["channel-group"]), wire))
+            let groups = wire.queryNames("channel-group")
+            if groups.isEmpty, keyset.secretKey != nil { try requireAdmin(keyset, wire, method: "GET") }
+            try authorize(keyset, wire, channels: [], groups: groups, permission: .read)
+            return ("here-now", try hereNow(key: key, channels: nil, groups: groups, wire))
         case 6 where s[4] == "channel":
-            let (channels, groups) = try presenceTargets(s[5], wire)
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
+            try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
             return ("here-now", try hereNow(key: key, channels: channels, groups: groups, wire))
         case 6 where s[4] == "uuid":
             let uuid = s[5]
@@ -82,22 +85,26 @@ extension TetherResponder {
             w.raw("},\"service\":\"Presence\"}")
             return ("where-now", Reply.json(.ok, w.bytes))
         case 7 where s[4] == "channel" && s[6] == "heartbeat":
-            let (channels, groups) = try presenceTargets(s[5], wire)
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
             let uuid = try requireUserId(wire, service: "Presence")
+            try authorize(keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
+                          groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
             let timeout = try heartbeatSeconds(wire, service: "Presence")
             let states = try channelStates(wire, service: "Presence")
             state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
             return ("heartbeat", Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#))
         case 7 where s[4] == "channel" && s[6] == "leave":
-            let (channels, groups) = try presenceTargets(s[5], wire)
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
             let uuid = try requireUserId(wire, service: "Presence")
             state.presence.leave(subscribeKey: key, uuid: uuid, channels: channels, groups: groups)
             return ("leave", Reply.json(.ok, #"{"status":200,"action":"leave","message":"OK","service":"Presence"}"#))
         case 8 where s[4] == "channel" && s[6] == "uuid":
-            let (channels, groups) = try presenceTargets(s[5], wire)
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
+            try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
             return ("get-state", getState(key: key, uuid: s[7], channels: channels, groups: groups))
         case 9 where s[4] == "channel" && s[6] == "uuid" && s[8] == "data":
-            let (channels, groups) = try presenceTargets(s[5], wire)
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
+            try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
             let uuid = s[7]
             do { try NameRules.validateUserId(uuid) } catch {
                 return ("set-state", Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)"))
@@ -248,6 +255,7 @@ extension TetherResponder {
             return Reply.json(.badRequest, w.bytes)
         }
         if s.count == 5 {
+            if keyset.secretKey != nil { try requireAdmin(keyset, wire, method: "GET") }
             let groups = try await state.store.groupNames(subscribeKey: key)
             var w = JSONWriter()
             w.raw("{\"status\":200,\"payload\":{\"namespace\":\"\",\"groups\":")
@@ -259,6 +267,7 @@ extension TetherResponder {
         do { try NameRules.validateGroup(group) } catch {
             return ("group", registryError("Reserved character in input parameters."))
         }
+        try authorize(keyset, wire, channels: [], groups: [group], permission: .manage)
         if s.count == 7, s[6] == "remove" {
             try await state.store.deleteGroup(subscribeKey: key, group: group)
             state.hub.setGroup(subscribeKey: key, group: group, channels: [])
@@ -267,8 +276,8 @@ extension TetherResponder {
         guard s.count == 6 else {
             return ("unknown", Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'"))
         }
-        let add = WireRequest.names(wire.query["add"])
-        let remove = WireRequest.names(wire.query["remove"])
+        let add = wire.queryNames("add")
+        let remove = wire.queryNames("remove")
         if add.isEmpty && remove.isEmpty {
             let channels = state.hub.channels(subscribeKey: key, group: group).sorted()
             var w = JSONWriter()

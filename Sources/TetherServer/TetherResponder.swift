@@ -17,6 +17,8 @@ public struct ServerState: Sendable {
     public var hub: LongPollHub
     /// Presence.
     public var presence: PresenceService
+    /// Access Manager.
+    public var access: AccessManager
     /// Metrics.
     public var metrics: ServerMetrics
     /// Registry exposed at `/metrics`, if any.
@@ -89,6 +91,12 @@ public struct TetherResponder: HTTPResponder {
                 return try await presence(wire)
             case (.get, "v1") where s.count >= 2 && s[1] == "channel-registration":
                 return try await channelGroups(wire)
+            case (.get, "v2") where s.count >= 3 && s[1] == "auth" && (s[2] == "grant" || s[2] == "audit"):
+                return (s[2], try await grantV2(wire, audit: s[2] == "audit"))
+            case (.post, "v3") where s.count == 4 && s[1] == "pam" && s[3] == "grant":
+                return ("grant-token", try await grantToken(request, wire))
+            case (.delete, "v3") where s.count == 5 && s[1] == "pam" && s[3] == "grant":
+                return ("revoke-token", try await revokeToken(wire))
             case (.get, "health") where s.count == 1:
                 return ("health", await health())
             case (.get, "metrics") where s.count == 1:
@@ -99,8 +107,14 @@ public struct TetherResponder: HTTPResponder {
             }
         } catch let error as RequestError {
             return ("invalid", error.response)
+        } catch let error as AccessDeniedError {
+            if case .denied(let channels, let groups, let message) = error.check.decision {
+                return ("subscribe", Self.forbidden(channels: channels, groups: groups, message: message))
+            }
+            return ("subscribe", Self.forbidden(channels: [], groups: [], message: "Forbidden"))
         } catch is CancellationError {
-            return ("cancelled", Reply.error(.serviceUnavailable, service: "Tether", "Request cancelled"))
+            // The client went away (an abandoned long-poll): nothing is written. 499 as nginx names it.
+            return ("client-closed", Reply.error(.init(code: 499, reasonPhrase: "Client Closed Request"), service: "Tether", "Client closed request"))
         } catch {
             state.logger.error("internal error", metadata: ["error": "\(error)"])
             return ("error", Reply.error(.internalServerError, service: "Tether", "Internal Server Error"))
@@ -167,6 +181,7 @@ public struct TetherResponder: HTTPResponder {
                 return Reply.publishError(.contentTooLarge, "Message Too Large", timetoken: now)
             }
             messageBytes = Array(buffer: body)
+            try authorize(keyset, wire, method: "POST", channels: [channel], groups: [], permission: .write, body: messageBytes)
             if let encoding = request.headers[.contentEncoding]?.lowercased(), encoding.contains("gzip") || encoding.contains("deflate") {
                 do {
                     messageBytes = try Decompression.inflate(messageBytes, limit: limits.maxMessageBytes + 1)
@@ -178,6 +193,7 @@ public struct TetherResponder: HTTPResponder {
             }
         } else {
             messageBytes = Array(s[6].utf8)
+            try authorize(keyset, wire, channels: [channel], groups: [], permission: .write)
         }
         guard String(validating: messageBytes, as: UTF8.self) != nil, (try? JSONText.validate(messageBytes)) != nil else {
             return Reply.publishError(.badRequest, "Invalid JSON", timetoken: now)
@@ -259,8 +275,8 @@ public struct TetherResponder: HTTPResponder {
         let keyset = try keyset(subscribeKey: s[2], service: "Subscribe")
         let limits = state.keysets.limits(for: keyset)
         try validateUserId(wire, service: "Subscribe")
-        let names = WireRequest.names(s[3])
-        let groups = WireRequest.names(wire.query["channel-group"])
+        let names = wire.pathNames(3)
+        let groups = wire.queryNames("channel-group")
         if names.count + groups.count > limits.maxChannelsPerSubscribe {
             return Reply.json(.uriTooLong, ErrorBody.service(status: 414, service: "Balancer", message: "Request URI Too Long"))
         }
@@ -280,6 +296,7 @@ public struct TetherResponder: HTTPResponder {
         if let filter = wire.query["filter-expr"], !filter.isEmpty {
             return Reply.error(.badRequest, service: "Subscribe", "Filter expressions are not supported by this server version yet")
         }
+        let check = try authorize(keyset, wire, channels: names, groups: groups, permission: .read)
         let requested = try timetoken(wire, "tt", service: "Subscribe") ?? .zero
         if let region = wire.query["tr"], !region.isEmpty, Int(region) == nil {
             return Reply.error(.badRequest, service: "Subscribe", "Invalid tr: expected a region number")
@@ -299,8 +316,18 @@ public struct TetherResponder: HTTPResponder {
         let spec = SubscriptionSpec(subscribeKey: keyset.subscribeKey, names: names, groups: groups)
         // A cursor from the future is treated as current rather than waited for.
         let after = min(requested, state.hub.currentCursor)
-        let page = try await state.hub.receive(spec, after: after, limit: limits.maxEnvelopesPerResponse,
-                                               timeout: state.subscribeTimeout, channel: context.channel)
+        let access = state.access
+        let accessRequest = AccessRequest(channels: names, groups: groups, permission: .read, uuid: wire.query["uuid"])
+        let auth = wire.query["auth"]
+        let signature = keyset.secretKey == nil ? AccessManager.SignatureVerdict.absent
+            : access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: [])
+        var recheck: (@Sendable () -> AccessManager.Check)?
+        if keyset.secretKey != nil {
+            recheck = { access.check(accessRequest, keyset: keyset, auth: auth, signature: signature) }
+        }
+        let page = try await state.hub.receive(
+            spec, after: after, limit: limits.maxEnvelopesPerResponse, timeout: state.subscribeTimeout, channel: context.channel,
+            access: check, recheck: recheck)
         if let uuid {
             // The connection was alive for the whole long-poll: count its end as a heartbeat too.
             state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
@@ -317,8 +344,7 @@ public struct TetherResponder: HTTPResponder {
 
     // MARK: - History (pubnub-wire §9)
 
-    private func historyChannels(_ text: String, service: (Int, String) -> Response) throws(RequestError) -> [String] {
-        let channels = WireRequest.names(text)
+    private func historyChannels(_ channels: [String], service: (Int, String) -> Response) throws(RequestError) -> [String] {
         if channels.isEmpty { throw RequestError(response: service(400, "No channels given")) }
         for channel in channels {
             do { try NameRules.validateChannel(channel) } catch {
@@ -331,8 +357,9 @@ public struct TetherResponder: HTTPResponder {
     private func historyV2(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         let keyset = try keyset(subscribeKey: s[3], service: "Storage")
-        let channels = try historyChannels(s[5]) { Reply.error(.init(code: $0), service: "Storage", $1) }
+        let channels = try historyChannels(wire.pathNames(5)) { Reply.error(.init(code: $0), service: "Storage", $1) }
         guard channels.count == 1 else { return Reply.error(.badRequest, service: "Storage", "History v2 takes exactly one channel") }
+        try authorize(keyset, wire, channels: channels, groups: [], permission: .read)
         var count = 100
         if let text = wire.query["count"], !text.isEmpty {
             guard let value = Int(text), value > 0 else { return Reply.error(.badRequest, service: "Storage", "Invalid count") }
@@ -376,11 +403,12 @@ public struct TetherResponder: HTTPResponder {
     private func fetchV3(_ wire: WireRequest, withActions: Bool) async throws -> Response {
         let s = wire.segments
         let keyset = try keyset(subscribeKey: s[3], service: "Storage")
-        let channels = try historyChannels(s[5]) { Reply.historyError(.init(code: $0), $1) }
+        let channels = try historyChannels(wire.pathNames(5)) { Reply.historyError(.init(code: $0), $1) }
         if withActions && channels.count != 1 {
             return Reply.historyError(.badRequest, "History with actions takes exactly one channel")
         }
         if channels.count > 500 { return Reply.historyError(.badRequest, "Too many channels (at most 500)") }
+        try authorize(keyset, wire, channels: channels, groups: [], permission: .read)
         let ceiling = channels.count == 1 && !withActions ? 100 : 25
         var max = ceiling
         if let text = wire.query["max"], !text.isEmpty {
@@ -450,8 +478,9 @@ public struct TetherResponder: HTTPResponder {
     private func deleteMessages(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         let keyset = try keyset(subscribeKey: s[3], service: "Storage")
-        let channels = try historyChannels(s[5]) { Reply.historyError(.init(code: $0), $1) }
+        let channels = try historyChannels(wire.pathNames(5)) { Reply.historyError(.init(code: $0), $1) }
         guard channels.count == 1 else { return Reply.historyError(.badRequest, "Delete takes exactly one channel") }
+        try authorize(keyset, wire, method: "DELETE", channels: channels, groups: [], permission: .delete)
         let start = try timetoken(wire, "start", service: "Storage")
         let end = try timetoken(wire, "end", service: "Storage")
         try await state.store.delete(subscribeKey: keyset.subscribeKey, channel: channels[0], start: start, end: end)
@@ -461,8 +490,9 @@ public struct TetherResponder: HTTPResponder {
     private func messageCounts(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         let keyset = try keyset(subscribeKey: s[3], service: "Storage")
-        let channels = try historyChannels(s[5]) { Reply.historyError(.init(code: $0), $1) }
+        let channels = try historyChannels(wire.pathNames(5)) { Reply.historyError(.init(code: $0), $1) }
         if channels.count > 100 { return Reply.historyError(.badRequest, "Invalid Arguments") }
+        try authorize(keyset, wire, channels: channels, groups: [], permission: .read)
         var pairs: [(String, Timetoken)] = []
         if let list = wire.query["channelsTimetoken"], !list.isEmpty {
             let tokens = list.split(separator: ",", omittingEmptySubsequences: false).map { Timetoken(parsing: $0) }

@@ -77,7 +77,8 @@ public struct TetherServer: Sendable {
             hub: hub, clock: clock, logger: logger,
             configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
                                                     uniquingKeysWith: { first, _ in first }))
-        state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, metrics: metrics,
+        let access = try AccessManager(store: store, logger: logger)
+        state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access, metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
                             startedAt: .now)
     }
@@ -87,7 +88,10 @@ public struct TetherServer: Sendable {
         let host = configuration.host
         let app = Application(
             responder: TetherResponder(state: state),
-            server: .http1(configuration: .init(additionalChannelHandlers: [InputClosedCloser()])),
+            // Connections with no traffic for longer than a long-poll (plus margin) are closed,
+            // so half-sent requests cannot hold sockets forever.
+            server: .http1(configuration: .init(additionalChannelHandlers: [InputClosedCloser()],
+                                                idleTimeout: configuration.subscribeTimeout + .seconds(30))),
             configuration: .init(address: .hostname(host, port: configuration.port), serverName: nil, backlog: 4096),
             onServerRunning: { channel in
                 let port = channel.localAddress?.port ?? 0

@@ -10,6 +10,14 @@ struct WireRequest: Sendable {
     var query: [String: String]
     /// Query keys given without `=` (`ee`).
     var flags: Set<String>
+    /// Path segments as sent (still percent-encoded).
+    var rawSegments: [Substring]
+    /// Query values as sent (still percent-encoded).
+    var rawQueryValues: [String: Substring]
+    /// The path as sent (still percent-encoded), for signature checks.
+    var rawPath: String
+    /// The query as sent, for signature checks.
+    var rawQuery: String?
 
     enum ParseError: Error {
         case badEncoding(String)
@@ -17,12 +25,18 @@ struct WireRequest: Sendable {
 
     init(rawPath: String, rawQuery: String?) throws(ParseError) {
         var segments: [String] = []
-        for raw in rawPath.split(separator: "/", omittingEmptySubsequences: false).dropFirst() {
+        var rawSegments = Array(rawPath.split(separator: "/", omittingEmptySubsequences: false).dropFirst())
+        for raw in rawSegments {
             guard let decoded = PercentCoding.decode(raw) else { throw .badEncoding("path segment is not valid percent-encoded UTF-8") }
             segments.append(decoded)
         }
-        if segments.last == "" && segments.count > 1 { segments.removeLast() }
+        if segments.last == "" && segments.count > 1 {
+            segments.removeLast()
+            rawSegments.removeLast()
+        }
         self.segments = segments
+        self.rawSegments = rawSegments
+        var rawQueryValues: [String: Substring] = [:]
         var query: [String: String] = [:]
         var flags: Set<String> = []
         if let rawQuery, !rawQuery.isEmpty {
@@ -32,6 +46,7 @@ struct WireRequest: Sendable {
                           let value = PercentCoding.decode(pair[pair.index(after: equals)...])
                     else { throw .badEncoding("query parameter is not valid percent-encoded UTF-8") }
                     query[key] = value
+                    rawQueryValues[key] = pair[pair.index(after: equals)...]
                 } else {
                     guard let key = PercentCoding.decode(pair) else { throw .badEncoding("query parameter is not valid percent-encoded UTF-8") }
                     flags.insert(key)
@@ -39,7 +54,10 @@ struct WireRequest: Sendable {
             }
         }
         self.query = query
+        self.rawQueryValues = rawQueryValues
         self.flags = flags
+        self.rawPath = rawPath
+        self.rawQuery = rawQuery
     }
 
     /// A boolean query flag: `true`/`1` are true.
@@ -48,9 +66,20 @@ struct WireRequest: Sendable {
         return value == "1" || value.lowercased() == "true"
     }
 
-    /// A comma-separated name list (`,` alone or empty means none).
-    static func names(_ text: String?) -> [String] {
-        guard let text else { return [] }
-        return text.split(separator: ",", omittingEmptySubsequences: true).map(String.init)
+    /// The name list in path segment `index`: split on raw commas first, then each name
+    /// decoded (pubnub-wire §1.2), so an encoded comma stays inside a name (and is refused by
+    /// name validation). `,` alone means none.
+    func pathNames(_ index: Int) -> [String] {
+        Self.split(rawSegments[index])
+    }
+
+    /// A comma-separated name list in a query parameter, split before decoding.
+    func queryNames(_ key: String) -> [String] {
+        guard let raw = rawQueryValues[key] else { return [] }
+        return Self.split(raw)
+    }
+
+    private static func split(_ raw: Substring) -> [String] {
+        raw.split(separator: ",", omittingEmptySubsequences: true).map { PercentCoding.decode($0) ?? String($0) }
     }
 }

@@ -177,6 +177,13 @@ public struct DeliveryHub: Sendable {
         return sequencer.last
     }
 
+    /// Moves the sequencer up to `now` when nothing is in flight, so an idle server's cursor
+    /// (handshakes, `/time/0`) follows the clock. Every later reservation is above it.
+    public mutating func advance(now: Timetoken) -> Timetoken {
+        if inFlight.isEmpty, now > sequencer.last { sequencer = TimetokenSequencer(floor: now) }
+        return visibleThrough
+    }
+
     /// The number of waiting long-polls.
     public var waiterCount: Int { waiters.count }
 
@@ -333,15 +340,17 @@ public struct DeliveryHub: Sendable {
     /// Every registered waiter (for shutdown).
     public var allWaiters: [WaiterID] { Array(waiters.keys) }
 
-    /// Drops events that left the window by age and windows that are empty. Call periodically.
+    /// Drops events that left the window by age. Call periodically.
+    ///
+    /// An emptied window is kept (a few bytes): its coverage records that stored messages up to
+    /// it live in the store, so a subscriber behind it is served from there. Dropping it would
+    /// make the channel look covered from ``startCursor`` and skip those messages.
     public mutating func sweep(now: Timetoken) {
         for (subscribeKey, channels) in buffers {
-            var kept: [String: ChannelBuffer] = [:]
             for (channel, var buffer) in channels {
                 buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge, now: now)
-                if !buffer.events.isEmpty || buffer.coverage > visibleThrough { kept[channel] = buffer }
+                buffers[subscribeKey]?[channel] = buffer
             }
-            buffers[subscribeKey] = kept.isEmpty ? nil : kept
         }
     }
 

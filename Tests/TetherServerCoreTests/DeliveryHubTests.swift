@@ -128,6 +128,27 @@ private func decodedTimetokens(_ page: [[UInt8]]) -> [String] {
         #expect(plan.storeRanges == expected)
     }
 
+    @Test func aSweptWindowStillSendsOldCursorsToTheStore() {
+        // Regression: dropping an emptied window made the channel look covered from the start
+        // cursor, skipping stored messages evicted from memory since the server started.
+        var hub = DeliveryHub(floor: .zero, now: now, configuration: .init(bufferCapacity: 100, bufferMaximumAgeSeconds: 60))
+        let start = hub.visibleThrough
+        let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: "c"), now: now)
+        _ = hub.commit(BufferedEvent(envelope: envelope(tt, "c"), isStored: true), now: now)
+        hub.sweep(now: Timetoken(now.rawValue + 21 * 60 * 10_000_000))
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c"]), after: start, now: now)
+        #expect(plan.storeRanges == [StoreRange(subscribeKey: "k", selector: .channel("c"), after: start, through: tt, match: nil)])
+    }
+
+    @Test func anIdleCursorFollowsTheClockButNeverPassesInFlightEvents() {
+        var hub = DeliveryHub(floor: .zero, now: now)
+        let later = Timetoken(now.rawValue + 50_000_000)
+        #expect(hub.advance(now: later) == later)
+        let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: "c"), now: later)
+        #expect(tt > later)
+        #expect(hub.advance(now: Timetoken(later.rawValue + 99_000_000)) == Timetoken(tt.rawValue - 1))
+    }
+
     @Test func presenceChannelsAreNeverReadFromTheStore() {
         var hub = DeliveryHub(floor: .zero, now: now)
         let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c-pnpres"]), after: Timetoken(5), now: now)

@@ -94,6 +94,12 @@ import TetherServer
         #expect(deleted.status == 200)
         let remaining = try json(try await server.get("/v2/history/sub-key/demo/channel/h").body) as! [Any]
         #expect(remaining[0] as! [Int] == [0, 1, 4])
+        // start > end: the same bounds as history (end <= tt < start).
+        _ = try await server.send("/v3/history/sub-key/demo/channel/h?start=\(tts[4].rawValue)&end=\(tts[1].rawValue)", method: .DELETE, body: nil)
+        let afterReverse = try json(try await server.get("/v2/history/sub-key/demo/channel/h").body) as! [Any]
+        #expect(afterReverse[0] as! [Int] == [0, 4])
+        // An encoded comma is part of a name, not a separator: refused as an invalid channel.
+        #expect(try await server.get("/v3/history/sub-key/demo/channel/h%2Cx").status == 400)
         await server.stop()
     }
 
@@ -102,6 +108,10 @@ import TetherServer
         let before = LongPollHub.systemNow()
         let time = try json(try await server.get("/time/0").body) as! [NSNumber]
         #expect(time[0].uint64Value >= before.rawValue - 10_000_000)
+        // An idle server's time still follows the clock.
+        try await Task.sleep(for: .milliseconds(20))
+        let later = try json(try await server.get("/time/0").body) as! [NSNumber]
+        #expect(later[0].uint64Value > time[0].uint64Value + 100_000)
         let health = try json(try await server.get("/health").body) as! [String: Any]
         #expect(health["status"] as? String == "ok")
         await server.stop()

@@ -1,0 +1,249 @@
+/// A CBOR data item (RFC 8949), enough for Access Manager v3 tokens (pubnub-wire §11.4): maps
+/// with byte-string keys, text, byte strings, integers, arrays, booleans, null and floats.
+public indirect enum CBORValue: Sendable, Hashable {
+    /// Major type 0.
+    case unsigned(UInt64)
+    /// Major type 1: the value is `-1 - n`.
+    case negative(UInt64)
+    /// Major type 2.
+    case bytes([UInt8])
+    /// Major type 3.
+    case text(String)
+    /// Major type 4.
+    case array([CBORValue])
+    /// Major type 5, keys in encoding order.
+    case map([(key: CBORValue, value: CBORValue)])
+    /// `true` / `false`.
+    case bool(Bool)
+    /// `null`.
+    case null
+    /// Half, single or double precision float.
+    case float(Double)
+
+    /// Why bytes are not a CBOR item this decoder accepts.
+    public struct DecodingError: Error, Sendable, Hashable, CustomStringConvertible {
+        /// What is wrong.
+        public var reason: String
+        /// A message for humans.
+        public var description: String { "invalid CBOR: \(reason)" }
+    }
+
+    /// Deepest nesting accepted when decoding.
+    public static let maximumDepth = 16
+
+    /// A key or text as a string (byte-string keys decode as UTF-8).
+    public var string: String? {
+        switch self {
+        case .text(let s): return s
+        case .bytes(let b): return String(validating: b, as: UTF8.self)
+        default: return nil
+        }
+    }
+
+    /// An integer value.
+    public var int: Int64? {
+        switch self {
+        case .unsigned(let v): return v <= UInt64(Int64.max) ? Int64(v) : nil
+        case .negative(let v): return v < UInt64(Int64.max) ? -1 - Int64(v) : nil
+        default: return nil
+        }
+    }
+
+    /// The value for a map key (compared as strings).
+    public subscript(key: String) -> CBORValue? {
+        guard case .map(let entries) = self else { return nil }
+        return entries.first { $0.key.string == key }?.value
+    }
+
+    public static func == (lhs: CBORValue, rhs: CBORValue) -> Bool { lhs.encoded() == rhs.encoded() }
+    public func hash(into hasher: inout Hasher) { hasher.combine(encoded()) }
+
+    // MARK: Encoding
+
+    /// Canonical-enough encoding: definite lengths, shortest argument, map order as given.
+    public func encoded() -> [UInt8] {
+        var out: [UInt8] = []
+        encode(into: &out)
+        return out
+    }
+
+    private func encode(into out: inout [UInt8]) {
+        switch self {
+        case .unsigned(let v): Self.head(0, v, &out)
+        case .negative(let v): Self.head(1, v, &out)
+        case .bytes(let b):
+            Self.head(2, UInt64(b.count), &out)
+            out += b
+        case .text(let s):
+            Self.head(3, UInt64(s.utf8.count), &out)
+            out += s.utf8
+        case .array(let items):
+            Self.head(4, UInt64(items.count), &out)
+            for item in items { item.encode(into: &out) }
+        case .map(let entries):
+            Self.head(5, UInt64(entries.count), &out)
+            for (key, value) in entries {
+                key.encode(into: &out)
+                value.encode(into: &out)
+            }
+        case .bool(let b): out.append(b ? 0xF5 : 0xF4)
+        case .null: out.append(0xF6)
+        case .float(let d):
+            out.append(0xFB)
+            let bits = d.bitPattern
+            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: bits >> UInt64(shift))) }
+        }
+    }
+
+    private static func head(_ major: UInt8, _ value: UInt64, _ out: inout [UInt8]) {
+        let m = major << 5
+        switch value {
+        case 0..<24: out.append(m | UInt8(value))
+        case 24..<0x100: out += [m | 24, UInt8(value)]
+        case 0x100..<0x10000: out += [m | 25, UInt8(value >> 8), UInt8(truncatingIfNeeded: value)]
+        case 0x10000..<0x1_0000_0000:
+            out.append(m | 26)
+            for shift in stride(from: 24, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+        default:
+            out.append(m | 27)
+            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: value >> UInt64(shift))) }
+        }
+    }
+
+    // MARK: Decoding
+
+    /// Decodes exactly one item from `bytes` (trailing bytes are an error).
+    public init(decoding bytes: [UInt8]) throws(DecodingError) {
+        var reader = Reader(bytes: bytes)
+        self = try reader.item(depth: 0)
+        guard reader.index == bytes.count else { throw DecodingError(reason: "trailing bytes") }
+    }
+
+    private struct Reader {
+        let bytes: [UInt8]
+        var index = 0
+
+        mutating func byte() throws(DecodingError) -> UInt8 {
+            guard index < bytes.count else { throw DecodingError(reason: "truncated") }
+            defer { index += 1 }
+            return bytes[index]
+        }
+
+        mutating func take(_ count: UInt64) throws(DecodingError) -> [UInt8] {
+            guard count <= UInt64(bytes.count - index) else { throw DecodingError(reason: "truncated") }
+            defer { index += Int(count) }
+            return Array(bytes[index..<index + Int(count)])
+        }
+
+        mutating func argument(_ info: UInt8) throws(DecodingError) -> UInt64 {
+            switch info {
+            case 0..<24: return UInt64(info)
+            case 24: return UInt64(try byte())
+            case 25: return try take(2).reduce(0) { $0 << 8 | UInt64($1) }
+            case 26: return try take(4).reduce(0) { $0 << 8 | UInt64($1) }
+            case 27: return try take(8).reduce(0) { $0 << 8 | UInt64($1) }
+            default: throw DecodingError(reason: "indefinite lengths are not supported")
+            }
+        }
+
+        mutating func item(depth: Int) throws(DecodingError) -> CBORValue {
+            guard depth <= CBORValue.maximumDepth else { throw DecodingError(reason: "nesting too deep") }
+            let initial = try byte()
+            let major = initial >> 5
+            let info = initial & 0x1F
+            switch major {
+            case 0: return .unsigned(try argument(info))
+            case 1: return .negative(try argument(info))
+            case 2: return .bytes(try take(try argument(info)))
+            case 3:
+                guard let text = String(validating: try take(try argument(info)), as: UTF8.self) else {
+                    throw DecodingError(reason: "text is not UTF-8")
+                }
+                return .text(text)
+            case 4:
+                let count = try argument(info)
+                guard count <= UInt64(bytes.count - index) else { throw DecodingError(reason: "truncated") }
+                var items: [CBORValue] = []
+                for _ in 0..<count { items.append(try item(depth: depth + 1)) }
+                return .array(items)
+            case 5:
+                let count = try argument(info)
+                guard count <= UInt64(bytes.count - index) else { throw DecodingError(reason: "truncated") }
+                var entries: [(key: CBORValue, value: CBORValue)] = []
+                for _ in 0..<count {
+                    let key = try item(depth: depth + 1)
+                    entries.append((key, try item(depth: depth + 1)))
+                }
+                return .map(entries)
+            case 6:
+                _ = try argument(info)  // tag: ignored, the tagged item is returned
+                return try item(depth: depth + 1)
+            default:
+                switch info {
+                case 20: return .bool(false)
+                case 21: return .bool(true)
+                case 22, 23: return .null
+                case 25:
+                    let half = try take(2).reduce(0) { $0 << 8 | UInt16($1) }
+                    return .float(Double(Float16(bitPattern: half)))
+                case 26: return .float(Double(Float(bitPattern: try take(4).reduce(0) { $0 << 8 | UInt32($1) })))
+                case 27: return .float(Double(bitPattern: try take(8).reduce(0) { $0 << 8 | UInt64($1) }))
+                default: throw DecodingError(reason: "unsupported simple value")
+                }
+            }
+        }
+    }
+}
+
+/// Base64 as Access Manager tokens use it: standard alphabet out; standard or URL-safe in,
+/// padding optional.
+public enum TokenBase64 {
+    private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+
+    /// Encodes with the standard alphabet and padding.
+    public static func encode(_ bytes: [UInt8], urlSafe: Bool = false, padding: Bool = true) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity((bytes.count + 2) / 3 * 4)
+        var i = 0
+        while i < bytes.count {
+            let b0 = bytes[i], b1 = i + 1 < bytes.count ? bytes[i + 1] : 0, b2 = i + 2 < bytes.count ? bytes[i + 2] : 0
+            out.append(alphabet[Int(b0 >> 2)])
+            out.append(alphabet[Int((b0 & 0x03) << 4 | b1 >> 4)])
+            out.append(i + 1 < bytes.count ? alphabet[Int((b1 & 0x0F) << 2 | b2 >> 6)] : UInt8(ascii: "="))
+            out.append(i + 2 < bytes.count ? alphabet[Int(b2 & 0x3F)] : UInt8(ascii: "="))
+            i += 3
+        }
+        var text = String(decoding: out, as: UTF8.self)
+        if urlSafe {
+            text = String(text.map { $0 == "+" ? "-" : $0 == "/" ? "_" : $0 })
+        }
+        if !padding { while text.hasSuffix("=") { text.removeLast() } }
+        return text
+    }
+
+    /// Decodes standard or URL-safe base64; `nil` for anything else.
+    public static func decode(_ text: String) -> [UInt8]? {
+        var values: [UInt8] = []
+        for scalar in text.utf8 {
+            switch scalar {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"): values.append(scalar - 65)
+            case UInt8(ascii: "a")...UInt8(ascii: "z"): values.append(scalar - 71)
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): values.append(scalar + 4)
+            case UInt8(ascii: "+"), UInt8(ascii: "-"): values.append(62)
+            case UInt8(ascii: "/"), UInt8(ascii: "_"): values.append(63)
+            case UInt8(ascii: "="): continue
+            default: return nil
+            }
+        }
+        if values.count % 4 == 1 { return nil }
+        var out: [UInt8] = []
+        var i = 0
+        while i + 1 < values.count {
+            out.append(values[i] << 2 | values[i + 1] >> 4)
+            if i + 2 < values.count { out.append(values[i + 1] << 4 | values[i + 2] >> 2) }
+            if i + 3 < values.count { out.append(values[i + 2] << 6 | values[i + 3]) }
+            i += 4
+        }
+        return out
+    }
+}
