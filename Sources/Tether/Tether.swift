@@ -1,1 +1,0 @@
-// The Tether client SDK.

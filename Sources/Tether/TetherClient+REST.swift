@@ -1,0 +1,203 @@
+public import TetherClientCore
+public import TetherProtocol
+
+extension TetherClient {
+    // MARK: - Time
+
+    /// The server's current timetoken (`GET /time/0`).
+    public func time(timeout: Duration? = nil) async throws(TetherError) -> Timetoken {
+        try await perform(.time, build: { $0.time(timeout: timeout) }, decode: ResponseDecoding.time)
+    }
+
+    // MARK: - Publish, signal, fire
+
+    /// Publishes a message on a channel. With a ``TetherConfiguration/cryptoModule`` the message
+    /// is encrypted (its `meta` never is).
+    public func publish(channel: String, message: JSONValue, options: PublishOptions = PublishOptions())
+        async throws(TetherError) -> PublishResult
+    {
+        let text = try encryptIfConfigured(message, operation: .publish, channel: channel)
+        return try await perform(.publish, channels: [channel], build: { e throws(RequestBuildError) in
+            try e.publish(channel: channel, messageJSON: text, options: options)
+        }, decode: ResponseDecoding.publish)
+    }
+
+    /// Publishes any `Encodable` value (encoded with `JSONEncoder`).
+    public func publish(channel: String, encoding value: some Encodable, options: PublishOptions = PublishOptions())
+        async throws(TetherError) -> PublishResult
+    {
+        let message: JSONValue
+        do { message = try JSONValue(encoding: value) } catch {
+            throw TetherError(Status(category: .badRequest, operation: .publish, error: error,
+                                     serverMessage: "the message could not be encoded as JSON", affectedChannels: [channel]))
+        }
+        return try await publish(channel: channel, message: message, options: options)
+    }
+
+    /// Fire: a message delivered to server-side handlers only, never to subscribers, never stored.
+    public func fire(channel: String, message: JSONValue, options: PublishOptions = PublishOptions())
+        async throws(TetherError) -> PublishResult
+    {
+        let text = try encryptIfConfigured(message, operation: .fire, channel: channel)
+        return try await perform(.fire, channels: [channel], build: { e throws(RequestBuildError) in
+            try e.publish(channel: channel, messageJSON: text, options: options, fire: true)
+        }, decode: ResponseDecoding.publish)
+    }
+
+    /// Sends a signal: a small (64-byte) message, delivered live, never stored, never encrypted.
+    public func signal(channel: String, message: JSONValue, customMessageType: String? = nil, timeout: Duration? = nil)
+        async throws(TetherError) -> PublishResult
+    {
+        try await perform(.signal, channels: [channel], build: { e throws(RequestBuildError) in
+            try e.signal(channel: channel, messageJSON: message.jsonText, customMessageType: customMessageType, timeout: timeout)
+        }, decode: ResponseDecoding.publish)
+    }
+
+    private func encryptIfConfigured(_ message: JSONValue, operation: TetherOperation, channel: String) throws(TetherError) -> String {
+        guard let module = configuration.cryptoModule else { return message.jsonText }
+        do { return try module.encrypt(message: message).jsonText } catch {
+            throw TetherError(Status(category: .badRequest, operation: operation, error: error, serverMessage: error.description,
+                                     affectedChannels: [channel]))
+        }
+    }
+
+    // MARK: - Message counts and delete
+
+    /// How many messages each channel has stored after `timetoken` (exclusive; capped at 10,000).
+    public func messageCounts(channels: [String], since timetoken: Timetoken, timeout: Duration? = nil)
+        async throws(TetherError) -> [String: Int]
+    {
+        try await perform(.messageCounts, channels: channels, build: { e throws(RequestBuildError) in
+            try e.messageCounts(channels.map { ($0, timetoken) }, timeout: timeout)
+        }, decode: ResponseDecoding.messageCounts)
+    }
+
+    /// How many messages each channel has stored after its own timetoken.
+    public func messageCounts(since timetokens: [String: Timetoken], timeout: Duration? = nil) async throws(TetherError) -> [String: Int] {
+        let pairs = timetokens.sorted { $0.key < $1.key }.map { (channel: $0.key, after: $0.value) }
+        return try await perform(.messageCounts, channels: pairs.map(\.channel), build: { e throws(RequestBuildError) in
+            try e.messageCounts(pairs, timeout: timeout)
+        }, decode: ResponseDecoding.messageCounts)
+    }
+
+    /// Deletes stored messages of a channel: those older than `start` (exclusive) and at or after
+    /// `end` (inclusive); both `nil` deletes everything.
+    public func deleteMessages(channel: String, start: Timetoken? = nil, end: Timetoken? = nil, timeout: Duration? = nil)
+        async throws(TetherError)
+    {
+        try await perform(.deleteMessages, channels: [channel], build: { e throws(RequestBuildError) in
+            try e.deleteMessages(channel: channel, start: start, end: end, timeout: timeout)
+        }, decode: { _ in () })
+    }
+
+    // MARK: - Presence
+
+    /// Who is present on channels and/or groups; both empty asks for the whole keyset.
+    public func hereNow(channels: [String] = [], groups: [String] = [], options: HereNowOptions = HereNowOptions())
+        async throws(TetherError) -> HereNowResult
+    {
+        try await perform(.hereNow, channels: channels, groups: groups, build: { e throws(RequestBuildError) in
+            try e.hereNow(channels: channels, groups: groups, options: options)
+        }, decode: { body throws(DecodingFailure) in try ResponseDecoding.hereNow(body, channels: channels, groups: groups) })
+    }
+
+    /// The channels a user (this client's by default) is present on.
+    public func whereNow(userId: String? = nil, timeout: Duration? = nil) async throws(TetherError) -> [String] {
+        let id = userId ?? configuration.userId
+        return try await perform(.whereNow, build: { e throws(RequestBuildError) in try e.whereNow(userId: id, timeout: timeout) },
+                                 decode: ResponseDecoding.whereNow)
+    }
+
+    /// Sets this client's presence state on channels and groups; returns the state the server stored.
+    @discardableResult
+    public func setState(_ state: [String: JSONValue], channels: [String] = [], groups: [String] = [], timeout: Duration? = nil)
+        async throws(TetherError) -> JSONValue
+    {
+        try await perform(.setState, channels: channels, groups: groups, build: { e throws(RequestBuildError) in
+            try e.setState(state, channels: channels, groups: groups, timeout: timeout)
+        }, decode: ResponseDecoding.setState)
+    }
+
+    /// A user's (this client's by default) presence state per channel.
+    public func getState(userId: String? = nil, channels: [String] = [], groups: [String] = [], timeout: Duration? = nil)
+        async throws(TetherError) -> [String: JSONValue]
+    {
+        let id = userId ?? configuration.userId
+        return try await perform(.getState, channels: channels, groups: groups, build: { e throws(RequestBuildError) in
+            try e.getState(userId: id, channels: channels, groups: groups, timeout: timeout)
+        }, decode: { body throws(DecodingFailure) in try ResponseDecoding.getState(body, channels: channels, groups: groups) })
+    }
+
+    /// Announces this client on channels and groups for ``TetherConfiguration/presenceTimeout`` seconds.
+    public func heartbeat(channels: [String] = [], groups: [String] = [], state: JSONValue? = nil, timeout: Duration? = nil)
+        async throws(TetherError)
+    {
+        let presenceTimeout = configuration.presenceTimeout
+        try await perform(.heartbeat, channels: channels, groups: groups, build: { e throws(RequestBuildError) in
+            try e.heartbeat(channels: channels, groups: groups, presenceTimeout: presenceTimeout, state: state, timeout: timeout)
+        }, decode: { _ in () })
+    }
+
+    /// Leaves channels and groups now (others see a `leave` event).
+    public func leave(channels: [String] = [], groups: [String] = [], timeout: Duration? = nil) async throws(TetherError) {
+        try await perform(.leave, channels: channels, groups: groups, build: { e throws(RequestBuildError) in
+            try e.leave(channels: channels, groups: groups, timeout: timeout)
+        }, decode: { _ in () })
+    }
+
+    // MARK: - Channel groups
+
+    /// Adds channels to a channel group.
+    public func addChannels(_ channels: [String], toGroup group: String, timeout: Duration? = nil) async throws(TetherError) {
+        try await perform(.addChannelsToGroup, channels: channels, groups: [group], build: { e throws(RequestBuildError) in
+            try e.addChannels(channels, toGroup: group, timeout: timeout)
+        }, decode: { _ in () })
+    }
+
+    /// Removes channels from a channel group.
+    public func removeChannels(_ channels: [String], fromGroup group: String, timeout: Duration? = nil) async throws(TetherError) {
+        try await perform(.removeChannelsFromGroup, channels: channels, groups: [group], build: { e throws(RequestBuildError) in
+            try e.removeChannels(channels, fromGroup: group, timeout: timeout)
+        }, decode: { _ in () })
+    }
+
+    /// The channels of a channel group.
+    public func channels(inGroup group: String, timeout: Duration? = nil) async throws(TetherError) -> [String] {
+        try await perform(.listChannelsInGroup, groups: [group], build: { e throws(RequestBuildError) in
+            try e.listChannels(inGroup: group, timeout: timeout)
+        }, decode: ResponseDecoding.groupChannels)
+    }
+
+    /// Deletes a channel group.
+    public func deleteGroup(_ group: String, timeout: Duration? = nil) async throws(TetherError) {
+        try await perform(.deleteGroup, groups: [group], build: { e throws(RequestBuildError) in
+            try e.deleteGroup(group, timeout: timeout)
+        }, decode: { _ in () })
+    }
+
+    /// Every channel group of the keyset.
+    public func channelGroups(timeout: Duration? = nil) async throws(TetherError) -> [String] {
+        try await perform(.listGroups, build: { $0.listGroups(timeout: timeout) }, decode: ResponseDecoding.groups)
+    }
+
+    // MARK: - Access Manager (secret-key clients)
+
+    /// Grants a v3 token (needs ``TetherConfiguration/secretKey``); returns the token string.
+    public func grantToken(_ grant: TokenGrant, timeout: Duration? = nil) async throws(TetherError) -> String {
+        let hasSecret = configuration.secretKey?.isEmpty == false
+        return try await perform(.grantToken, channels: grant.channels.keys.sorted(), groups: grant.groups.keys.sorted(),
+                                 build: { e throws(RequestBuildError) in
+            guard hasSecret else { throw .missingSecretKey }
+            return try e.grantToken(grant, timeout: timeout)
+        }, decode: ResponseDecoding.grantToken)
+    }
+
+    /// Revokes a v3 token (needs ``TetherConfiguration/secretKey``).
+    public func revokeToken(_ token: String, timeout: Duration? = nil) async throws(TetherError) {
+        let hasSecret = configuration.secretKey?.isEmpty == false
+        try await perform(.revokeToken, build: { e throws(RequestBuildError) in
+            guard hasSecret else { throw .missingSecretKey }
+            return try e.revokeToken(token, timeout: timeout)
+        }, decode: { _ in () })
+    }
+}

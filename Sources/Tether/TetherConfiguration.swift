@@ -1,0 +1,149 @@
+public import Logging
+public import TetherClientCore
+import TetherProtocol
+
+/// Everything a ``TetherClient`` needs to know, as a value. Creating one does no I/O.
+///
+/// ```swift
+/// var configuration = try TetherConfiguration(subscribeKey: "demo", publishKey: "demo", userId: "alice")
+/// configuration.origin = "127.0.0.1:8080"
+/// configuration.useTLS = false
+/// let client = TetherClient(configuration: configuration)
+/// ```
+public struct TetherConfiguration: Sendable {
+    /// The subscribe key (required by every call).
+    public var subscribeKey: String
+    /// The publish key (publish, signal, fire).
+    public var publishKey: String?
+    /// The secret key: only for trusted server-side clients. When set, every request is signed
+    /// (pubnub-wire §12) and Access Manager calls (grant, revoke) become available.
+    public var secretKey: String?
+    /// This client's identity (`uuid`): 1–92 characters, no commas or control characters.
+    public private(set) var userId: String
+    /// A legacy auth key or an Access Manager v3 token sent as `auth`.
+    public var authKey: String?
+    /// The server, as `host` or `host:port` (no scheme), for example `"tether.example.com"` or `"127.0.0.1:8080"`.
+    public private(set) var origin: String
+    /// Use HTTPS (default) or plain HTTP.
+    public var useTLS: Bool
+    /// PEM certificates of the certificate authorities to trust instead of the system's (for
+    /// self-hosted servers with a private CA). `nil` trusts the system roots.
+    public var trustedCertificateAuthoritiesPEM: [UInt8]?
+    /// Timeout of every non-subscribe request (default 15 s); each call can override it.
+    public var nonSubscribeTimeout: Duration
+    /// Timeout of the subscribe long-poll (default 310 s: the server answers within 280 s).
+    public var subscribeTimeout: Duration
+    /// Timeout for establishing a TCP (and TLS) connection (default 10 s).
+    public var connectTimeout: Duration
+    /// Seconds the server keeps this user present without a heartbeat (default 300; 20–320 is sensible).
+    public var presenceTimeout: Int
+    /// Seconds between presence heartbeats; 0 (default) sends none and relies on the subscribe
+    /// long-poll as the heartbeat.
+    public var heartbeatInterval: Int
+    /// A subscribe filter expression (pubnub-wire §10); a malformed one yields
+    /// ``StatusCategory/malformedFilterExpression``.
+    public var filterExpression: String?
+    /// End-to-end encryption of message payloads; `nil` sends and receives plaintext.
+    public var cryptoModule: CryptoModule?
+    /// Automatic-retry settings (used by the subscribe engine).
+    public var retry: RetryConfiguration
+    /// A subscribe response with at least this many messages raises
+    /// ``StatusCategory/requestMessageCountExceeded``; 0 disables the check.
+    public var requestMessageCountThreshold: Int
+    /// The logger the client writes its transcript to (requests at `trace`, failures at `debug`).
+    public var logger: Logger
+
+    /// Creates a configuration; throws when the user id or origin is invalid.
+    public init(subscribeKey: String, publishKey: String? = nil, secretKey: String? = nil, userId: String,
+                authKey: String? = nil, origin: String = "127.0.0.1:8080", useTLS: Bool = true,
+                logger: Logger = Logger(label: "tether.client")) throws(ConfigurationError) {
+        guard NameRules.validateKey(subscribeKey) else { throw .invalidSubscribeKey(subscribeKey) }
+        if let publishKey, !NameRules.validateKey(publishKey) { throw .invalidPublishKey(publishKey) }
+        self.subscribeKey = subscribeKey
+        self.publishKey = publishKey
+        self.secretKey = secretKey
+        self.userId = ""
+        self.authKey = authKey
+        self.origin = ""
+        self.useTLS = useTLS
+        self.trustedCertificateAuthoritiesPEM = nil
+        self.nonSubscribeTimeout = .seconds(15)
+        self.subscribeTimeout = .seconds(310)
+        self.connectTimeout = .seconds(10)
+        self.presenceTimeout = 300
+        self.heartbeatInterval = 0
+        self.filterExpression = nil
+        self.cryptoModule = nil
+        self.retry = .default
+        self.requestMessageCountThreshold = 100
+        self.logger = logger
+        try setUserId(userId)
+        try setOrigin(origin)
+    }
+
+    /// Changes the user id, validating it.
+    public mutating func setUserId(_ userId: String) throws(ConfigurationError) {
+        do { try NameRules.validateUserId(userId) } catch { throw .invalidUserId(userId, error.description) }
+        self.userId = userId
+    }
+
+    /// Changes the origin (`host` or `host:port`), validating it.
+    public mutating func setOrigin(_ origin: String) throws(ConfigurationError) {
+        guard let parsed = Self.parseOrigin(origin) else { throw .invalidOrigin(origin) }
+        _ = parsed
+        self.origin = origin
+    }
+
+    /// The origin's host and optional port.
+    public var originHostAndPort: (host: String, port: Int?) {
+        Self.parseOrigin(origin) ?? (origin, nil)
+    }
+
+    /// The base URL requests go to, for example `https://tether.example.com`.
+    public var baseURL: String { (useTLS ? "https://" : "http://") + origin }
+
+    static func parseOrigin(_ origin: String) -> (host: String, port: Int?)? {
+        guard !origin.isEmpty, !origin.contains("/"), !origin.contains("://"), !origin.contains(where: \.isWhitespace) else { return nil }
+        if origin.hasPrefix("[") {  // [::1]:8080
+            guard let close = origin.firstIndex(of: "]") else { return nil }
+            let host = String(origin[origin.index(after: origin.startIndex)..<close])
+            let rest = origin[origin.index(after: close)...]
+            if rest.isEmpty { return (host, nil) }
+            guard rest.hasPrefix(":"), let port = Int(rest.dropFirst()), (1...65535).contains(port) else { return nil }
+            return (host, port)
+        }
+        let parts = origin.split(separator: ":", omittingEmptySubsequences: false)
+        switch parts.count {
+        case 1: return (origin, nil)
+        case 2:
+            guard !parts[0].isEmpty, let port = Int(parts[1]), (1...65535).contains(port) else { return nil }
+            return (String(parts[0]), port)
+        default: return nil
+        }
+    }
+}
+
+/// Why a ``TetherConfiguration`` was refused.
+public enum ConfigurationError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The user id is empty, too long or contains forbidden characters.
+    case invalidUserId(String, String)
+    /// The origin is not `host` or `host:port`.
+    case invalidOrigin(String)
+    /// The subscribe key is empty or has characters outside `[A-Za-z0-9._-]`.
+    case invalidSubscribeKey(String)
+    /// The publish key has characters outside `[A-Za-z0-9._-]`.
+    case invalidPublishKey(String)
+    /// ``TetherConfiguration/trustedCertificateAuthoritiesPEM`` is not valid PEM.
+    case invalidCertificateAuthorities(String)
+
+    /// A message for humans.
+    public var description: String {
+        switch self {
+        case .invalidUserId(let id, let why): return "invalid user id \(String(reflecting: id)): \(why)"
+        case .invalidOrigin(let origin): return "invalid origin \(String(reflecting: origin)): expected host or host:port without a scheme"
+        case .invalidSubscribeKey(let key): return "invalid subscribe key \(String(reflecting: key))"
+        case .invalidPublishKey(let key): return "invalid publish key \(String(reflecting: key))"
+        case .invalidCertificateAuthorities(let why): return "the trusted certificate authorities are not valid PEM: \(why)"
+        }
+    }
+}

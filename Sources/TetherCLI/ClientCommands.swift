@@ -1,0 +1,156 @@
+import ArgumentParser
+import Foundation
+import Tether
+
+/// `tether publish`: publish one message with the SDK.
+struct ClientPublish: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "publish",
+        abstract: "Publish a message on a channel.",
+        discussion: """
+            The message is JSON; anything that is not valid JSON is sent as a JSON string. Prints \
+            the message's timetoken.
+
+              tether publish chat '{"text":"hello"}'
+            """)
+
+    @OptionGroup var client: ClientOptions
+
+    @Argument(help: "The channel.")
+    var channel: String
+
+    @Argument(help: "The message (JSON, or text sent as a string).")
+    var message: String
+
+    @Option(help: "Metadata, a JSON object (delivered as meta, usable by filters).")
+    var meta: String?
+
+    @Flag(inversion: .prefixedNo, help: "Store the message in history (default: the keyset's default).")
+    var store: Bool?
+
+    @Option(help: "Retention in hours when stored.")
+    var ttl: Int?
+
+    @Flag(help: "Send the message in a POST body.")
+    var post = false
+
+    func run() async throws {
+        let payload = (try? JSONValue(parsing: message)) ?? .string(message)
+        var options = PublishOptions(store: store, ttl: ttl, usePOST: post)
+        if let meta {
+            guard let value = try? JSONValue(parsing: meta), value.objectValue != nil else {
+                throw ValidationError("--meta must be a JSON object")
+            }
+            options.meta = value
+        }
+        try await withClient(client) { (c: TetherClient) throws(TetherError) in
+            let result = try await c.publish(channel: channel, message: payload, options: options)
+            print(result.timetoken)
+        }
+    }
+}
+
+/// `tether history`: print stored messages with the SDK.
+struct ClientHistory: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "history",
+        abstract: "Print stored messages of one or more channels, oldest first.",
+        discussion: """
+            One line per message: timetoken, channel, publisher and the message as JSON.
+
+              tether history chat --limit 10
+              tether history chat news --since 17953281264739664
+            """)
+
+    @OptionGroup var client: ClientOptions
+
+    @Argument(help: "The channels.")
+    var channels: [String]
+
+    @Option(help: "Print every message after this timetoken (all pages).")
+    var since: String?
+
+    @Option(help: "Newest messages per channel to print without --since (1-100). (default: 25)")
+    var limit: Int = 25
+
+    @Flag(help: "Print JSON objects instead of columns.")
+    var json = false
+
+    func validate() throws {
+        guard !channels.isEmpty else { throw ValidationError("give at least one channel") }
+        guard (1...100).contains(limit) else { throw ValidationError("--limit must be 1-100") }
+        if let since, Timetoken(parsing: since) == nil { throw ValidationError("--since must be a timetoken (up to 17 digits)") }
+    }
+
+    func run() async throws {
+        try await withClient(client) { (c: TetherClient) throws(TetherError) in
+            let messages: [HistoryMessage]
+            if let since, let tt = Timetoken(parsing: since) {
+                messages = try await c.messages(since: tt, channels: channels)
+            } else {
+                let page = try await c.fetchMessages(channels: channels, options: FetchOptions(maximumPerChannel: limit))
+                messages = page.messages
+            }
+            for m in messages { print(line(m)) }
+        }
+    }
+
+    private func line(_ m: HistoryMessage) -> String {
+        if json {
+            var object: [String: JSONValue] = ["timetoken": .string(m.timetoken.description), "channel": .string(m.channel), "message": m.payload]
+            if let p = m.publisher { object["publisher"] = .string(p) }
+            if let meta = m.meta { object["meta"] = meta }
+            if m.decryptionError != nil { object["decryption_error"] = true }
+            return JSONValue.object(object).jsonText
+        }
+        let flag = m.decryptionError != nil ? " [undecryptable]" : ""
+        return "\(m.timetoken)  \(m.channel)  \(m.publisher ?? "-")  \(m.payload.jsonText)\(flag)"
+    }
+}
+
+/// `tether here-now`: print who is present.
+struct ClientHereNow: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "here-now",
+        abstract: "Print who is present on channels (all channels without arguments).")
+
+    @OptionGroup var client: ClientOptions
+
+    @Argument(help: "The channels (none: the whole keyset).")
+    var channels: [String] = []
+
+    @Option(name: .customLong("group"), help: "A channel group (repeatable).")
+    var groups: [String] = []
+
+    @Flag(help: "Include each occupant's state.")
+    var state = false
+
+    func run() async throws {
+        try await withClient(client) { (c: TetherClient) throws(TetherError) in
+            let result = try await c.hereNow(channels: channels, groups: groups, options: HereNowOptions(includeState: state))
+            print("total: \(result.totalOccupancy) present on \(result.totalChannels) channel(s)")
+            for name in result.channels.keys.sorted() {
+                guard let presence = result.channels[name] else { continue }
+                print("\(name): \(presence.occupancy)")
+                for occupant in presence.occupants {
+                    print("  \(occupant.userId)\(occupant.state.map { "  \($0.jsonText)" } ?? "")")
+                }
+            }
+        }
+    }
+}
+
+/// `tether time`: print the server's timetoken.
+struct ClientTime: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "time",
+        abstract: "Print the server's current timetoken (a quick reachability check).")
+
+    @OptionGroup var client: ClientOptions
+
+    func run() async throws {
+        try await withClient(client) { (c: TetherClient) throws(TetherError) in
+            print(try await c.time())
+        }
+    }
+}

@@ -1,0 +1,55 @@
+/// The API call a status belongs to.
+public enum TetherOperation: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+    /// The subscribe long-poll (handshake or continuation).
+    case subscribe
+    /// Unsubscribing (leave).
+    case unsubscribe
+    /// `GET /time/0`.
+    case time
+    /// Publish (GET or POST).
+    case publish
+    /// Fire: a publish delivered to no subscriber and not stored.
+    case fire
+    /// Signal.
+    case signal
+    /// History v2 (one channel).
+    case history
+    /// Fetch messages v3 (several channels).
+    case fetchMessages
+    /// Message counts.
+    case messageCounts
+    /// Delete messages from history.
+    case deleteMessages
+    /// Here now.
+    case hereNow
+    /// Where now.
+    case whereNow
+    /// Presence heartbeat.
+    case heartbeat
+    /// Presence leave.
+    case leave
+    /// Get presence state.
+    case getState
+    /// Set presence state.
+    case setState
+    /// Add channels to a channel group.
+    case addChannelsToGroup
+    /// Remove channels from a channel group.
+    case removeChannelsFromGroup
+    /// List the channels of a group.
+    case listChannelsInGroup
+    /// List every channel group.
+    case listGroups
+    /// Delete a channel group.
+    case deleteGroup
+    /// Access Manager v3 grant token.
+    case grantToken
+    /// Access Manager v3 revoke token.
+    case revokeToken
+
+    /// The case name.
+    public var description: String { rawValue }
+
+    /// Whether this is the subscribe long-poll (uses the subscribe timeout and its own connection).
+    public var isSubscribe: Bool { self == .subscribe }
+}

@@ -1,1 +1,0 @@
-// Test kit shipped as a product: in-process servers and misbehaving servers.

@@ -1,0 +1,207 @@
+import Synchronization
+import Testing
+@testable import Tether
+import TetherServer
+import TetherTesting
+
+/// Issue 5 point 5: every category is produced for real — by a misbehaving server or the real
+/// Tether server — never constructed.
+@Suite("Status categories produced for real")
+struct StatusCategoryTests {
+    @Test func timeoutFromAServerThatNeverAnswers() async throws {
+        let server = try await ScriptedServer.start { _ in .hang }
+        let client = try makeClient(origin: server.origin)
+        let started = ContinuousClock.now
+        let status = await failure { try await client.time(timeout: .milliseconds(400)) }
+        #expect(status?.category == .timeout)
+        #expect(status?.operation == .time)
+        #expect(ContinuousClock.now - started < .seconds(5))
+        #expect(status?.canRetry == true)
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func networkIssuesWhenNothingListens() async throws {
+        let port = try await RawServer.unusedPort()
+        let client = try makeClient(origin: "127.0.0.1:\(port)")
+        let status = await failure { try await client.publish(channel: "c", message: "hi") }
+        #expect(status?.category == .networkIssues)
+        #expect(status?.affectedChannels == ["c"])
+        await client.shutdown()
+    }
+
+    @Test func tlsConnectionFailedOnABadHandshake() async throws {
+        let server = try await RawServer.start()
+        let client = try makeClient(origin: server.origin, tls: true)
+        let status = await failure { try await client.time() }
+        #expect(status?.category == .tlsConnectionFailed, "\(String(describing: status))")
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func tlsUntrustedCertificateForASelfSignedServer() async throws {
+        let server = try await ScriptedServer.start(tls: .identity(TestCertificates.selfSigned)) { _ in .json("[1]") }
+        let client = try makeClient(origin: server.origin, tls: true) {
+            $0.trustedCertificateAuthoritiesPEM = TestCertificates.certificateAuthorityPEM
+        }
+        let status = await failure { try await client.time() }
+        #expect(status?.category == .tlsUntrustedCertificate, "\(String(describing: status))")
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func tlsWithACustomCertificateAuthority() async throws {
+        let server = try await ScriptedServer.start(tls: .identity(TestCertificates.server)) { _ in .json("[17953281264739664]") }
+        let trusting = try makeClient(origin: server.origin, tls: true) {
+            $0.trustedCertificateAuthoritiesPEM = TestCertificates.certificateAuthorityPEM
+        }
+        #expect(try await trusting.time() == Timetoken(17953281264739664))
+        await trusting.shutdown()
+        let system = try makeClient(origin: server.origin, tls: true)
+        #expect(await failure { try await system.time() }?.category == .tlsUntrustedCertificate)
+        await system.shutdown()
+        try await server.stop()
+    }
+
+    @Test func malformedResponseFromACaptivePortal() async throws {
+        let server = try await ScriptedServer.start { _ in .html("<html><body><form>Accept the terms to use the Wi-Fi</form></body></html>") }
+        let client = try makeClient(origin: server.origin)
+        let status = await failure { try await client.publish(channel: "c", message: "hi") }
+        #expect(status?.category == .malformedResponse)
+        #expect(status?.statusCode == 200)
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func malformedResponseFromTruncatedJSON() async throws {
+        let server = try await ScriptedServer.start { _ in .json(#"{"t":{"t":"17953281265171442","r":1},"m":[{"a":"4","#) }
+        let client = try makeClient(origin: server.origin)
+        let status = await failure { try await client.longPoll(channels: ["c"]) }
+        #expect(status?.category == .malformedResponse)
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func malformedResponseWhenTheJSONHasTheWrongShape() async throws {
+        let server = try await ScriptedServer.start { _ in .json(#"{"unexpected":true}"#) }
+        let client = try makeClient(origin: server.origin)
+        #expect(await failure { try await client.time() }?.category == .malformedResponse)
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func badRequestFromTheRealServer() async throws {
+        let server = try await InProcessServer.start()
+        let client = try makeClient(origin: server.origin)
+        let channels = (0..<501).map { "c\($0)" }
+        let status = await failure { try await client.fetchMessages(channels: channels) }
+        #expect(status?.category == .badRequest, "\(String(describing: status))")
+        #expect(status?.statusCode == 400)
+        #expect(status?.serverMessage?.isEmpty == false)
+        await client.shutdown()
+        await server.stop()
+    }
+
+    @Test func badRequestFromAScriptedPublishError() async throws {
+        let server = try await ScriptedServer.start { _ in .json(status: 400, #"[0,"Invalid Key","17953281264739664"]"#) }
+        let client = try makeClient(origin: server.origin)
+        let status = await failure { try await client.publish(channel: "c", message: "hi") }
+        #expect(status?.category == .badRequest && status?.serverMessage == "Invalid Key")
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func accessDeniedListsTheDeniedChannelsAndGroups() async throws {
+        let server = try await ScriptedServer.start { _ in
+            .json(status: 403, #"{"message":"Forbidden","payload":{"channels":["secret"],"channel-groups":["vip"]},"error":true,"service":"Access Manager","status":403}"#)
+        }
+        let client = try makeClient(origin: server.origin)
+        let status = await failure { try await client.hereNow(channels: ["secret", "open"], groups: ["vip"]) }
+        #expect(status?.category == .accessDenied)
+        #expect(status?.deniedChannels == ["secret"])
+        #expect(status?.deniedGroups == ["vip"])
+        #expect(status?.statusCode == 403)
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func malformedFilterExpression() async throws {
+        let server = try await ScriptedServer.start { request in
+            request.query["filter-expr"] != nil
+                ? .json(status: 481, #"{"status":481,"error":true,"service":"Subscribe","message":"Invalid filter expression"}"#)
+                : .json(#"{"t":{"t":"1","r":1},"m":[]}"#)
+        }
+        let client = try makeClient(origin: server.origin) { $0.filterExpression = "meta.k == 'unterminated" }
+        let status = await failure { try await client.longPoll(channels: ["c"]) }
+        #expect(status?.category == .malformedFilterExpression)
+        #expect(status?.operation == .subscribe)
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func requestMessageCountExceededFromTheRealServer() async throws {
+        let server = try await InProcessServer.start()
+        let publisher = try makeClient(origin: server.origin)
+        let channel = unique()
+        let before = try await publisher.time()
+        for i in 0..<120 { _ = try await publisher.publish(channel: channel, message: .int(i)) }
+        let subscriber = try makeClient(origin: server.origin, userId: "subscriber")
+        let (response, statuses) = try await subscriber.longPoll(channels: [channel], cursor: (before, 1))
+        #expect(response.events.count == 100)
+        let exceeded = statuses.first { $0.category == .requestMessageCountExceeded }
+        #expect(exceeded != nil)
+        #expect(exceeded?.lastTimetoken == before)
+        #expect(exceeded?.currentTimetoken == response.timetoken)
+        // Below the threshold: no status.
+        let (rest, quiet) = try await subscriber.longPoll(channels: [channel], cursor: (response.timetoken, 1))
+        #expect(rest.events.count == 20 && quiet.isEmpty)
+        await publisher.shutdown()
+        await subscriber.shutdown()
+        await server.stop()
+    }
+
+    @Test func unknownForServerFaults() async throws {
+        let server = try await ScriptedServer.start { _ in .json(status: 503, #"{"status":503,"error":true,"message":"Service Unavailable"}"#) }
+        let client = try makeClient(origin: server.origin)
+        let status = await failure { try await client.time() }
+        #expect(status?.category == .unknown && status?.statusCode == 503 && status?.serverMessage == "Service Unavailable")
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func cancelledWhenTheTaskIsCancelled() async throws {
+        let server = try await ScriptedServer.start { _ in .hang }
+        let client = try makeClient(origin: server.origin)
+        let call = Task { await failure { try await client.time() } }
+        #expect(await eventually { server.requests.count == 1 })
+        call.cancel()
+        #expect(await call.value?.category == .cancelled)
+        await client.shutdown()
+        try await server.stop()
+    }
+
+    @Test func retryReRunsAFailedCall() async throws {
+        let calls = Counter()
+        let server = try await ScriptedServer.start { _ in
+            calls.increment() == 1
+                ? .json(status: 403, #"{"message":"Forbidden","payload":{"channels":["c"]},"error":true,"status":403}"#)
+                : .json(#"[1,"Sent","17953281264739664"]"#)
+        }
+        let client = try makeClient(origin: server.origin)
+        guard let status = await failure({ try await client.publish(channel: "c", message: "hi") }) else {
+            Issue.record("expected a failure")
+            return
+        }
+        #expect(status.category == .accessDenied && status.canRetry && !status.willAutomaticallyRetry)
+        let result = try await status.retry(returning: PublishResult.self)
+        #expect(result.timetoken == Timetoken(17953281264739664))
+        #expect(server.requests.count == 2)
+        await client.shutdown()
+        try await server.stop()
+    }
+}
+
+final class Counter: Sendable {
+    private let value = Mutex(0)
+    func increment() -> Int { value.withLock { $0 += 1; return $0 } }
+}
