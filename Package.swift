@@ -33,6 +33,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
         .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.1.1"),
+        .package(url: "https://github.com/apple/swift-async-algorithms.git", from: "1.1.4"),
     ],
     targets: [
         .target(
@@ -87,11 +88,14 @@ let package = Package(
             dependencies: ["TetherProtocol"],
             swiftSettings: strictSettings
         ),
+        .target(name: "CTetherNetlink"),
         .target(
             name: "Tether",
             dependencies: [
                 "TetherProtocol",
                 "TetherClientCore",
+                .target(name: "CTetherNetlink", condition: .when(platforms: [.linux])),
+                .product(name: "AsyncAlgorithms", package: "swift-async-algorithms"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
