@@ -39,6 +39,12 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning, error or critical. [env: TETHER_LOG_LEVEL] (default: info)")
     var logLevel: String?
 
+    @Option(name: .customLong("tls-cert"), help: "PEM certificate chain: serve HTTPS. Needs --tls-key. [env: TETHER_TLS_CERT]")
+    var tlsCert: String?
+
+    @Option(name: .customLong("tls-key"), help: "PEM private key for --tls-cert. [env: TETHER_TLS_KEY]")
+    var tlsKey: String?
+
     @Option(name: .customLong("subscribe-timeout"), help: "Seconds a subscribe long-poll waits before answering empty. [env: TETHER_SUBSCRIBE_TIMEOUT] (default: 280)")
     var subscribeTimeout: Double?
 
@@ -71,11 +77,18 @@ struct Serve: AsyncParsableCommand {
             guard let value = Int(text), (0...65535).contains(value) else { throw ValidationError("TETHER_PORT must be a port number") }
             resolvedPort = value
         }
+        var tls: (certificatePath: String, privateKeyPath: String)?
+        switch (tlsCert ?? env["TETHER_TLS_CERT"], tlsKey ?? env["TETHER_TLS_KEY"]) {
+        case (let cert?, let key?): tls = (cert, key)
+        case (nil, nil): tls = nil
+        default: throw ValidationError("--tls-cert and --tls-key go together")
+        }
         let configuration = ServerConfiguration(
             host: host ?? env["TETHER_HOST"] ?? "127.0.0.1",
             port: resolvedPort,
             dataDirectory: dataDir ?? env["TETHER_DATA_DIR"] ?? ".tether-data",
-            file: file
+            file: file,
+            tls: tls
         )
         raiseOpenFileLimit(logger: logger)
         let registry = PrometheusCollectorRegistry()

@@ -284,6 +284,20 @@ public final class AccessManager: Sendable {
         return .invalid("Signature does not match")
     }
 
+    /// Signs a request the way PubNub SDKs do (v2, pubnub-wire §12), for admin tools and tests:
+    /// adds `timestamp` and returns the full query string including `signature`.
+    /// - Parameters:
+    ///   - query: decoded query parameters (without `timestamp` and `signature`).
+    public static func signedQuery(method: String, publishKey: String, path: String, query: [String: String], body: String = "",
+                                   secret: String, timestamp: Int64) -> String {
+        var parameters = query
+        parameters["timestamp"] = String(timestamp)
+        let canonical = parameters.keys.sorted().map { "\($0)=\(signatureEncode(parameters[$0]!))" }.joined(separator: "&")
+        let message = "\(method)\n\(publishKey)\n\(path)\n\(canonical)\n\(body)"
+        let mac = HMAC<SHA256>.authenticationCode(for: Array(message.utf8), using: SymmetricKey(data: Array(secret.utf8)))
+        return canonical + "&signature=v2." + TokenBase64.encode(Array(mac), urlSafe: true, padding: false)
+    }
+
     /// Percent-encoding for signatures: only `A-Z a-z 0-9 - _ .` stay raw, uppercase hex.
     static func signatureEncode(_ text: String) -> String {
         var out = ""

@@ -15,6 +15,15 @@ public struct Limits: Sendable, Codable, Equatable {
     public var maxEnvelopesPerResponse: Int = 100
     /// Channels in one channel group (PubNub: 2,000).
     public var maxChannelsPerGroup: Int = 2000
+    /// Publishes and signals per second per client (its `uuid`, else its address); 0 = no
+    /// limit (the default, as PubNub documents none). Over it → 429 with `Retry-After`.
+    public var publishRatePerSecond: Double = 0
+    /// Publishes a client may send at once before the rate applies.
+    public var publishBurst: Double = 100
+    /// Other non-subscribe requests per second per client; 0 = no limit (default).
+    public var requestRatePerSecond: Double = 0
+    /// Non-subscribe requests a client may send at once before the rate applies.
+    public var requestBurst: Double = 100
 
     /// Creates the default limits.
     public init() {}
@@ -29,6 +38,10 @@ public struct Limits: Sendable, Codable, Equatable {
         maxChannelsPerSubscribe = try c.decodeIfPresent(Int.self, forKey: .maxChannelsPerSubscribe) ?? d.maxChannelsPerSubscribe
         maxEnvelopesPerResponse = try c.decodeIfPresent(Int.self, forKey: .maxEnvelopesPerResponse) ?? d.maxEnvelopesPerResponse
         maxChannelsPerGroup = try c.decodeIfPresent(Int.self, forKey: .maxChannelsPerGroup) ?? d.maxChannelsPerGroup
+        publishRatePerSecond = try c.decodeIfPresent(Double.self, forKey: .publishRatePerSecond) ?? d.publishRatePerSecond
+        publishBurst = try c.decodeIfPresent(Double.self, forKey: .publishBurst) ?? d.publishBurst
+        requestRatePerSecond = try c.decodeIfPresent(Double.self, forKey: .requestRatePerSecond) ?? d.requestRatePerSecond
+        requestBurst = try c.decodeIfPresent(Double.self, forKey: .requestBurst) ?? d.requestBurst
     }
 }
 

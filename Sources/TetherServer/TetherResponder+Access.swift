@@ -51,10 +51,10 @@ extension TetherResponder {
 
     func grantV2(_ wire: WireRequest, audit: Bool) async throws -> Response {
         let s = wire.segments
-        guard s.count == 5, s[2] == "sub-key" else {
+        guard s.count == 5, s[3] == "sub-key" else {
             return Reply.error(.notFound, service: "Access Manager", "Not found: '\(wire.rawPath)'")
         }
-        let keyset = try keyset(subscribeKey: s[3], service: "Access Manager")
+        let keyset = try keyset(subscribeKey: s[4], service: "Access Manager")
         try requireAdmin(keyset, wire, method: "GET")
         let auths = wire.queryNames("auth")
         let channels = wire.queryNames("channel")

@@ -19,6 +19,8 @@ public struct ServerState: Sendable {
     public var presence: PresenceService
     /// Access Manager.
     public var access: AccessManager
+    /// Per-client request rate limits.
+    var rateLimits: RateLimits
     /// Metrics.
     public var metrics: ServerMetrics
     /// Registry exposed at `/metrics`, if any.
@@ -69,6 +71,7 @@ public struct TetherResponder: HTTPResponder {
             return ("invalid", Reply.error(.badRequest, service: "Balancer", "Could Not Parse Request"))
         }
         let s = wire.segments
+        if let limited = rateLimit(wire, context: context) { return ("rate-limited", limited) }
         do {
             switch (request.method, s.first) {
             case (.get, "time") where s.count == 2 && s[1] == "0":
@@ -119,6 +122,32 @@ public struct TetherResponder: HTTPResponder {
             state.logger.error("internal error", metadata: ["error": "\(error)"])
             return ("error", Reply.error(.internalServerError, service: "Tether", "Internal Server Error"))
         }
+    }
+
+    // MARK: - Rate limits
+
+    /// 429 with `Retry-After` when the client is over its keyset's rate (subscribes, time,
+    /// health and metrics are never limited).
+    private func rateLimit(_ wire: WireRequest, context: TetherRequestContext) -> Response? {
+        let s = wire.segments
+        guard let first = s.first else { return nil }
+        let kind: RateLimits.Kind
+        let subscribeKeyIndex: Int
+        switch first {
+        case "publish", "signal": (kind, subscribeKeyIndex) = (.publish, 2)
+        case "v2" where s.count > 1 && s[1] == "subscribe": return nil
+        case "v2" where s.count > 1 && s[1] == "auth": (kind, subscribeKeyIndex) = (.request, 4)
+        case "v3" where s.count > 1 && s[1] == "pam": (kind, subscribeKeyIndex) = (.request, 2)
+        case "v1", "v2", "v3": (kind, subscribeKeyIndex) = (.request, 3)
+        default: return nil
+        }
+        guard s.count > subscribeKeyIndex, let keyset = state.keysets.keyset(subscribeKey: s[subscribeKeyIndex]) else { return nil }
+        let client = wire.query["uuid"].flatMap { $0.isEmpty ? nil : "u:" + $0 }
+            ?? "a:" + (context.channel.remoteAddress?.ipAddress ?? "unknown")
+        guard let wait = state.rateLimits.take(kind, client: client, subscribeKey: keyset.subscribeKey,
+                                               limits: state.keysets.limits(for: keyset)) else { return nil }
+        return Reply.json(.tooManyRequests, ErrorBody.service(status: 429, service: "Balancer", message: "Too Many Requests"),
+                          extraHeaders: [.retryAfter: String(max(1, Int(wait.rounded(.up))))])
     }
 
     // MARK: - Keys and names

@@ -1,6 +1,8 @@
 import Foundation
 public import Hummingbird
 import HummingbirdCore
+import HummingbirdTLS
+import NIOSSL
 public import Logging
 import NIOCore
 public import Prometheus
@@ -19,14 +21,17 @@ public struct ServerConfiguration: Sendable {
     public var dataDirectory: String
     /// Keysets and limits.
     public var file: ConfigurationFile
+    /// PEM certificate chain and private key: serve HTTPS instead of HTTP.
+    public var tls: (certificatePath: String, privateKeyPath: String)?
 
     /// Creates a configuration.
     public init(host: String = "127.0.0.1", port: Int = 8090, dataDirectory: String = ".tether-data",
-                file: ConfigurationFile = .init()) {
+                file: ConfigurationFile = .init(), tls: (certificatePath: String, privateKeyPath: String)? = nil) {
         self.host = host
         self.port = port
         self.dataDirectory = dataDirectory
         self.file = file
+        self.tls = tls
     }
 
     /// The subscribe long-poll expiry.
@@ -78,7 +83,8 @@ public struct TetherServer: Sendable {
             configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
                                                     uniquingKeysWith: { first, _ in first }))
         let access = try AccessManager(store: store, logger: logger)
-        state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access, metrics: metrics,
+        state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access, rateLimits: RateLimits(),
+                            metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
                             startedAt: .now)
     }
@@ -86,17 +92,25 @@ public struct TetherServer: Sendable {
     /// Listens and serves until shutdown. `onReady` receives the base URL once listening.
     public func run(handleSignals: Bool = true, onReady: @escaping @Sendable (String) -> Void = { _ in }) async throws {
         let host = configuration.host
+        // Connections with no traffic for longer than a long-poll (plus margin) are closed, so
+        // half-sent requests cannot hold sockets forever.
+        let http1 = HTTPServerBuilder.http1(configuration: .init(additionalChannelHandlers: [InputClosedCloser()],
+                                                                 idleTimeout: configuration.subscribeTimeout + .seconds(30)))
+        var server = http1
+        let scheme = configuration.tls == nil ? "http" : "https"
+        if let tls = configuration.tls {
+            let chain = try NIOSSLCertificate.fromPEMFile(tls.certificatePath).map { NIOSSLCertificateSource.certificate($0) }
+            let key = try NIOSSLPrivateKey(file: tls.privateKeyPath, format: .pem)
+            server = try .tls(http1, tlsConfiguration: .makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key)))
+        }
         let app = Application(
             responder: TetherResponder(state: state),
-            // Connections with no traffic for longer than a long-poll (plus margin) are closed,
-            // so half-sent requests cannot hold sockets forever.
-            server: .http1(configuration: .init(additionalChannelHandlers: [InputClosedCloser()],
-                                                idleTimeout: configuration.subscribeTimeout + .seconds(30))),
+            server: server,
             configuration: .init(address: .hostname(host, port: configuration.port), serverName: nil, backlog: 4096),
             onServerRunning: { channel in
                 let port = channel.localAddress?.port ?? 0
                 let shownHost = host.contains(":") ? "[\(host)]" : host
-                onReady("http://\(shownHost):\(port)")
+                onReady("\(scheme)://\(shownHost):\(port)")
             },
             logger: logger
         )
@@ -105,7 +119,8 @@ public struct TetherServer: Sendable {
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: app),
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
-                .init(service: MaintenanceService(hub: state.hub, store: state.store, logger: logger),
+                .init(service: MaintenanceService(hub: state.hub, store: state.store, access: state.access,
+                                                  rateLimits: state.rateLimits, logger: logger),
                       successTerminationBehavior: .gracefullyShutdownGroup),
             ],
             gracefulShutdownSignals: handleSignals ? [.sigterm, .sigint] : [],
@@ -145,6 +160,8 @@ struct PresenceLoopService: Service {
 struct MaintenanceService: Service {
     let hub: LongPollHub
     let store: MessageStore
+    let access: AccessManager
+    let rateLimits: RateLimits
     let logger: Logger
 
     func run() async throws {
@@ -157,6 +174,8 @@ struct MaintenanceService: Service {
                     break
                 }
                 hub.sweep()
+                rateLimits.sweep()
+                access.removeExpired()
                 tick += 1
                 if tick % 6 == 1 {
                     do {
