@@ -71,8 +71,8 @@ public enum JSONValue: Sendable, Hashable {
 
     /// Parses one JSON value surrounded by optional whitespace from UTF-8 bytes.
     ///
-    /// Accepts exactly what ``JSONText/validate(_:)-(some Collection<UInt8>)`` accepts and fails with the same
-    /// offset and reason, including nesting deeper than ``JSONText/maximumDepth``. Inside strings,
+    /// Accepts exactly what `JSONText.validate(_:)` accepts and fails with the same offset and
+    /// reason, including nesting deeper than ``JSONText/maximumDepth``. Inside strings,
     /// bytes that are not valid UTF-8 and `\u` escapes of unpaired surrogates (which `JSONText`
     /// also lets through) become U+FFFD.
     public init(parsing bytes: some Collection<UInt8>) throws(JSONText.Invalid) {
@@ -80,7 +80,7 @@ public enum JSONValue: Sendable, Hashable {
         self = try parser.parseDocument()
     }
 
-    /// Parses one JSON value from a string (see ``init(parsing:)-(some Collection<UInt8>)``).
+    /// Parses one JSON value from a string (see the byte-collection variant).
     public init(parsing text: String) throws(JSONText.Invalid) {
         try self.init(parsing: Array(text.utf8))
     }

@@ -139,8 +139,18 @@ public final class LongPollHub: Sendable {
     /// `CancellationError`).
     public func receive(
         _ spec: SubscriptionSpec, after: Timetoken, limit: Int, timeout: TimeAmount, channel: any Channel,
-        access: AccessManager.Check? = nil, recheck: (@Sendable () -> AccessManager.Check)? = nil
+        access: AccessManager.Check? = nil, recheck: (@Sendable () -> AccessManager.Check)? = nil,
+        filter: FilterExpression? = nil
     ) async throws -> SubscribePage {
+        // The subscriber's filter: meta and payload parsed per event (a missing or unparsable
+        // field makes its comparisons false, pubnub-wire §10).
+        let include: ((SubscribeEnvelope) -> Bool)? = filter.map { expression in
+            { envelope in
+                let meta = envelope.meta.flatMap { try? JSONValue(parsing: $0) }
+                let data = try? JSONValue(parsing: envelope.payload)
+                return expression.matches(meta: meta, data: data)
+            }
+        }
         let responseDeadline = NIODeadline.now() + timeout
         var validUntil = access?.validUntil
         func waitDeadline() -> NIODeadline {
@@ -173,7 +183,7 @@ public final class LongPollHub: Sendable {
                 for range in plan.storeRanges {
                     results.append(try await store.read(range, limit: limit))
                 }
-                let (cursor, envelopes) = plan.merge(storeResults: results, limit: limit)
+                let (cursor, envelopes) = plan.merge(storeResults: results, limit: limit, include: include)
                 let shuttingDown = state.withLock { $0.shuttingDown }
                 if envelopes.isEmpty, !shuttingDown, NIODeadline.now() < deadline {
                     after = cursor  // the store had nothing newer: wait from here

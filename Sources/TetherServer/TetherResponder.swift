@@ -322,8 +322,14 @@ public struct TetherResponder: HTTPResponder {
                 return Reply.error(.badRequest, service: "Subscribe", "Invalid channel group \(String(reflecting: group)): \(error)")
             }
         }
-        if let filter = wire.query["filter-expr"], !filter.isEmpty {
-            return Reply.error(.badRequest, service: "Subscribe", "Filter expressions are not supported by this server version yet")
+        var filter: FilterExpression?
+        if let text = wire.query["filter-expr"], !text.isEmpty {
+            do {
+                filter = try FilterExpression(parsing: text)
+            } catch {
+                return Reply.json(Reply.malformedFilterExpression, ErrorBody.service(
+                    status: 481, service: "Subscribe", message: "Invalid filter expression: \(error.reason) at position \(error.position)"))
+            }
         }
         let check = try authorize(keyset, wire, channels: names, groups: groups, permission: .read)
         let requested = try timetoken(wire, "tt", service: "Subscribe") ?? .zero
@@ -356,7 +362,7 @@ public struct TetherResponder: HTTPResponder {
         }
         let page = try await state.hub.receive(
             spec, after: after, limit: limits.maxEnvelopesPerResponse, timeout: state.subscribeTimeout, channel: context.channel,
-            access: check, recheck: recheck)
+            access: check, recheck: recheck, filter: filter)
         if let uuid {
             // The connection was alive for the whole long-poll: count its end as a heartbeat too.
             state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,

@@ -80,7 +80,11 @@ public struct ReadPlan: Sendable {
 
     /// Merges the store results into one response page of at most `limit` envelopes, applying
     /// the cursor rule: the returned cursor is such that no event at or below it can be missing.
-    public func merge(storeResults: [StoreRangeResult], limit: Int) -> (cursor: Timetoken, envelopes: [[UInt8]]) {
+    ///
+    /// `include` is the subscriber's filter: events it rejects are skipped but still covered by
+    /// the cursor (they are never delivered to this subscriber).
+    public func merge(storeResults: [StoreRangeResult], limit: Int,
+                      include: ((SubscribeEnvelope) -> Bool)? = nil) -> (cursor: Timetoken, envelopes: [[UInt8]]) {
         var cap = visibleThrough
         var limited = false
         for result in storeResults where result.reachedLimit {
@@ -92,10 +96,12 @@ public struct ReadPlan: Sendable {
         var candidates: [(Timetoken, [UInt8])] = []
         candidates.reserveCapacity(bufferEvents.count + storeResults.reduce(0) { $0 + $1.envelopes.count })
         for (event, match) in bufferEvents where event.timetoken <= cap {
+            if let include, !include(event.envelope) { continue }
             candidates.append((event.timetoken, SubscribeEnvelope.encodedWithMatch(event.encoded, match: match)))
         }
         for result in storeResults {
             for envelope in result.envelopes where envelope.timetoken <= cap {
+                if let include, !include(envelope) { continue }
                 candidates.append((envelope.timetoken, SubscribeEnvelope.encodedWithMatch(envelope.encoded(), match: result.range.match)))
             }
         }
