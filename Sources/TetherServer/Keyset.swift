@@ -203,6 +203,11 @@ public struct KeysetRegistry: Sendable {
     /// The keyset with this subscribe key.
     public func keyset(subscribeKey: String) -> Keyset? { bySubscribeKey[subscribeKey] }
 
+    /// The largest URI any keyset accepts (checked before the keyset is known).
+    public var largestURILimit: Int {
+        bySubscribeKey.values.map { limits(for: $0).maxURIBytes }.max().map { max($0, defaultLimits.maxURIBytes) } ?? defaultLimits.maxURIBytes
+    }
+
     /// The limits that apply to a keyset.
     public func limits(for keyset: Keyset) -> Limits { keyset.limits ?? defaultLimits }
 

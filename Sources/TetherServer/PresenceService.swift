@@ -47,6 +47,17 @@ public final class PresenceService: Sendable {
         }
     }
 
+    /// Extends `uuid`'s presence where it still is (the end of a long-poll); never joins.
+    public func refresh(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?) {
+        let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
+        guard !concrete.isEmpty else { return }
+        let now = clock.now()
+        tracker.withLock { tracker in
+            let timeout = tracker.configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
+            tracker.refresh(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, now: now)
+        }
+    }
+
     /// An explicit leave.
     public func leave(subscribeKey: String, uuid: String, channels: [String], groups: [String]) {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)

@@ -54,7 +54,7 @@ extension TetherResponder {
         guard s.count == 5, s[3] == "sub-key" else {
             return Reply.error(.notFound, service: "Access Manager", "Not found: '\(wire.rawPath)'")
         }
-        let keyset = try keyset(subscribeKey: s[4], service: "Access Manager")
+        let keyset = try keyset(subscribeKey: s[4], service: "Access Manager", uriLength: wire.uriLength)
         try requireAdmin(keyset, wire, method: "GET")
         let auths = wire.queryNames("auth")
         let channels = wire.queryNames("channel")
@@ -192,7 +192,7 @@ extension TetherResponder {
 
     func grantToken(_ request: Request, _ wire: WireRequest) async throws -> Response {
         let s = wire.segments
-        let keyset = try keyset(subscribeKey: s[2], service: "Access Manager")
+        let keyset = try keyset(subscribeKey: s[2], service: "Access Manager", uriLength: wire.uriLength)
         guard let buffer = try? await request.body.collect(upTo: 64 * 1024) else {
             return Reply.json(.contentTooLarge, ErrorBody.service(status: 413, service: "Access Manager", message: "Request Entity Too Large"))
         }
@@ -218,7 +218,7 @@ extension TetherResponder {
 
     func revokeToken(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
-        let keyset = try keyset(subscribeKey: s[2], service: "Access Manager")
+        let keyset = try keyset(subscribeKey: s[2], service: "Access Manager", uriLength: wire.uriLength)
         try requireAdmin(keyset, wire, method: "DELETE")
         let verified: AccessManager.VerifiedToken
         do {

@@ -61,7 +61,7 @@ extension TetherResponder {
         guard s.count >= 4, s[2] == "sub-key" else {
             return ("unknown", Reply.error(.notFound, service: "Presence", "Not found: '/\(s.joined(separator: "/"))'"))
         }
-        let keyset = try keyset(subscribeKey: s[3], service: "Presence")
+        let keyset = try keyset(subscribeKey: s[3], service: "Presence", uriLength: wire.uriLength)
         let key = keyset.subscribeKey
         switch s.count {
         case 4:
@@ -244,7 +244,7 @@ extension TetherResponder {
         guard s.count >= 5, s[2] == "sub-key", s[4] == "channel-group" else {
             return ("unknown", Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'"))
         }
-        let keyset = try keyset(subscribeKey: s[3], service: "channel-registry")
+        let keyset = try keyset(subscribeKey: s[3], service: "channel-registry", uriLength: wire.uriLength)
         let key = keyset.subscribeKey
         let ok: Response = Reply.json(.ok, #"{"status":200,"message":"OK","service":"channel-registry","error":false}"#)
         func registryError(_ message: String) -> Response {

@@ -58,15 +58,16 @@ public struct TetherResponder: HTTPResponder {
 
     private func route(_ request: Request, context: TetherRequestContext) async -> (String, Response) {
         let uriLength = request.uri.string.utf8.count
-        if uriLength > state.keysets.defaultLimits.maxURIBytes {
+        if uriLength > state.keysets.largestURILimit {
             return ("uri", Reply.json(.uriTooLong, ErrorBody.service(status: 414, service: "Balancer", message: "Request URI Too Long")))
         }
         if request.method == .options {
             return ("options", Reply.json(.ok, "{}"))
         }
-        let wire: WireRequest
+        var wire: WireRequest
         do {
             wire = try WireRequest(rawPath: request.uri.path, rawQuery: request.uri.query)
+            wire.uriLength = uriLength
         } catch {
             return ("invalid", Reply.error(.badRequest, service: "Balancer", "Could Not Parse Request"))
         }
@@ -157,12 +158,17 @@ public struct TetherResponder: HTTPResponder {
         var response: Response
     }
 
-    func keyset(subscribeKey: String, service: String) throws(RequestError) -> Keyset {
+    func keyset(subscribeKey: String, service: String, uriLength: Int = 0) throws(RequestError) -> Keyset {
         guard NameRules.validateKey(subscribeKey), let keyset = state.keysets.keyset(subscribeKey: subscribeKey) else {
             throw RequestError(response: Reply.json(.badRequest, ErrorBody.service(status: 400, service: service, message: "Invalid Subscribe Key")))
         }
+        if uriLength > state.keysets.limits(for: keyset).maxURIBytes {
+            throw RequestError(response: Self.uriTooLong)
+        }
         return keyset
     }
+
+    static let uriTooLong = Reply.json(.uriTooLong, ErrorBody.service(status: 414, service: "Balancer", message: "Request URI Too Long"))
 
     private func validateUserId(_ wire: WireRequest, service: String) throws(RequestError) {
         if let uuid = wire.query["uuid"] {
@@ -189,6 +195,7 @@ public struct TetherResponder: HTTPResponder {
               keyset.publishKey == s[1]
         else { return Reply.publishError(.badRequest, "Invalid Key", timetoken: now) }
         let limits = state.keysets.limits(for: keyset)
+        if wire.uriLength > limits.maxURIBytes { return Self.uriTooLong }
         let channel = s[4]
         do { try NameRules.validateChannel(channel) } catch {
             return Reply.publishError(.badRequest, "Invalid Channel: \(error)", timetoken: now)
@@ -301,7 +308,7 @@ public struct TetherResponder: HTTPResponder {
 
     private func subscribe(_ wire: WireRequest, context: TetherRequestContext) async throws -> Response {
         let s = wire.segments
-        let keyset = try keyset(subscribeKey: s[2], service: "Subscribe")
+        let keyset = try keyset(subscribeKey: s[2], service: "Subscribe", uriLength: wire.uriLength)
         let limits = state.keysets.limits(for: keyset)
         try validateUserId(wire, service: "Subscribe")
         let names = wire.pathNames(3)
@@ -364,9 +371,10 @@ public struct TetherResponder: HTTPResponder {
             spec, after: after, limit: limits.maxEnvelopesPerResponse, timeout: state.subscribeTimeout, channel: context.channel,
             access: check, recheck: recheck, filter: filter)
         if let uuid {
-            // The connection was alive for the whole long-poll: count its end as a heartbeat too.
-            state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
-                                     timeoutSeconds: heartbeat)
+            // The connection was alive for the whole long-poll: its end extends the uuid's
+            // presence where it still is — but never re-joins one that left meanwhile.
+            state.presence.refresh(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
+                                   timeoutSeconds: heartbeat)
         }
         var headers: HTTPFields = [:]
         if !page.gaps.isEmpty {
@@ -391,7 +399,7 @@ public struct TetherResponder: HTTPResponder {
 
     private func historyV2(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
-        let keyset = try keyset(subscribeKey: s[3], service: "Storage")
+        let keyset = try keyset(subscribeKey: s[3], service: "Storage", uriLength: wire.uriLength)
         let channels = try historyChannels(wire.pathNames(5)) { Reply.error(.init(code: $0), service: "Storage", $1) }
         guard channels.count == 1 else { return Reply.error(.badRequest, service: "Storage", "History v2 takes exactly one channel") }
         try authorize(keyset, wire, channels: channels, groups: [], permission: .read)
@@ -437,7 +445,7 @@ public struct TetherResponder: HTTPResponder {
 
     private func fetchV3(_ wire: WireRequest, withActions: Bool) async throws -> Response {
         let s = wire.segments
-        let keyset = try keyset(subscribeKey: s[3], service: "Storage")
+        let keyset = try keyset(subscribeKey: s[3], service: "Storage", uriLength: wire.uriLength)
         let channels = try historyChannels(wire.pathNames(5)) { Reply.historyError(.init(code: $0), $1) }
         if withActions && channels.count != 1 {
             return Reply.historyError(.badRequest, "History with actions takes exactly one channel")
@@ -512,7 +520,7 @@ public struct TetherResponder: HTTPResponder {
 
     private func deleteMessages(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
-        let keyset = try keyset(subscribeKey: s[3], service: "Storage")
+        let keyset = try keyset(subscribeKey: s[3], service: "Storage", uriLength: wire.uriLength)
         let channels = try historyChannels(wire.pathNames(5)) { Reply.historyError(.init(code: $0), $1) }
         guard channels.count == 1 else { return Reply.historyError(.badRequest, "Delete takes exactly one channel") }
         try authorize(keyset, wire, method: "DELETE", channels: channels, groups: [], permission: .delete)
@@ -524,7 +532,7 @@ public struct TetherResponder: HTTPResponder {
 
     private func messageCounts(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
-        let keyset = try keyset(subscribeKey: s[3], service: "Storage")
+        let keyset = try keyset(subscribeKey: s[3], service: "Storage", uriLength: wire.uriLength)
         let channels = try historyChannels(wire.pathNames(5)) { Reply.historyError(.init(code: $0), $1) }
         if channels.count > 100 { return Reply.historyError(.badRequest, "Invalid Arguments") }
         try authorize(keyset, wire, channels: channels, groups: [], permission: .read)

@@ -14,6 +14,8 @@ struct WireRequest: Sendable {
     var rawSegments: [Substring]
     /// Query values as sent (still percent-encoded).
     var rawQueryValues: [String: Substring]
+    /// Length of the request URI in bytes (for the keyset's URI limit).
+    var uriLength = 0
     /// The path as sent (still percent-encoded), for signature checks.
     var rawPath: String
     /// The query as sent, for signature checks.

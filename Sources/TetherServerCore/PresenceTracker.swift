@@ -190,6 +190,19 @@ public struct PresenceTracker: Sendable {
         return events
     }
 
+    /// Extends the deadline of `uuid` where it is still present; never joins. Used when a
+    /// long-poll ends: the connection was alive, but a leave during the poll must stand.
+    public mutating func refresh(subscribeKey: String, uuid: String, channels names: [String], timeout: Duration, now: Duration) {
+        for name in Set(names) {
+            let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
+            guard var channel = channels[key], channel.members[uuid] != nil else { continue }
+            generation += 1
+            channel.members[uuid] = Member(deadline: now + timeout, timeout: timeout, generation: generation)
+            heap.push(PresenceDeadline(at: now + timeout, channel: key, uuid: uuid, generation: generation))
+            store(channel, at: key)
+        }
+    }
+
     /// Removes `uuid` from `channels` at once (an explicit leave).
     public mutating func leave(subscribeKey: String, uuid: String, channels names: [String], now: Duration) -> [PresenceEvent] {
         var events: [PresenceEvent] = []

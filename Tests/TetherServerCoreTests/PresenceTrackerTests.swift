@@ -59,6 +59,17 @@ import TetherServerCore
         #expect(tracker.membershipCount == 9_999)
     }
 
+    @Test func theEndOfALongPollExtendsPresenceButNeverRejoinsAfterALeave() {
+        var tracker = PresenceTracker()
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .zero)
+        tracker.refresh(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .seconds(15))
+        #expect(tracker.tick(now: .seconds(20)).isEmpty)  // extended to 35 s
+        _ = tracker.leave(subscribeKey: "k", uuid: "u1", channels: ["a"], now: .seconds(21))
+        tracker.refresh(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .seconds(22))
+        #expect(tracker.occupants(subscribeKey: "k", channel: "a").isEmpty)
+        #expect(tracker.tick(now: .seconds(60)).isEmpty)
+    }
+
     @Test func leaveIsImmediateAndCarriesState() {
         var tracker = PresenceTracker()
         _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, states: ["a": #"{"mood":"ok"}"#], now: .zero)
