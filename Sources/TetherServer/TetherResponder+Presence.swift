@@ -1,4 +1,3 @@
-import Foundation
 import HTTPTypes
 import Hummingbird
 import TetherProtocol
@@ -47,10 +46,12 @@ extension TetherResponder {
     /// `state=<JSON object keyed by channel>` as sent on subscribe and heartbeat.
     func channelStates(_ wire: WireRequest, service: String) throws(RequestError) -> [String: String] {
         guard let text = wire.query["state"], !text.isEmpty else { return [:] }
-        guard let value = try? JSONValueLite.parseObjectOfObjects(text) else {
+        guard case .object(let byChannel)? = try? JSONValue(parsing: text),
+              byChannel.values.allSatisfy({ if case .object = $0 { true } else { false } })
+        else {
             throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid state: expected a JSON object keyed by channel"))
         }
-        return value
+        return byChannel.mapValues(\.jsonText)
     }
 
     // MARK: - Endpoints
@@ -302,78 +303,5 @@ extension TetherResponder {
         let channels = try await state.store.updateGroup(subscribeKey: key, group: group, add: add, remove: remove)
         state.hub.setGroup(subscribeKey: key, group: group, channels: channels)
         return ("group-update", ok)
-    }
-}
-
-/// Minimal parsing for the `state` parameter: a JSON object whose values are JSON objects,
-/// returned as `channel → object text`.
-enum JSONValueLite {
-    struct Invalid: Error {}
-
-    static func parseObjectOfObjects(_ text: String) throws -> [String: String] {
-        guard (try? JSONText.validate(text)) == .object else { throw Invalid() }
-        let bytes = Array(text.utf8)
-        var result: [String: String] = [:]
-        var i = 0
-        func skip() { while i < bytes.count, bytes[i] == 0x20 || bytes[i] == 0x0A || bytes[i] == 0x0D || bytes[i] == 0x09 { i += 1 } }
-        func string() throws -> String {
-            guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { throw Invalid() }
-            let start = i
-            i += 1
-            while i < bytes.count, bytes[i] != UInt8(ascii: "\"") { i += bytes[i] == UInt8(ascii: "\\") ? 2 : 1 }
-            i += 1
-            let literal = String(decoding: bytes[start..<i], as: UTF8.self)
-            guard let data = literal.data(using: .utf8),
-                  let decoded = try? JSONDecoder().decode(String.self, from: data) else { throw Invalid() }
-            return decoded
-        }
-        func valueSpan() throws -> Range<Int> {
-            let start = i
-            var depth = 0
-            var inString = false
-            while i < bytes.count {
-                let b = bytes[i]
-                if inString {
-                    if b == UInt8(ascii: "\\") { i += 1 } else if b == UInt8(ascii: "\"") { inString = false }
-                } else if b == UInt8(ascii: "\"") {
-                    inString = true
-                } else if b == UInt8(ascii: "{") || b == UInt8(ascii: "[") {
-                    depth += 1
-                } else if b == UInt8(ascii: "}") || b == UInt8(ascii: "]") {
-                    if depth == 0 { break }
-                    depth -= 1
-                } else if b == UInt8(ascii: ","), depth == 0 {
-                    break
-                }
-                i += 1
-            }
-            return start..<i
-        }
-        skip()
-        i += 1  // {
-        skip()
-        if i < bytes.count, bytes[i] == UInt8(ascii: "}") { return [:] }
-        while i < bytes.count {
-            skip()
-            let key = try string()
-            skip()
-            i += 1  // :
-            skip()
-            let span = try valueSpan()
-            let value = String(decoding: bytes[span], as: UTF8.self).trimmingTrailingWhitespace()
-            guard (try? JSONText.validate(value)) == .object else { throw Invalid() }
-            result[key] = value
-            skip()
-            if i < bytes.count, bytes[i] == UInt8(ascii: ",") { i += 1 } else { break }
-        }
-        return result
-    }
-}
-
-extension String {
-    fileprivate func trimmingTrailingWhitespace() -> String {
-        var s = Substring(self)
-        while let last = s.last, last == " " || last == "\n" || last == "\r" || last == "\t" { s = s.dropLast() }
-        return String(s)
     }
 }
