@@ -261,15 +261,25 @@ public final class AccessManager: Sendable {
             return .invalid("Signature requires a timestamp")
         }
         let now = clock().unixSeconds
-        guard abs(now - timestamp) <= Self.signatureWindowSeconds else { return .invalid("Signature timestamp is outside the 60 s window") }
+        // Overflow-safe: hostile timestamps such as Int64.min must not trap.
+        let (difference, overflow) = now.subtractingReportingOverflow(timestamp)
+        guard !overflow, difference.magnitude <= UInt64(Self.signatureWindowSeconds) else {
+            return .invalid("Signature timestamp is outside the 60 s window")
+        }
         let signed = pairs.filter { $0.0 != "signature" }.sorted { $0.0 < $1.0 }
         // Canonical form: decode each value once and re-encode; Python double-encodes a few
         // values (filter-expr, state), so the raw wire value re-encoded is also tried.
         let decodedOnce = signed.map { "\($0.0)=\(Self.signatureEncode(PercentCoding.decode($0.1) ?? $0.1))" }.joined(separator: "&")
         let rawReencoded = signed.map { "\($0.0)=\(Self.signatureEncode($0.1))" }.joined(separator: "&")
+        // The Python SDK signs `filter-expr` and `state` already encoded (double-encoded) and
+        // everything else once: a per-parameter mix.
+        let pythonMix = signed.map { key, value in
+            let signedValue = Self.doubleEncodedByPython.contains(key) ? value : (PercentCoding.decode(value) ?? value)
+            return "\(key)=\(Self.signatureEncode(signedValue))"
+        }.joined(separator: "&")
         let key = SymmetricKey(data: Array(secret.utf8))
         let bodyText = String(decoding: body, as: UTF8.self)
-        for query in Set([decodedOnce, rawReencoded]) {
+        for query in Set([decodedOnce, rawReencoded, pythonMix]) {
             let v2 = "\(method)\n\(keyset.publishKey)\n\(rawPath)\n\(query)\n\(bodyText)"
             let v2Get = "GET\n\(keyset.publishKey)\n\(rawPath)\n\(query)\n"
             let v1 = "\(keyset.subscribeKey)\n\(keyset.publishKey)\n\(rawPath)\n\(query)"
@@ -297,6 +307,9 @@ public final class AccessManager: Sendable {
         let mac = HMAC<SHA256>.authenticationCode(for: Array(message.utf8), using: SymmetricKey(data: Array(secret.utf8)))
         return canonical + "&signature=v2." + TokenBase64.encode(Array(mac), urlSafe: true, padding: false)
     }
+
+    /// Parameters the Python SDK percent-encodes before signing (pubnub-wire §12 quirk).
+    static let doubleEncodedByPython: Set<String> = ["filter-expr", "state"]
 
     /// Percent-encoding for signatures: only `A-Z a-z 0-9 - _ .` stay raw, uppercase hex.
     static func signatureEncode(_ text: String) -> String {

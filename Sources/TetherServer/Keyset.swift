@@ -131,6 +131,24 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     public var limits: Limits?
     /// How long a subscribe long-poll waits before answering empty (default 280 s).
     public var subscribeTimeoutSeconds: Double?
+    /// The in-memory window per channel (PubNub's 100 events / 20 minutes by default). Stored
+    /// messages are always recoverable from the store; events that are not stored (`store=0`,
+    /// signals, presence) live only here, so a larger window lets slower subscribers catch up.
+    public var window: Window?
+
+    /// In-memory window settings.
+    public struct Window: Sendable, Codable, Equatable {
+        /// Events kept per channel.
+        public var capacity: Int?
+        /// Seconds an event stays in the window.
+        public var maximumAgeSeconds: Int?
+
+        /// Creates window settings.
+        public init(capacity: Int? = nil, maximumAgeSeconds: Int? = nil) {
+            self.capacity = capacity
+            self.maximumAgeSeconds = maximumAgeSeconds
+        }
+    }
 
     /// Creates an empty configuration.
     public init(demoKeyset: Bool? = nil, keysets: [Keyset] = [], limits: Limits? = nil, subscribeTimeoutSeconds: Double? = nil) {
@@ -138,6 +156,20 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         self.keysets = keysets
         self.limits = limits
         self.subscribeTimeoutSeconds = subscribeTimeoutSeconds
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window
+    }
+
+    /// Decodes a configuration; every key is optional (`keysets` defaults to none).
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        demoKeyset = try c.decodeIfPresent(Bool.self, forKey: .demoKeyset)
+        keysets = try c.decodeIfPresent([Keyset].self, forKey: .keysets) ?? []
+        limits = try c.decodeIfPresent(Limits.self, forKey: .limits)
+        subscribeTimeoutSeconds = try c.decodeIfPresent(Double.self, forKey: .subscribeTimeoutSeconds)
+        window = try c.decodeIfPresent(Window.self, forKey: .window)
     }
 
     /// Reads and validates a configuration file, with errors that name the problem.
@@ -170,6 +202,12 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
             if keyset.historyRetentionHours < 0 {
                 throw ConfigurationError("historyRetentionHours must be 0 (forever) or positive")
             }
+        }
+        if let capacity = window?.capacity, !(1...100_000).contains(capacity) {
+            throw ConfigurationError("window.capacity must be between 1 and 100000 events")
+        }
+        if let age = window?.maximumAgeSeconds, !(1...86_400).contains(age) {
+            throw ConfigurationError("window.maximumAgeSeconds must be between 1 and 86400")
         }
         if let timeout = subscribeTimeoutSeconds, !(1...300).contains(timeout) {
             throw ConfigurationError("subscribeTimeoutSeconds must be between 1 and 300 (clients give up at 310)")

@@ -178,6 +178,9 @@ public final class LongPollHub: Sendable {
                     gaps = try await store.retentionGaps(
                         subscribeKey: spec.subscribeKey, channels: spec.channels,
                         prefixes: spec.wildcards.map(WildcardPattern.prefix(of:)), after: after)
+                    for (channel, through) in plan.windowGaps where !gaps.contains(where: { $0.channel == channel }) {
+                        gaps.append(RetentionGap(channel: channel, from: after, through: through))
+                    }
                 }
                 var results: [StoreRangeResult] = []
                 for range in plan.storeRanges {

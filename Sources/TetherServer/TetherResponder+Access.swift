@@ -25,10 +25,15 @@ extension TetherResponder {
         return check
     }
 
-    /// The 403 body of §3, with `X-Pn-Cause`.
+    /// The 403 body of §3, with `X-Pn-Cause`. A revoked token gets the recorded body, which
+    /// has no resource list.
     static func forbidden(channels: [String], groups: [String], message: String) -> Response {
-        Reply.json(.forbidden, ErrorBody.forbidden(channels: channels, groups: groups, message: message),
-                   extraHeaders: [.pnCause: "9500"])
+        if channels.isEmpty && groups.isEmpty && message != "Forbidden" {
+            return Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: message),
+                              extraHeaders: [.pnCause: "9500"])
+        }
+        return Reply.json(.forbidden, ErrorBody.forbidden(channels: channels, groups: groups, message: message),
+                          extraHeaders: [.pnCause: "9500"])
     }
 
     /// Admin calls must be signed with the keyset's secret key.

@@ -43,15 +43,21 @@ extension TetherResponder {
         return value
     }
 
-    /// `state=<JSON object keyed by channel>` as sent on subscribe and heartbeat.
-    func channelStates(_ wire: WireRequest, service: String) throws(RequestError) -> [String: String] {
+    /// `state=` as sent on subscribe and heartbeat: a JSON object keyed by channel
+    /// (`{"ch1":{"k":"v"}}`), or — as the Python SDK's heartbeat sends it — one flat state object
+    /// for every channel in the request.
+    func channelStates(_ wire: WireRequest, service: String, channels: [String]) throws(RequestError) -> [String: String] {
         guard let text = wire.query["state"], !text.isEmpty else { return [:] }
-        guard case .object(let byChannel)? = try? JSONValue(parsing: text),
-              byChannel.values.allSatisfy({ if case .object = $0 { true } else { false } })
-        else {
-            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid state: expected a JSON object keyed by channel"))
+        guard case .object(let object)? = try? JSONValue(parsing: text) else {
+            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid state: expected a JSON object"))
         }
-        return byChannel.mapValues(\.jsonText)
+        let keyedByChannel = !object.isEmpty && object.allSatisfy { key, value in
+            if case .object = value { return channels.contains(key) }
+            return false
+        }
+        if keyedByChannel { return object.mapValues(\.jsonText) }
+        let flat = JSONValue.object(object).jsonText
+        return Dictionary(uniqueKeysWithValues: channels.filter { !NameRules.isPresence($0) }.map { ($0, flat) })
     }
 
     // MARK: - Endpoints
@@ -91,7 +97,7 @@ extension TetherResponder {
             try authorize(keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
                           groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
             let timeout = try heartbeatSeconds(wire, service: "Presence")
-            let states = try channelStates(wire, service: "Presence")
+            let states = try channelStates(wire, service: "Presence", channels: channels)
             state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
             return ("heartbeat", Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#))
         case 7 where s[4] == "channel" && s[6] == "leave":

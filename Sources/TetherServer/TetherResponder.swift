@@ -345,7 +345,7 @@ public struct TetherResponder: HTTPResponder {
         }
         // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
         let heartbeat = try heartbeatSeconds(wire, service: "Subscribe")
-        let states = try channelStates(wire, service: "Subscribe")
+        let states = try channelStates(wire, service: "Subscribe", channels: names)
         let uuid = wire.query["uuid"].flatMap { $0.isEmpty ? nil : $0 }
         if let uuid {
             state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,

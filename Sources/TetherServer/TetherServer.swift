@@ -69,7 +69,9 @@ public struct TetherServer: Sendable {
             metrics = ServerMetrics()
         }
         let store = try MessageStore(directory: configuration.dataDirectory, logger: logger, metrics: metrics)
-        let hub = try LongPollHub(store: store, metrics: metrics, logger: logger)
+        let window = DeliveryHubConfiguration(bufferCapacity: configuration.file.window?.capacity ?? 100,
+                                              bufferMaximumAgeSeconds: UInt64(configuration.file.window?.maximumAgeSeconds ?? 20 * 60))
+        let hub = try LongPollHub(store: store, metrics: metrics, logger: logger, configuration: window)
         var groups: [String: [String: Set<String>]] = [:]
         for (subscribeKey, group, channel) in try store.allGroupMemberships() {
             groups[subscribeKey, default: [:]][group, default: []].insert(channel)
@@ -94,8 +96,13 @@ public struct TetherServer: Sendable {
         let host = configuration.host
         // Connections with no traffic for longer than a long-poll (plus margin) are closed, so
         // half-sent requests cannot hold sockets forever.
-        let http1 = HTTPServerBuilder.http1(configuration: .init(additionalChannelHandlers: [InputClosedCloser()],
-                                                                 idleTimeout: configuration.subscribeTimeout + .seconds(30)))
+        // The HTTP parser's limits sit above the largest URI limit, so an over-long URI reaches
+        // the responder and gets the protocol's JSON 414 instead of the parser's bare 400.
+        let headerLimit = max(256 * 1024, KeysetRegistry(configuration: configuration.file).largestURILimit * 2)
+        let http1 = HTTPServerBuilder.http1(configuration: .init(
+            additionalChannelHandlers: [InputClosedCloser()],
+            idleTimeout: configuration.subscribeTimeout + .seconds(30),
+            httpDecoderConfiguration: .init(maxHeaderFieldSize: headerLimit, maxHeaderListSize: headerLimit)))
         var server = http1
         let scheme = configuration.tls == nil ? "http" : "https"
         if let tls = configuration.tls {

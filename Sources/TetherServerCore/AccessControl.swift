@@ -223,7 +223,7 @@ extension TokenGrant {
     /// resource name against a pattern (regular expressions are evaluated by the shell).
     public func decide(_ request: AccessRequest, now: Timetoken, matches: (String, String) -> Bool) -> AccessDecision {
         if expiresAt <= now { return .denied(channels: request.channels, groups: request.groups, message: "Token is expired") }
-        if let authorizedUUID, let uuid = request.uuid, authorizedUUID != uuid {
+        if let authorizedUUID, request.uuid != authorizedUUID {
             return .denied(channels: request.channels, groups: request.groups, message: "Token is for another uuid")
         }
         func allowed(_ name: String, _ exact: [String: Permissions], _ patterns: [String: Permissions]) -> Bool {

@@ -32,6 +32,9 @@ public struct ChannelBuffer: Sendable {
     public private(set) var events: [BufferedEvent] = []
     /// All events of the channel above this timetoken are in ``events``.
     public private(set) var coverage: Timetoken
+    /// The newest *non-stored* event that left the window: a subscriber behind it missed
+    /// events that exist nowhere else (reported as a gap, never skipped silently).
+    public private(set) var unstoredEvictedThrough: Timetoken?
 
     /// Creates an empty buffer covering everything after `coverage`.
     public init(coverage: Timetoken) { self.coverage = coverage }
@@ -48,12 +51,20 @@ public struct ChannelBuffer: Sendable {
 
     /// Evicts events beyond `capacity` or older than `maximumAge` relative to `now`, raising
     /// ``coverage`` to the newest evicted timetoken.
-    public mutating func evict(capacity: Int, maximumAge: UInt64, now: Timetoken) {
+    ///
+    /// Events above `visibleThrough` are never evicted: no subscriber has been allowed to see
+    /// them yet (they wait behind an earlier publish still being made durable), so dropping them
+    /// would lose them for everyone.
+    public mutating func evict(capacity: Int, maximumAge: UInt64, now: Timetoken, visibleThrough: Timetoken) {
         var drop = max(0, events.count - capacity)
         let oldest = now.rawValue > maximumAge ? now.rawValue - maximumAge : 0
         while drop < events.count, events[drop].timetoken.rawValue < oldest { drop += 1 }
+        while drop > 0, events[drop - 1].timetoken > visibleThrough { drop -= 1 }
         guard drop > 0 else { return }
         coverage = max(coverage, events[drop - 1].timetoken)
+        if let newestUnstored = events[..<drop].last(where: { !$0.isStored })?.timetoken {
+            unstoredEvictedThrough = max(unstoredEvictedThrough ?? newestUnstored, newestUnstored)
+        }
         events.removeFirst(drop)
     }
 

@@ -67,6 +67,9 @@ public struct ReadPlan: Sendable {
     public var bufferEvents: [(event: BufferedEvent, match: String?)]
     /// Ranges to read from the durable store before answering.
     public var storeRanges: [StoreRange]
+    /// Channels on which non-stored events after the cursor have left the in-memory window:
+    /// `(channel, through)` — events in `(cursor, through]` that were not stored are gone.
+    public var windowGaps: [(channel: String, through: Timetoken)] = []
 
     /// Creates a plan.
     public init(visibleThrough: Timetoken, bufferEvents: [(event: BufferedEvent, match: String?)], storeRanges: [StoreRange]) {
@@ -241,7 +244,8 @@ public struct DeliveryHub: Sendable {
         let key = ChannelKey(subscribeKey: event.envelope.subscribeKey, channel: event.envelope.channel)
         var buffer = buffers[key.subscribeKey]?[key.channel] ?? ChannelBuffer(coverage: startCursor)
         buffer.insert(event)
-        buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge, now: now)
+        buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge, now: now,
+                         visibleThrough: visibleThrough)
         buffers[key.subscribeKey, default: [:]][key.channel] = buffer
         removeInFlight(event.timetoken)
         let index = invisible.firstIndex { $0.0 > event.timetoken } ?? invisible.endIndex
@@ -265,6 +269,9 @@ public struct DeliveryHub: Sendable {
                                                        after: storeFloor, through: startCursor, match: match))
                 }
                 return
+            }
+            if let lost = buffer.unstoredEvictedThrough, after < lost {
+                plan.windowGaps.append((channel, lost))
             }
             if storeFloor < buffer.coverage, !NameRules.isPresence(channel) {
                 plan.storeRanges.append(StoreRange(subscribeKey: spec.subscribeKey, selector: .channel(channel),
@@ -354,7 +361,8 @@ public struct DeliveryHub: Sendable {
     public mutating func sweep(now: Timetoken) {
         for (subscribeKey, channels) in buffers {
             for (channel, var buffer) in channels {
-                buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge, now: now)
+                buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge, now: now,
+                         visibleThrough: visibleThrough)
                 buffers[subscribeKey]?[channel] = buffer
             }
         }

@@ -149,6 +149,39 @@ private func decodedTimetokens(_ page: [[UInt8]]) -> [String] {
         #expect(hub.advance(now: Timetoken(later.rawValue + 99_000_000)) == Timetoken(tt.rawValue - 1))
     }
 
+    @Test func eventsNoSubscriberCouldSeeYetAreNeverEvicted() {
+        // A stored publish is still being made durable while many non-stored ones commit behind
+        // it: they are invisible, and the window must keep them however many there are.
+        var hub = DeliveryHub(floor: .zero, now: now, configuration: .init(bufferCapacity: 3))
+        let start = hub.visibleThrough
+        let key = ChannelKey(subscribeKey: "k", channel: "c")
+        let slow = hub.reserve(key, now: now)
+        var fast: [Timetoken] = []
+        for _ in 0..<10 {
+            let tt = hub.reserve(key, now: now)
+            _ = hub.commit(BufferedEvent(envelope: envelope(tt, "c"), isStored: false), now: now)
+            fast.append(tt)
+        }
+        _ = hub.commit(BufferedEvent(envelope: envelope(slow, "c"), isStored: true), now: now)
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c"]), after: start, now: now)
+        #expect(plan.bufferEvents.map(\.event.timetoken) == [slow] + fast)
+        #expect(plan.windowGaps.isEmpty)
+    }
+
+    @Test func nonStoredEventsLeavingTheWindowAreReportedAsAGap() {
+        var hub = DeliveryHub(floor: .zero, now: now, configuration: .init(bufferCapacity: 2))
+        let start = hub.visibleThrough
+        var tts: [Timetoken] = []
+        for i in 0..<4 {
+            let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: "c"), now: now)
+            _ = hub.commit(BufferedEvent(envelope: envelope(tt, "c"), isStored: i != 1), now: now)
+            tts.append(tt)
+        }
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c"]), after: start, now: now)
+        #expect(plan.windowGaps.map(\.through) == [tts[1]])
+        #expect(hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c"]), after: tts[1], now: now).windowGaps.isEmpty)
+    }
+
     @Test func presenceChannelsAreNeverReadFromTheStore() {
         var hub = DeliveryHub(floor: .zero, now: now)
         let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c-pnpres"]), after: Timetoken(5), now: now)
