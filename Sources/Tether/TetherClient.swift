@@ -18,6 +18,9 @@ public final class TetherClient: Sendable {
     public let transport: any Transport
     private let token: Mutex<String?>
     private let logger: Logger
+    let engine: SubscribeEngine
+    let engineTask = Mutex<EngineTaskState>(.idle)
+    let desired = Mutex<DesiredSubscription>(DesiredSubscription())
 
     /// Creates a client with the default AsyncHTTPClient transport. Does no I/O.
     public convenience init(configuration: TetherConfiguration) throws(ConfigurationError) {
@@ -32,16 +35,35 @@ public final class TetherClient: Sendable {
     }
 
     /// Creates a client on a custom transport (tests, other platforms). Does no I/O.
-    public init(configuration: TetherConfiguration, transport: any Transport) {
+    public convenience init(configuration: TetherConfiguration, transport: any Transport) {
+        self.init(configuration: configuration, transport: transport, clock: ContinuousClock(), networkMonitor: nil)
+    }
+
+    /// Creates a client with an injected clock for the subscribe engine's timers (tests pass a
+    /// `TestClock`) and an optional ``NetworkMonitor`` (``RTNetlinkNetworkMonitor`` on Linux,
+    /// ``PathNetworkMonitor`` on Apple platforms). Does no I/O.
+    public init<C: Clock>(configuration: TetherConfiguration, transport: any Transport, clock: C,
+                          networkMonitor: (any NetworkMonitor)?) where C.Duration == Duration {
         self.configuration = configuration
         self.transport = transport
         self.token = Mutex(configuration.authKey)
         self.logger = configuration.logger
+        self.engine = SubscribeEngine(configuration: configuration.subscribeMachineConfiguration, clock: EngineClock(clock),
+                                      monitor: networkMonitor, logger: configuration.logger)
     }
 
-    /// Closes every connection and stops the transport. Calls made afterwards fail with
-    /// ``StatusCategory/cancelled``.
+    /// Closes every connection and stops the transport and the subscribe engine; subscription and
+    /// status streams finish. Calls made afterwards fail with ``StatusCategory/cancelled``.
     public func shutdown() async {
+        let task = engineTask.withLock { state -> Task<Void, Never>? in
+            defer { state = .shutDown }
+            if case .running(let task) = state { return task }
+            return nil
+        }
+        engine.finish()
+        task?.cancel()
+        await task?.value
+        engine.listeners.finishAll()
         await transport.shutdown()
     }
 
@@ -87,6 +109,15 @@ public final class TetherClient: Sendable {
         _ spec: RequestSpec, channels: [String], groups: [String],
         decode: @escaping @Sendable (JSONValue) throws(DecodingFailure) -> Result
     ) async throws(TetherError) -> Result {
+        try await executeWithHeaders(spec, channels: channels, groups: groups, decode: decode).result
+    }
+
+    /// ``execute(_:channels:groups:decode:)`` that also returns the response's header fields
+    /// (the subscribe engine reads `X-Tether-Gap`).
+    func executeWithHeaders<Result: Sendable>(
+        _ spec: RequestSpec, channels: [String], groups: [String],
+        decode: @escaping @Sendable (JSONValue) throws(DecodingFailure) -> Result
+    ) async throws(TetherError) -> (result: Result, headers: [String: String]) {
         let operation = spec.operation
         let retry = RetryAction { [self] in try await self.execute(spec, channels: channels, groups: groups, decode: decode) }
         func failure(_ category: StatusCategory, code: Int? = nil, error: (any Error)? = nil, details: ServerErrorDetails? = nil)
@@ -122,7 +153,7 @@ public final class TetherClient: Sendable {
         }
         switch ResponseClassifier.classify(statusCode: response.statusCode, body: response.body) {
         case .success(let json):
-            do { return try decode(json) } catch {
+            do { return (try decode(json), response.headers) } catch {
                 throw failure(.malformedResponse, code: response.statusCode, error: error,
                               details: ServerErrorDetails(statusCode: response.statusCode, message: error.description))
             }

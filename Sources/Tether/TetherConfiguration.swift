@@ -52,6 +52,28 @@ public struct TetherConfiguration: Sendable {
     public var requestMessageCountThreshold: Int
     /// The logger the client writes its transcript to (requests at `trace`, failures at `debug`).
     public var logger: Logger
+    /// Continue with the current cursor when channels are added or removed (default true, as
+    /// PubNub's `keepTimeTokenOnListChange`); false takes a fresh cursor for the new list.
+    public var keepTimetokenOnListChange: Bool
+    /// After the subscribe loop gave up following an unexpected disconnect, probe the Time API
+    /// every ``timeProbeInterval`` and restore the subscription when it answers (default true);
+    /// false forgets the channels (seed 001).
+    public var restoreSubscription: Bool
+    /// Resume from the last cursor after a reconnect or restore, so nothing is missed (default
+    /// true); false continues from "now" (messages published meanwhile are only in history).
+    public var catchUpOnSubscriptionRestore: Bool
+    /// Time API probing period while unexpectedly disconnected (default 10 s).
+    public var timeProbeInterval: Duration
+    /// Dead-link detection while receiving: a probe (presence heartbeat when
+    /// ``heartbeatInterval`` > 0, otherwise a Time request) every `probeInterval`, each allowed
+    /// `probeTimeout`; a failure restarts the loop. Default 25 s + 10 s: a dead link is noticed
+    /// within 35 s. `nil` disables it.
+    public var deadLinkDetection: DeadLinkDetection?
+    /// Which presence-heartbeat results become statuses (default failures only).
+    public var heartbeatReporting: SubscribeMachine.PresenceHeartbeat.Reporting
+    /// When the subscribe engine fetches history itself (default: when the server reports a
+    /// retention gap).
+    public var backfill: SubscribeMachine.BackfillPolicy
 
     /// Creates a configuration; throws when the user id or origin is invalid.
     public init(subscribeKey: String, publishKey: String? = nil, secretKey: String? = nil, userId: String,
@@ -77,6 +99,13 @@ public struct TetherConfiguration: Sendable {
         self.retry = .default
         self.requestMessageCountThreshold = 100
         self.logger = logger
+        self.keepTimetokenOnListChange = true
+        self.restoreSubscription = true
+        self.catchUpOnSubscriptionRestore = true
+        self.timeProbeInterval = .seconds(10)
+        self.deadLinkDetection = DeadLinkDetection()
+        self.heartbeatReporting = .failures
+        self.backfill = .onGap
         try setUserId(userId)
         try setOrigin(origin)
     }
@@ -145,5 +174,19 @@ public enum ConfigurationError: Error, Sendable, Hashable, CustomStringConvertib
         case .invalidPublishKey(let key): return "invalid publish key \(String(reflecting: key))"
         case .invalidCertificateAuthorities(let why): return "the trusted certificate authorities are not valid PEM: \(why)"
         }
+    }
+}
+
+/// Dead-link detection settings (``TetherConfiguration/deadLinkDetection``).
+public struct DeadLinkDetection: Sendable, Hashable {
+    /// Time between probes while receiving (default 25 s).
+    public var probeInterval: Duration
+    /// How long one probe may take (default 10 s).
+    public var probeTimeout: Duration
+
+    /// Creates the settings; a dead link is noticed within `probeInterval + probeTimeout`.
+    public init(probeInterval: Duration = .seconds(25), probeTimeout: Duration = .seconds(10)) {
+        self.probeInterval = probeInterval
+        self.probeTimeout = probeTimeout
     }
 }

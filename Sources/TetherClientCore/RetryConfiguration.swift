@@ -1,11 +1,17 @@
 /// How failed requests are retried automatically. A plain value the subscribe engine (and, for
-/// the endpoints not excluded, other calls) reads; the policy itself is applied by the client
-/// shell.
+/// the endpoints not excluded, other calls) reads; the schedule itself is computed by
+/// ``delay(beforeRetry:elapsed:randomness:)`` from values passed in (no clock, no randomness
+/// inside), and applied by the client shell.
 ///
-/// Defaults follow the PubNub SDKs (pubnub-wire §13.3): exponential back-off from 2 s to 150 s,
-/// at most 6 retries, 0.001–0.999 s of randomness added to each delay, a 2 s minimum interval,
-/// and every non-subscribe endpoint excluded (REST calls return their failure to the caller, who
-/// can use `Status.retry()`).
+/// Defaults follow the PubNub SDKs (pubnub-wire §13.3, seed 000): exponential back-off from 2 s to
+/// 150 s, at most 6 retries, 0.001–0.999 s of randomness added to each delay, a 2 s minimum
+/// interval, and every non-subscribe endpoint excluded (REST calls return their failure to the
+/// caller, who can use `Status.retry()`).
+///
+/// Presets reproduce other systems exactly: ``sendBird`` (0, 3, 6, 12, 24 s, failed after 45 s),
+/// ``diffusion`` (every 5 s for 60 s) and ``diffusionBackOff`` (0, 1, 2, 3, 4, 5, 5… s). Every
+/// policy restarts from its first attempt after a success — the reset Diffusion's blog (seed 004)
+/// has to implement by hand.
 public struct RetryConfiguration: Sendable, Hashable {
     /// The shape of the delay curve.
     public enum Policy: Sendable, Hashable {
@@ -16,6 +22,17 @@ public struct RetryConfiguration: Sendable, Hashable {
         /// `minimumDelay × 2^(attempt-1)` capped at `maximumDelay`, at most `maximumRetries` times
         /// (PubNub: 2 s, 150 s, 6).
         case exponential(minimumDelay: Duration, maximumDelay: Duration, maximumRetries: Int)
+        /// An explicit list of delays, one per retry; gives up when the list is exhausted or when
+        /// `giveUpAfter` has elapsed since the failure (SendBird: 0, 3, 6, 12, 24 s; 45 s).
+        case delays([Duration], giveUpAfter: Duration?)
+        /// The same delay before every retry until `giveUpAfter` has elapsed since the failure
+        /// (Diffusion's default: every 5 s for 60 s).
+        case interval(Duration, giveUpAfter: Duration)
+        /// `(attempt-1) × increment` capped at `maximumDelay`: the first retry is immediate
+        /// (Diffusion's back-off strategy, seed 004); gives up after `giveUpAfter` when set.
+        case backOff(increment: Duration, maximumDelay: Duration, giveUpAfter: Duration?)
+        /// The app decides (see ``ReconnectionStrategy``).
+        case custom(CustomReconnectionStrategy)
     }
 
     /// Groups of endpoints that can be excluded from automatic retry.
@@ -38,22 +55,28 @@ public struct RetryConfiguration: Sendable, Hashable {
 
     /// The delay curve.
     public var policy: Policy
-    /// The smallest delay between two attempts, whatever the policy says.
+    /// The smallest delay between two attempts, whatever the policy says (not applied to
+    /// ``Policy/custom(_:)``).
     public var minimumInterval: Duration
-    /// Bounds of the random jitter added to each delay.
+    /// Bounds of the random jitter added to each delay (not applied to ``Policy/custom(_:)``).
     public var jitter: ClosedRange<Duration>
     /// Endpoints never retried automatically.
     public var excludedEndpoints: Set<Endpoint>
+    /// How many times the subscribe loop retries after Access Manager denied it (seed 002: grants
+    /// can take a moment to propagate, but a revoked grant never comes back). Default 3.
+    public var accessDeniedRetryLimit: Int
 
     /// Creates a configuration.
     public init(policy: Policy = .exponential(minimumDelay: .seconds(2), maximumDelay: .seconds(150), maximumRetries: 6),
                 minimumInterval: Duration = .seconds(2),
                 jitter: ClosedRange<Duration> = .milliseconds(1) ... .milliseconds(999),
-                excludedEndpoints: Set<Endpoint> = Set(Endpoint.allCases).subtracting([.subscribe])) {
+                excludedEndpoints: Set<Endpoint> = Set(Endpoint.allCases).subtracting([.subscribe]),
+                accessDeniedRetryLimit: Int = 3) {
         self.policy = policy
         self.minimumInterval = minimumInterval
         self.jitter = jitter
         self.excludedEndpoints = excludedEndpoints
+        self.accessDeniedRetryLimit = accessDeniedRetryLimit
     }
 
     /// PubNub's default: exponential 2 s → 150 s, 6 retries, only subscribe retried.
@@ -61,4 +84,132 @@ public struct RetryConfiguration: Sendable, Hashable {
 
     /// No automatic retry at all.
     public static let disabled = RetryConfiguration(policy: .none)
+
+    /// PubNub's linear policy: 2 s (+ jitter) between attempts, at most 10 retries.
+    public static let linear = RetryConfiguration(policy: .linear(delay: .seconds(2), maximumRetries: 10))
+
+    /// SendBird's reconnection (seed 003): attempts 0, 3, 6, 12 and 24 s apart, reconnect failed
+    /// 45 s after the drop. No jitter, no minimum interval.
+    public static let sendBird = RetryConfiguration(
+        policy: .delays([.zero, .seconds(3), .seconds(6), .seconds(12), .seconds(24)], giveUpAfter: .seconds(45)),
+        minimumInterval: .zero, jitter: .zero ... .zero)
+
+    /// Diffusion's default reconnection (seed 004): every 5 s for 60 s. No jitter.
+    public static let diffusion = RetryConfiguration(policy: .interval(.seconds(5), giveUpAfter: .seconds(60)),
+                                                     minimumInterval: .zero, jitter: .zero ... .zero)
+
+    /// Diffusion's back-off strategy (seed 004): immediately, then 1 s more per attempt up to 5 s,
+    /// for at most 5 minutes; the attempt counter restarts after every success. No jitter.
+    public static let diffusionBackOff = RetryConfiguration(
+        policy: .backOff(increment: .seconds(1), maximumDelay: .seconds(5), giveUpAfter: .seconds(300)),
+        minimumInterval: .zero, jitter: .zero ... .zero)
+
+    /// Whether `endpoint` is retried automatically at all.
+    public func retries(_ endpoint: Endpoint) -> Bool {
+        if case .none = policy { return false }
+        return !excludedEndpoints.contains(endpoint)
+    }
+
+    /// The delay before retry number `attempt` (1 for the first retry after a failure), or `nil`
+    /// when the policy gives up.
+    ///
+    /// - Parameters:
+    ///   - attempt: the retry about to be scheduled, starting at 1.
+    ///   - elapsed: time since the failure that started this outage.
+    ///   - randomness: a value in `0...1` choosing the jitter within ``jitter`` (the shell passes
+    ///     a random number; tests pass fixed ones).
+    public func delay(beforeRetry attempt: Int, elapsed: Duration, randomness: Double) -> Duration? {
+        let base: Duration
+        switch policy {
+        case .none:
+            return nil
+        case .linear(let delay, let maximumRetries):
+            guard attempt <= maximumRetries else { return nil }
+            base = delay
+        case .exponential(let minimumDelay, let maximumDelay, let maximumRetries):
+            guard attempt <= maximumRetries else { return nil }
+            let exponent = min(max(attempt - 1, 0), 30)
+            base = min(minimumDelay * (1 << exponent), maximumDelay)
+        case .delays(let delays, let giveUpAfter):
+            guard attempt >= 1, attempt <= delays.count else { return nil }
+            base = delays[attempt - 1]
+            if let giveUpAfter, elapsed + base > giveUpAfter { return nil }
+        case .interval(let interval, let giveUpAfter):
+            guard elapsed + interval <= giveUpAfter else { return nil }
+            base = interval
+        case .backOff(let increment, let maximumDelay, let giveUpAfter):
+            base = min(increment * max(attempt - 1, 0), maximumDelay)
+            if let giveUpAfter, elapsed + base > giveUpAfter { return nil }
+        case .custom(let strategy):
+            switch strategy.strategy.decide(ReconnectionContext(attempt: attempt, elapsed: elapsed, randomness: randomness)) {
+            case .retry(let after): return max(after, .zero)
+            case .giveUp: return nil
+            }
+        }
+        let unit = min(max(randomness, 0), 1)
+        let spread = jitter.upperBound - jitter.lowerBound
+        return max(base, minimumInterval) + jitter.lowerBound + spread * unit
+    }
+}
+
+/// What a custom ``ReconnectionStrategy`` is told before each retry.
+public struct ReconnectionContext: Sendable, Hashable {
+    /// The retry about to be scheduled: 1 for the first one after a failure (the counter restarts
+    /// after every success).
+    public var attempt: Int
+    /// Time since the failure that started this outage.
+    public var elapsed: Duration
+    /// A random value in `0...1` the strategy may use for jitter.
+    public var randomness: Double
+
+    /// Creates a context.
+    public init(attempt: Int, elapsed: Duration, randomness: Double) {
+        self.attempt = attempt
+        self.elapsed = elapsed
+        self.randomness = randomness
+    }
+}
+
+/// A custom strategy's answer: when the next attempt starts, or stop.
+public enum ReconnectionDecision: Sendable, Hashable {
+    /// Start the next attempt after this delay (zero: at once).
+    case retry(after: Duration)
+    /// Stop retrying: the loop reports that it gave up.
+    case giveUp
+}
+
+/// An app-defined reconnection strategy (Diffusion's `PTDiffusionSessionReconnectionStrategy`,
+/// made a pure function): the app decides when each attempt starts or that the client stops.
+///
+/// ```swift
+/// struct Immediate3: ReconnectionStrategy {
+///     func decide(_ context: ReconnectionContext) -> ReconnectionDecision {
+///         context.attempt <= 3 ? .retry(after: .zero) : .giveUp
+///     }
+/// }
+/// configuration.retry.policy = .custom(CustomReconnectionStrategy(id: "immediate-3", Immediate3()))
+/// ```
+public protocol ReconnectionStrategy: Sendable {
+    /// Decides the next attempt. Called once per retry, with the attempt counter restarted after
+    /// every success.
+    func decide(_ context: ReconnectionContext) -> ReconnectionDecision
+}
+
+/// A ``ReconnectionStrategy`` wrapped as a value: two are equal when their `id`s are.
+public struct CustomReconnectionStrategy: Sendable, Hashable {
+    /// Identifies the strategy (equality and hashing).
+    public let id: String
+    /// The strategy.
+    public let strategy: any ReconnectionStrategy
+
+    /// Wraps `strategy` under `id`.
+    public init(id: String, _ strategy: any ReconnectionStrategy) {
+        self.id = id
+        self.strategy = strategy
+    }
+
+    /// Equal when the ids are.
+    public static func == (lhs: Self, rhs: Self) -> Bool { lhs.id == rhs.id }
+    /// Hashes the id.
+    public func hash(into hasher: inout Hasher) { hasher.combine(id) }
 }

@@ -101,6 +101,16 @@ public struct Status: Sendable, CustomStringConvertible {
         self.retryAction = retry
     }
 
+    /// A copy that the app can cancel with ``cancelAutomaticRetry()`` (the subscribe shell attaches
+    /// the handle to statuses its machine marked ``willAutomaticallyRetry``).
+    package func withAutomaticRetry(_ cancellation: AutomaticRetryCancellation) -> Status {
+        Status(category: category, operation: operation, statusCode: statusCode, error: error, serverMessage: serverMessage,
+               affectedChannels: affectedChannels, affectedGroups: affectedGroups, subscribedChannels: subscribedChannels,
+               subscribedGroups: subscribedGroups, lastTimetoken: lastTimetoken, currentTimetoken: currentTimetoken,
+               deniedChannels: deniedChannels, deniedGroups: deniedGroups, undecryptableMessage: undecryptableMessage,
+               automaticRetry: cancellation, retry: retryAction)
+    }
+
     /// Whether ``retry()`` can re-run the failed call (REST failures).
     public var canRetry: Bool { retryAction != nil }
 

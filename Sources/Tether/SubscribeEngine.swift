@@ -1,0 +1,248 @@
+import Logging
+import Synchronization
+import TetherClientCore
+import TetherProtocol
+
+/// The shell around ``SubscribeMachine``: lock, transition, unlock, then act (STYLE.md §4).
+///
+/// Inputs (app calls, request results, timer firings, network changes) transition the machine
+/// under a `Mutex` and enqueue its actions, in order, on one stream. ``run(client:)`` owns a
+/// discarding task group: it performs the actions one by one — requests and timers become
+/// cancellable child tasks, statuses and events go to listeners — so listeners see everything in
+/// order, outside any lock.
+final class SubscribeEngine: Sendable {
+    private let machine: Mutex<SubscribeMachine>
+    private let actions: AsyncStream<[SubscribeMachine.Action]>
+    private let actionSink: AsyncStream<[SubscribeMachine.Action]>.Continuation
+    private let clock: EngineClock
+    private let monitor: (any NetworkMonitor)?
+    private let slots = CancellationSlots()
+    let listeners = ListenerRegistry()
+    private let logger: Logger
+
+    init(configuration: SubscribeMachine.Configuration, clock: EngineClock, monitor: (any NetworkMonitor)?, logger: Logger) {
+        machine = Mutex(SubscribeMachine(configuration: configuration))
+        (actions, actionSink) = AsyncStream.makeStream(of: [SubscribeMachine.Action].self)
+        self.clock = clock
+        self.monitor = monitor
+        self.logger = logger
+    }
+
+    /// Applies one input to the machine and enqueues its actions (inside the lock, so the order of
+    /// actions is the order of transitions).
+    func send(_ input: (inout SubscribeMachine, Duration) -> [SubscribeMachine.Action]) {
+        let now = clock.now()
+        machine.withLock { machine in
+            let produced = input(&machine, now)
+            if !produced.isEmpty { actionSink.yield(produced) }
+        }
+    }
+
+    /// Reads the machine.
+    func read<T>(_ body: (borrowing SubscribeMachine) -> T) -> T {
+        machine.withLock { body($0) }
+    }
+
+    /// Stops accepting actions; `run` returns once the queue is drained.
+    func finish() { actionSink.finish() }
+
+    /// Performs actions until ``finish()`` or cancellation.
+    func run(client: TetherClient) async {
+        await withDiscardingTaskGroup { group in
+            if let monitor {
+                group.addTask { [self] in
+                    for await path in monitor.pathUpdates() {
+                        switch path {
+                        case .up: send { machine, now in machine.networkUp(now: now) }
+                        case .down: send { machine, now in machine.networkDown(now: now) }
+                        }
+                    }
+                }
+            }
+            for await batch in actions {
+                for action in batch { perform(action, client: client, group: &group) }
+            }
+            group.cancelAll()
+        }
+        slots.cancelAll()
+    }
+
+    private func random() -> Double { Double.random(in: 0...1) }
+
+    private func perform(_ action: SubscribeMachine.Action, client: TetherClient, group: inout DiscardingTaskGroup) {
+        logger.trace("subscribe action", metadata: ["tether.action": "\(action)"])
+        switch action {
+        case .startSubscribe(let id, let channels, let groups, let cursor):
+            let token = slots.replace(.subscribe)
+            group.addTask { [self] in
+                await slots.race(.subscribe, token: token) { [self] in
+                    do throws(TetherError) {
+                        let (response, gaps) = try await client.subscribeRequest(channels: channels, groups: groups, cursor: cursor)
+                        send { machine, now in machine.subscribeSucceeded(id, response: response, gaps: gaps, now: now) }
+                    } catch {
+                        let status = error.status
+                        send { [self] machine, now in machine.subscribeFailed(id, status: status, now: now, randomness: random()) }
+                    }
+                }
+            }
+        case .cancelSubscribe:
+            slots.cancel(.subscribe)
+        case .schedule(let timer, let delay):
+            let slot = CancellationSlots.Slot.timer(timer)
+            let token = slots.replace(slot)
+            group.addTask { [self] in
+                await slots.race(slot, token: token) { [self] in
+                    do { try await clock.sleep(delay) } catch { return }
+                    guard slots.complete(slot, token: token) else { return }
+                    send { [self] machine, now in machine.timerFired(timer, now: now, randomness: random()) }
+                }
+            }
+        case .cancelTimer(let timer):
+            slots.cancel(.timer(timer))
+        case .emit(let status, let episode):
+            var delivered = status
+            if let episode {
+                delivered = status.withAutomaticRetry(AutomaticRetryCancellation { [self] in
+                    send { machine, now in machine.cancelAutomaticRetry(episode: episode, now: now) }
+                })
+            }
+            listeners.emit(delivered)
+        case .connectionChanged(let change):
+            listeners.emit(change)
+        case .deliver(let events):
+            listeners.deliver(events)
+        case .continuity(let outcomes):
+            listeners.emit(outcomes)
+        case .leave(let channels, let groups):
+            group.addTask {
+                do { try await client.leave(channels: channels, groups: groups) } catch {
+                    // A failed leave only delays the others' leave event until the presence timeout.
+                }
+            }
+        case .probeTime:
+            let token = slots.replace(.probe)
+            group.addTask { [self] in
+                await slots.race(.probe, token: token) { [self] in
+                    do throws(TetherError) {
+                        _ = try await client.time()
+                        send { machine, now in machine.timeProbeSucceeded(now: now) }
+                    } catch {
+                        send { machine, now in machine.timeProbeFailed(now: now) }
+                    }
+                }
+            }
+        case .probeLiveness(let presence, let channels, let groups, let timeout):
+            let token = slots.replace(.liveness)
+            group.addTask { [self] in
+                await slots.race(.liveness, token: token) { [self] in
+                    do throws(TetherError) {
+                        if presence && !(channels.isEmpty && groups.isEmpty) {
+                            try await client.heartbeat(channels: channels, groups: groups, timeout: timeout)
+                        } else {
+                            _ = try await client.time(timeout: timeout)
+                        }
+                        send { machine, now in machine.livenessProbeSucceeded(now: now) }
+                    } catch {
+                        let status = error.status
+                        send { [self] machine, now in machine.livenessProbeFailed(status: status, now: now, randomness: random()) }
+                    }
+                }
+            }
+        case .backfill(let id, let ranges):
+            let token = slots.replace(.backfill)
+            group.addTask { [self] in
+                await slots.race(.backfill, token: token) { [self] in
+                    do throws(TetherError) {
+                        var events: [ReceivedEvent] = []
+                        for range in ranges {
+                            let messages = try await client.messages(since: range.after, channels: [range.channel])
+                            events += messages.filter { $0.timetoken <= range.through }.map(ReceivedEvent.init(history:))
+                        }
+                        let collected = events
+                        send { machine, now in machine.backfillCompleted(id, events: collected, now: now) }
+                    } catch {
+                        let status = error.status
+                        send { machine, now in machine.backfillFailed(id, status: status, now: now) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+extension ReceivedEvent {
+    /// A history message as a received event (backfill).
+    init(history message: HistoryMessage) {
+        self.init(timetoken: message.timetoken, channel: message.channel, subscription: nil, payload: message.payload,
+                  publisher: message.publisher, meta: message.meta, kind: message.messageType ?? .message,
+                  customMessageType: message.customMessageType, decryptionError: message.decryptionError)
+    }
+}
+
+/// Individually cancellable child tasks inside one task group: each runs its work racing a
+/// per-slot cancellation stream; starting a slot again cancels the previous occupant.
+final class CancellationSlots: Sendable {
+    enum Slot: Hashable, Sendable {
+        case subscribe
+        case probe
+        case liveness
+        case backfill
+        case timer(SubscribeMachine.TimerID)
+    }
+
+    private struct Occupant {
+        var token: Int
+        var cancel: AsyncStream<Void>.Continuation
+        var stream: AsyncStream<Void>
+    }
+
+    private let state = Mutex<(next: Int, occupants: [Slot: Occupant])>((0, [:]))
+
+    /// Cancels the slot's occupant and reserves the slot; returns the new occupant's token.
+    func replace(_ slot: Slot) -> Int {
+        let (stream, continuation) = AsyncStream.makeStream(of: Void.self)
+        let (token, previous) = state.withLock { state -> (Int, Occupant?) in
+            state.next += 1
+            let previous = state.occupants[slot]
+            state.occupants[slot] = Occupant(token: state.next, cancel: continuation, stream: stream)
+            return (state.next, previous)
+        }
+        previous?.cancel.finish()
+        return token
+    }
+
+    /// Cancels the slot's occupant.
+    func cancel(_ slot: Slot) {
+        let occupant = state.withLock { $0.occupants.removeValue(forKey: slot) }
+        occupant?.cancel.finish()
+    }
+
+    /// Cancels everything.
+    func cancelAll() {
+        let all = state.withLock { state in
+            defer { state.occupants = [:] }
+            return Array(state.occupants.values)
+        }
+        for occupant in all { occupant.cancel.finish() }
+    }
+
+    /// Frees the slot if `token` still holds it; false when it was cancelled or replaced.
+    func complete(_ slot: Slot, token: Int) -> Bool {
+        state.withLock { state in
+            guard state.occupants[slot]?.token == token else { return false }
+            state.occupants[slot] = nil
+            return true
+        }
+    }
+
+    /// Runs `work` until it finishes or the slot's occupant `token` is cancelled.
+    func race(_ slot: Slot, token: Int, _ work: @escaping @Sendable () async -> Void) async {
+        guard let stream = state.withLock({ $0.occupants[slot]?.token == token ? $0.occupants[slot]?.stream : nil }) else { return }
+        await withTaskGroup(of: Void.self) { race in
+            race.addTask { await work() }
+            race.addTask { for await _ in stream {} }
+            await race.next()
+            race.cancelAll()
+        }
+    }
+}

@@ -1,0 +1,397 @@
+import Testing
+import TetherClientCore
+import TetherProtocol
+
+/// Drives a ``SubscribeMachine`` with explicit time, remembering the last request it started.
+struct Harness {
+    var machine: SubscribeMachine
+    var now: Duration = .zero
+    var lastRequest: SubscribeMachine.RequestID?
+    var lastBackfill: SubscribeMachine.RequestID?
+    var statuses: [Status] = []
+    var changes: [ConnectionChange] = []
+    var delivered: [ReceivedEvent] = []
+    var continuity: [ChannelContinuity] = []
+    var timers: [SubscribeMachine.TimerID: Duration] = [:]
+    var episodes: [Int] = []
+    var probes = 0
+    var liveness = 0
+    var leaves: [[String]] = []
+
+    init(_ configuration: SubscribeMachine.Configuration = .init(retry: RetryConfiguration(jitter: .zero ... .zero))) {
+        machine = SubscribeMachine(configuration: configuration)
+    }
+
+    @discardableResult
+    mutating func record(_ actions: [SubscribeMachine.Action]) -> [SubscribeMachine.Action] {
+        for action in actions {
+            switch action {
+            case .startSubscribe(let id, _, _, _): lastRequest = id
+            case .cancelSubscribe: break
+            case .schedule(let timer, let after): timers[timer] = now + after
+            case .cancelTimer(let timer): timers[timer] = nil
+            case .emit(let status, let episode):
+                statuses.append(status)
+                if let episode { episodes.append(episode) }
+            case .connectionChanged(let change): changes.append(change)
+            case .deliver(let events): delivered += events
+            case .leave(let channels, _): leaves.append(channels)
+            case .probeTime: probes += 1
+            case .probeLiveness: liveness += 1
+            case .backfill(let id, _): lastBackfill = id
+            case .continuity(let outcomes): continuity += outcomes
+            }
+        }
+        return actions
+    }
+
+    var categories: [StatusCategory] { statuses.map(\.category) }
+
+    mutating func subscribe(_ channels: [String], groups: [String] = [], timetoken: Timetoken? = nil) {
+        record(machine.subscriptionChanged(channels: channels, groups: groups, timetoken: timetoken, now: now))
+    }
+
+    mutating func succeed(_ tt: UInt64, events: [ReceivedEvent] = [], gaps: [RetentionGap] = []) {
+        guard let id = lastRequest else { return }
+        record(machine.subscribeSucceeded(id, response: SubscribeResponse(timetoken: Timetoken(tt), region: 1, events: events), gaps: gaps,
+                                          now: now))
+    }
+
+    mutating func fail(_ category: StatusCategory, statusCode: Int? = nil, denied: [String] = []) {
+        guard let id = lastRequest else { return }
+        record(machine.subscribeFailed(id, status: Status(category: category, operation: .subscribe, statusCode: statusCode,
+                                                          deniedChannels: denied), now: now, randomness: 0))
+    }
+
+    /// Advances time to the earliest pending timer and fires it.
+    @discardableResult
+    mutating func fireNextTimer() -> SubscribeMachine.TimerID? {
+        guard let (timer, at) = timers.min(by: { $0.value < $1.value }) else { return nil }
+        timers[timer] = nil
+        now = max(now, at)
+        record(machine.timerFired(timer, now: now, randomness: 0))
+        return timer
+    }
+
+    mutating func fire(_ timer: SubscribeMachine.TimerID) {
+        if let at = timers[timer] { now = max(now, at) }
+        timers[timer] = nil
+        record(machine.timerFired(timer, now: now, randomness: 0))
+    }
+}
+
+func event(_ channel: String, _ tt: UInt64, kind: EventKind = .message, subscription: String? = nil) -> ReceivedEvent {
+    ReceivedEvent(timetoken: Timetoken(tt), channel: channel, subscription: subscription, payload: .string("m\(tt)"), publisher: "p",
+                  meta: nil, kind: kind, customMessageType: nil)
+}
+
+@Suite("SubscribeMachine: transition table (every state × every event)")
+struct SubscribeMachineTableTests {
+    enum Start: String, CaseIterable, Sendable {
+        case idle, handshaking, receiving, retrying, waitingForNetwork, stopped, disconnected
+    }
+
+    enum Event: String, CaseIterable, Sendable {
+        case subscribeNew, subscribeSame, unsubscribeAll, disconnect, reconnect, subscribeSucceeded, failedTransient, failed403,
+             failed481, timerRetry, timerTimeProbe, timerLiveness, timerWatchdog, timeProbeSucceeded, timeProbeFailed,
+             livenessFailed, networkDown, networkUp, cancelAutomaticRetry
+    }
+
+    static func harness(in start: Start) -> Harness {
+        var h = Harness(.init(retry: start == .stopped ? .disabled : RetryConfiguration(jitter: .zero ... .zero)))
+        switch start {
+        case .idle: break
+        case .handshaking: h.subscribe(["a"])
+        case .receiving:
+            h.subscribe(["a"]); h.succeed(100)
+        case .retrying:
+            h.subscribe(["a"]); h.succeed(100); h.fail(.networkIssues)
+        case .waitingForNetwork:
+            h.subscribe(["a"]); h.succeed(100); h.record(h.machine.networkDown(now: h.now))
+        case .stopped:
+            h.subscribe(["a"]); h.succeed(100); h.fail(.networkIssues)
+        case .disconnected:
+            h.subscribe(["a"]); h.succeed(100); h.record(h.machine.disconnect(now: h.now))
+        }
+        #expect(h.machine.stateName == start.rawValue)
+        return h
+    }
+
+    static func apply(_ event: Event, to h: inout Harness) {
+        let now = h.now
+        switch event {
+        case .subscribeNew: h.subscribe(h.machine.subscribedChannels + ["b"])
+        case .subscribeSame: h.subscribe(h.machine.subscribedChannels)
+        case .unsubscribeAll: h.subscribe([])
+        case .disconnect: h.record(h.machine.disconnect(now: now))
+        case .reconnect: h.record(h.machine.reconnect(timetoken: nil, now: now))
+        case .subscribeSucceeded: h.succeed(200)
+        case .failedTransient: h.fail(.timeout)
+        case .failed403: h.fail(.accessDenied, statusCode: 403, denied: ["a"])
+        case .failed481: h.fail(.malformedFilterExpression, statusCode: 481)
+        case .timerRetry: h.record(h.machine.timerFired(.retry, now: now, randomness: 0))
+        case .timerTimeProbe: h.record(h.machine.timerFired(.timeProbe, now: now, randomness: 0))
+        case .timerLiveness: h.record(h.machine.timerFired(.liveness, now: now, randomness: 0))
+        case .timerWatchdog: h.record(h.machine.timerFired(.longPollWatchdog, now: now, randomness: 0))
+        case .timeProbeSucceeded: h.record(h.machine.timeProbeSucceeded(now: now))
+        case .timeProbeFailed: h.record(h.machine.timeProbeFailed(now: now))
+        case .livenessFailed:
+            h.record(h.machine.livenessProbeFailed(status: Status(category: .timeout, operation: .time), now: now, randomness: 0))
+        case .networkDown: h.record(h.machine.networkDown(now: now))
+        case .networkUp: h.record(h.machine.networkUp(now: now))
+        case .cancelAutomaticRetry: h.record(h.machine.cancelAutomaticRetry(episode: 1, now: now))
+        }
+    }
+
+    /// Expected state after each event, in `Event.allCases` order.
+    static let table: [Start: [String]] = [
+        .idle: ["handshaking", "idle", "idle", "idle", "idle", "idle", "idle", "idle", "idle", "idle", "idle", "idle", "idle", "idle",
+                "idle", "idle", "idle", "idle", "idle"],
+        .handshaking: ["handshaking", "handshaking", "idle", "disconnected", "handshaking", "receiving", "retrying", "retrying",
+                       "stopped", "handshaking", "handshaking", "handshaking", "retrying", "handshaking", "handshaking",
+                       "handshaking", "waitingForNetwork", "handshaking", "handshaking"],
+        .receiving: ["receiving", "receiving", "idle", "disconnected", "receiving", "receiving", "retrying", "retrying", "stopped",
+                     "receiving", "receiving", "receiving", "retrying", "receiving", "receiving", "handshaking", "waitingForNetwork",
+                     "receiving", "receiving"],
+        .retrying: ["handshaking", "handshaking", "idle", "disconnected", "handshaking", "retrying", "retrying", "retrying",
+                    "retrying", "handshaking", "retrying", "retrying", "retrying", "retrying", "retrying", "retrying",
+                    "waitingForNetwork", "retrying", "stopped"],
+        .waitingForNetwork: ["waitingForNetwork", "waitingForNetwork", "idle", "disconnected", "handshaking", "waitingForNetwork",
+                             "waitingForNetwork", "waitingForNetwork", "waitingForNetwork", "waitingForNetwork",
+                             "waitingForNetwork", "waitingForNetwork", "waitingForNetwork", "waitingForNetwork",
+                             "waitingForNetwork", "waitingForNetwork", "waitingForNetwork", "handshaking", "waitingForNetwork"],
+        .stopped: ["handshaking", "handshaking", "idle", "disconnected", "handshaking", "stopped", "stopped", "stopped", "stopped",
+                   "stopped", "stopped", "stopped", "stopped", "handshaking", "stopped", "stopped", "waitingForNetwork", "stopped",
+                   "stopped"],
+        .disconnected: ["disconnected", "disconnected", "disconnected", "disconnected", "handshaking", "disconnected",
+                        "disconnected", "disconnected", "disconnected", "disconnected", "disconnected", "disconnected",
+                        "disconnected", "disconnected", "disconnected", "disconnected", "disconnected", "disconnected",
+                        "disconnected"],
+    ]
+
+    @Test(arguments: Start.allCases)
+    func everyEventFrom(_ start: Start) {
+        let expected = Self.table[start] ?? []
+        #expect(expected.count == Event.allCases.count)
+        for (index, event) in Event.allCases.enumerated() {
+            var h = Self.harness(in: start)
+            // Network up is only a change after a network down.
+            if event == .networkUp && start != .waitingForNetwork { h.record(h.machine.networkDown(now: h.now)); h = Self.harness(in: start) }
+            Self.apply(event, to: &h)
+            #expect(h.machine.stateName == expected[index], "\(start) + \(event)")
+        }
+    }
+}
+
+@Suite("SubscribeMachine: statuses, retry, restore, continuity")
+struct SubscribeMachineBehaviourTests {
+    @Test func connectedCarriesSeed000Payload() {
+        var h = Harness()
+        h.subscribe(["ch1", "ch2"])
+        #expect(h.machine.connectionState == .connecting)
+        h.succeed(15856996387695942)
+        let connected = h.statuses.last
+        #expect(connected?.category == .connected)
+        #expect(connected?.affectedChannels == ["ch1", "ch2"])
+        #expect(connected?.subscribedChannels == ["ch1", "ch2"])
+        #expect(connected?.lastTimetoken == .zero)
+        #expect(connected?.currentTimetoken == Timetoken(15856996387695942))
+        h.subscribe(["ch1", "ch2", "ch3", "ch4"])
+        let changed = h.statuses.last
+        #expect(changed?.category == .subscriptionChanged)
+        #expect(changed?.affectedChannels == ["ch3", "ch4"])
+        #expect(changed?.subscribedChannels == ["ch1", "ch2", "ch3", "ch4"])
+        #expect(changed?.lastTimetoken == Timetoken(15856996387695942))
+        h.subscribe(["ch3", "ch4"])
+        #expect(h.leaves.last == ["ch1", "ch2"])
+        h.subscribe([])
+        #expect(h.categories == [.connected, .subscriptionChanged, .subscriptionChanged, .disconnected])
+        #expect(h.machine.connectionState == .idle)
+    }
+
+    @Test func outageRetriesThenReconnectsFromTheLastCursor() {
+        var h = Harness()
+        h.subscribe(["a"])
+        h.succeed(100)
+        h.succeed(150, events: [event("a", 150)])
+        h.fail(.networkIssues)
+        #expect(h.statuses.last?.willAutomaticallyRetry == true)
+        #expect(h.machine.connectionState == .reconnecting(attempt: 1))
+        #expect(h.timers[.retry] == .seconds(2))
+        h.fire(.retry)
+        h.fail(.networkIssues)           // no second status for the same outage
+        #expect(h.timers[.retry] == .seconds(6))
+        h.fire(.retry)
+        h.succeed(300)                   // handshake answers
+        #expect(h.categories == [.connected, .unexpectedDisconnect, .reconnected])
+        #expect(h.statuses.last?.lastTimetoken == Timetoken(150))
+        #expect(h.machine.cursor?.timetoken == Timetoken(150))   // continues from the last cursor
+        h.succeed(301, events: [event("a", 150), event("a", 200)])
+        #expect(h.delivered.map(\.timetoken.rawValue) == [150, 200])   // 150 not delivered twice
+        #expect(h.continuity == [ChannelContinuity(channel: "a", outcome: .recovered(count: 1), resumedFrom: Timetoken(150))])
+        #expect(h.changes.compactMap(\.reconnectEvent) == [.started, .succeeded])
+    }
+
+    @Test func givesUpAfterConnectingThenProbesTimeAndRestores() {
+        var h = Harness(.init(retry: RetryConfiguration(policy: .linear(delay: .seconds(2), maximumRetries: 2), jitter: .zero ... .zero)))
+        h.subscribe(["a"]); h.succeed(100)
+        h.fail(.timeout)
+        h.fireNextTimer(); h.fail(.timeout)
+        h.fireNextTimer(); h.fail(.timeout)
+        #expect(h.categories == [.connected, .unexpectedDisconnect, .disconnectedUnexpectedly])
+        #expect(h.machine.connectionState == .failed(.disconnectedUnexpectedly))
+        #expect(h.timers[.timeProbe] == h.now + .seconds(10))
+        h.fire(.timeProbe)
+        #expect(h.probes == 1)
+        h.record(h.machine.timeProbeFailed(now: h.now))
+        h.fire(.timeProbe)
+        h.record(h.machine.timeProbeSucceeded(now: h.now))
+        h.succeed(500)
+        #expect(h.categories.last == .reconnected)
+        #expect(h.machine.cursor?.timetoken == Timetoken(100))
+        #expect(h.changes.compactMap(\.reconnectEvent) == [.started, .failed, .succeeded])
+    }
+
+    @Test func connectionErrorWhenNeverConnected() {
+        var h = Harness(.init(retry: RetryConfiguration(policy: .linear(delay: .seconds(2), maximumRetries: 1), jitter: .zero ... .zero)))
+        h.subscribe(["a"])
+        h.fail(.networkIssues)
+        h.fireNextTimer(); h.fail(.networkIssues)
+        #expect(h.categories == [.networkIssues, .connectionError])
+        #expect(h.timers[.timeProbe] == nil)
+    }
+
+    @Test func accessDeniedIsRetriedABoundedNumberOfTimesAndCanBeCancelled() {
+        var h = Harness()
+        h.subscribe(["a"]); h.succeed(100)
+        h.fail(.accessDenied, statusCode: 403, denied: ["a"])
+        #expect(h.statuses.last?.deniedChannels == ["a"])
+        #expect(h.statuses.last?.willAutomaticallyRetry == true)
+        for _ in 0..<3 { h.fireNextTimer(); h.fail(.accessDenied, statusCode: 403, denied: ["a"]) }
+        #expect(h.categories == [.connected, .accessDenied, .accessDenied, .accessDenied, .accessDenied])
+        #expect(h.statuses.last?.willAutomaticallyRetry == false)
+        #expect(h.machine.connectionState == .failed(.accessDenied))
+
+        var c = Harness()
+        c.subscribe(["a"]); c.succeed(100)
+        c.fail(.accessDenied, statusCode: 403)
+        c.record(c.machine.cancelAutomaticRetry(episode: c.episodes[0], now: c.now))
+        #expect(c.timers[.retry] == nil)
+        #expect(c.machine.stateName == "stopped")
+    }
+
+    @Test func malformedFilterExpressionDisablesRetry() {
+        var h = Harness()
+        h.subscribe(["a"])
+        h.fail(.malformedFilterExpression, statusCode: 481)
+        #expect(h.categories == [.malformedFilterExpression])
+        #expect(h.statuses[0].willAutomaticallyRetry == false)
+        #expect(h.timers[.retry] == nil && h.timers[.timeProbe] == nil)
+    }
+
+    @Test func disconnectThenSubscribeDoesNotReconnectButReconnectDoes() {
+        var h = Harness()
+        h.subscribe(["a"]); h.succeed(100); h.succeed(120)
+        h.record(h.machine.disconnect(now: h.now))
+        h.subscribe(["a", "b"])
+        #expect(h.machine.stateName == "disconnected")
+        h.record(h.machine.reconnect(timetoken: nil, now: h.now))
+        h.succeed(400)
+        #expect(h.categories == [.connected, .disconnected, .reconnected])
+        #expect(h.machine.cursor?.timetoken == Timetoken(120))
+    }
+
+    @Test func sameSetRestartsTheLongPollWithTheSameCursor() {
+        var h = Harness()
+        h.subscribe(["a"]); h.succeed(100)
+        let before = h.lastRequest
+        h.subscribe(["a"])
+        #expect(h.lastRequest != before)
+        #expect(h.machine.cursor?.timetoken == Timetoken(100))
+        #expect(h.categories == [.connected])
+    }
+
+    @Test func keepTimetokenOffTakesAFreshCursor() {
+        var h = Harness(.init(retry: .default, keepTimetokenOnListChange: false))
+        h.subscribe(["a"]); h.succeed(100)
+        h.subscribe(["a", "b"])
+        #expect(h.machine.stateName == "handshaking")
+        h.succeed(900)
+        #expect(h.machine.cursor?.timetoken == Timetoken(900))
+        #expect(h.categories == [.connected, .subscriptionChanged])
+    }
+
+    @Test func networkDownPausesRetriesAndNetworkUpTriesAtOnce() {
+        var h = Harness()
+        h.subscribe(["a"]); h.succeed(100)
+        h.fail(.networkIssues)
+        h.record(h.machine.networkDown(now: h.now))
+        #expect(h.timers[.retry] == nil)
+        #expect(h.machine.connectionState == .waitingForNetwork)
+        h.now += .seconds(600)
+        h.record(h.machine.networkUp(now: h.now))
+        #expect(h.machine.stateName == "handshaking")
+        h.succeed(700)
+        #expect(h.categories == [.connected, .unexpectedDisconnect, .networkDown, .networkUp, .reconnected])
+    }
+
+    @Test func deadLinkRestartsTheLoopAtOnce() {
+        var h = Harness()
+        h.subscribe(["a"]); h.succeed(100)
+        #expect(h.timers[.liveness] == .seconds(25))
+        h.fire(.liveness)
+        #expect(h.liveness == 1)
+        h.record(h.machine.livenessProbeFailed(status: Status(category: .timeout, operation: .time), now: h.now, randomness: 0))
+        #expect(h.machine.stateName == "handshaking")
+        h.succeed(200)
+        #expect(h.categories == [.connected, .unexpectedDisconnect, .reconnected])
+        #expect(HeartbeatTracker(interval: .seconds(25), timeout: .seconds(10)).detectionBound <= .seconds(35))
+    }
+
+    @Test func watchdogDeclaresAHungLongPollDead() {
+        var h = Harness()
+        h.subscribe(["a"]); h.succeed(100)
+        #expect(h.timers[.longPollWatchdog] == .seconds(320))
+        h.fire(.longPollWatchdog)
+        #expect(h.categories == [.connected, .unexpectedDisconnect])
+        #expect(h.statuses.last?.serverMessage == "the long-poll outlived its deadline")
+    }
+
+    @Test func gapIsBackfilledBeforeLiveDeliveryAndReportedWithBounds() {
+        var h = Harness()
+        h.subscribe(["a"]); h.succeed(100); h.succeed(110, events: [event("a", 110)])
+        h.fail(.networkIssues); h.fireNextTimer(); h.succeed(1000)
+        h.succeed(600, events: [event("a", 500), event("a", 600)], gaps: [RetentionGap(channel: "a", from: Timetoken(110), through: Timetoken(400))])
+        #expect(h.machine.stateName == "backfilling")
+        #expect(h.delivered.count == 1)
+        let id = h.lastBackfill!
+        h.record(h.machine.backfillCompleted(id, events: [event("a", 300), event("a", 500)], now: h.now))
+        #expect(h.delivered.map(\.timetoken.rawValue) == [110, 300, 500, 600])
+        #expect(h.continuity == [ChannelContinuity(channel: "a", outcome: .gap(from: Timetoken(300), through: Timetoken(400), recovered: 3),
+                                                   resumedFrom: Timetoken(110))])
+    }
+
+    @Test func requestMessageCountExceededOncePerBurst() {
+        var h = Harness(.init(retry: .default, requestMessageCountThreshold: 2))
+        h.subscribe(["a"]); h.succeed(100)
+        h.succeed(3, events: [event("a", 101), event("a", 102)])
+        h.succeed(4, events: [event("a", 103), event("a", 104)])
+        h.succeed(5, events: [event("a", 105)])
+        h.succeed(6, events: [event("a", 106), event("a", 107)])
+        #expect(h.categories == [.connected, .requestMessageCountExceeded, .requestMessageCountExceeded])
+    }
+
+    @Test func restoreOffForgetsTheChannels() {
+        var h = Harness(.init(retry: .disabled, restoreSubscription: false))
+        h.subscribe(["a"]); h.succeed(100)
+        h.fail(.networkIssues)
+        #expect(h.machine.subscribedChannels.isEmpty)
+        #expect(h.machine.stateName == "idle")
+    }
+
+    @Test func gapHeaderParsing() {
+        let gaps = RetentionGap.parse(header: "a%2Cb;from=1;through=5, c;from=2;through=9, junk")
+        #expect(gaps == [RetentionGap(channel: "a,b", from: Timetoken(1), through: Timetoken(5)),
+                         RetentionGap(channel: "c", from: Timetoken(2), through: Timetoken(9))])
+    }
+}
