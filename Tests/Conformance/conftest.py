@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import threading
 
 import pytest
 import pytest_asyncio
@@ -138,3 +140,96 @@ async def make_pubnub_asyncio(server):
     for pn in clients:
         with contextlib.suppress(Exception):
             await pn.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# One test body, both SDK flavours (presence and channel-group tests)
+# ---------------------------------------------------------------------------------------------
+
+class SdkError:
+    """What an SDK reported for a failed call: HTTP status, status category, response body text."""
+
+    def __init__(self, status_code, category, body, operation=None):
+        self.status_code = status_code
+        self.category = category
+        self.body = body  # the parsed JSON error body
+        self.operation = operation
+
+    def __repr__(self):
+        return f"<SdkError {self.status_code} {self.category} {self.operation} {self.body!r}>"
+
+
+class SdkFlavour:
+    """Makes clients of one SDK flavour ("threaded" `PubNub` or "asyncio" `PubNubAsyncio`) and
+    runs endpoint builders from `async` tests: `await sdk.call(builder)` returns the envelope of
+    a successful call (threaded: `.sync()` on a worker thread; asyncio: `.future()`), and
+    `await sdk.call_error(builder)` returns the `SdkError` of a failed one."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.clients: list = []
+
+    @property
+    def threaded(self) -> bool:
+        return self.name == "threaded"
+
+    def make(self, origin: str, uuid: str | None = None, **overrides):
+        from helpers import make_config
+        if self.threaded:
+            from pubnub.pubnub import PubNub
+            pn = PubNub(make_config(origin, uuid, **overrides))
+        else:
+            from pubnub.pubnub_asyncio import PubNubAsyncio
+            pn = PubNubAsyncio(make_config(origin, uuid, **overrides))
+        self.clients.append(pn)
+        return pn
+
+    async def call(self, builder):
+        if self.threaded:
+            return await asyncio.to_thread(builder.sync)
+        env = await builder.future()
+        assert not env.status.is_error(), (env.status.status_code, env.status.error_data)
+        return env
+
+    async def call_error(self, builder) -> SdkError:
+        if self.threaded:
+            # `.sync()` raises without a status; the callback API reports the status object.
+            done = threading.Event()
+            got = []
+
+            def callback(result, status):
+                got.append((result, status))
+                done.set()
+            builder.pn_async(callback)
+            assert await asyncio.to_thread(done.wait, 20), "no callback within 20 s"
+            result, status = got[0]
+        else:
+            env = await builder.future()
+            result, status = env.result, env.status
+        assert status.is_error(), f"expected an error, got {result!r}"
+        exc = status.error_data.exception if status.error_data else None
+        body = getattr(exc, "_errormsg", None)
+        if isinstance(body, str):
+            body = json.loads(body)
+        return SdkError(status.status_code, status.category, body, status.operation)
+
+    async def close(self):
+        for pn in self.clients:
+            with contextlib.suppress(Exception):
+                pn.unsubscribe_all()
+        await asyncio.sleep(0)
+        for pn in self.clients:
+            with contextlib.suppress(Exception):
+                if self.threaded:
+                    await asyncio.to_thread(pn.stop)
+                else:
+                    await pn.stop()
+
+
+@pytest_asyncio.fixture(params=["threaded", "asyncio"])
+async def sdk(request):
+    """Parametrizes an `async` test over both SDK flavours; clients made with `sdk.make(origin)`
+    are unsubscribed and stopped at teardown."""
+    flavour = SdkFlavour(request.param)
+    yield flavour
+    await flavour.close()

@@ -590,3 +590,421 @@ class contextlib_suppress:
 
     def __exit__(self, *exc):
         return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+# ---------------------------------------------------------------------------------------------
+# Presence and channel groups (raw HTTP)
+# ---------------------------------------------------------------------------------------------
+
+def write_config(directory: str, **keyset_fields) -> str:
+    """Writes a `--config` file whose only keyset is demo/demo with `keyset_fields` (e.g.
+    presenceAnnounceMax=2, presenceIntervalSeconds=2, presenceMinimumTimeoutSeconds=2);
+    returns its path."""
+    path = os.path.join(directory, "tether-config.json")
+    keyset = {"publishKey": PUB_KEY, "subscribeKey": SUB_KEY, **keyset_fields}
+    with open(path, "w") as f:
+        json.dump({"keysets": [keyset]}, f)
+    return path
+
+
+def names_query(params: dict) -> str:
+    """Like `query`, but list values become comma-joined names, each encoded and the commas
+    left raw (as SDKs send `channel-group`, `add`, `remove`)."""
+    if not params:
+        return ""
+    parts = []
+    for k, v in params.items():
+        if v is None:
+            continue
+        value = ",".join(q(str(x)) for x in v) if isinstance(v, (list, tuple)) else q(str(v))
+        parts.append(f"{q(str(k))}={value}")
+    return "?" + "&".join(parts)
+
+
+def names_segment(channels: str | list | None) -> str:
+    """A comma-joined, per-name encoded channel list for a path; `,` when there are none."""
+    if channels is None or channels == []:
+        return ","
+    if isinstance(channels, str):
+        return q(channels)
+    return ",".join(q(c) for c in channels)
+
+
+def here_now_raw(origin: str, channels: str | list | None = None, groups: list | None = None,
+                 status: int = 200, **params) -> dict:
+    """`GET /v2/presence/sub-key/{sub}[/channel/{chs}]`; global when neither is given."""
+    if groups:
+        params["channel-group"] = list(groups)
+    if channels is None and not groups:
+        path = f"/v2/presence/sub-key/{SUB_KEY}"
+    else:
+        path = f"/v2/presence/sub-key/{SUB_KEY}/channel/{names_segment(channels)}"
+    params.setdefault("uuid", "here-now-asker")
+    return assert_json_response(get(origin, path + names_query(params)), status)
+
+
+def occupants_raw(origin: str, channel: str) -> list[str]:
+    """The uuids here-now reports on one channel (sorted by the server)."""
+    body = here_now_raw(origin, channel)
+    assert body["occupancy"] == len(body["uuids"]), body
+    return body["uuids"]
+
+
+def where_now_raw(origin: str, uuid: str) -> list[str]:
+    body = assert_json_response(get(origin, f"/v2/presence/sub-key/{SUB_KEY}/uuid/{q(uuid)}?uuid=asker"), 200)
+    return body["payload"]["channels"]
+
+
+def heartbeat_raw(origin: str, channels: str | list | None, uuid: str, heartbeat: int | None = None,
+                  groups: list | None = None, state: dict | None = None) -> dict:
+    params: dict = {}
+    if heartbeat is not None:
+        params["heartbeat"] = heartbeat
+    if groups:
+        params["channel-group"] = list(groups)
+    if state is not None:
+        params["state"] = json.dumps(state)
+    params["uuid"] = uuid
+    path = f"/v2/presence/sub-key/{SUB_KEY}/channel/{names_segment(channels)}/heartbeat" + names_query(params)
+    body = assert_json_response(get(origin, path), 200)
+    assert body == {"status": 200, "message": "OK", "service": "Presence"}, body
+    return body
+
+
+def leave_raw(origin: str, channels: str | list | None, uuid: str, groups: list | None = None) -> dict:
+    params: dict = {}
+    if groups:
+        params["channel-group"] = list(groups)
+    params["uuid"] = uuid
+    path = f"/v2/presence/sub-key/{SUB_KEY}/channel/{names_segment(channels)}/leave" + names_query(params)
+    body = assert_json_response(get(origin, path), 200)
+    assert body == {"status": 200, "action": "leave", "message": "OK", "service": "Presence"}, body
+    return body
+
+
+def group_path(group: str | None = None, remove: bool = False) -> str:
+    path = f"/v1/channel-registration/sub-key/{SUB_KEY}/channel-group"
+    if group is not None:
+        path += "/" + q(group)
+    if remove:
+        path += "/remove"
+    return path
+
+
+def group_update_raw(origin: str, group: str, add: list | None = None, remove: list | None = None) -> dict:
+    params = {"uuid": "group-admin"}
+    if add:
+        params["add"] = list(add)
+    if remove:
+        params["remove"] = list(remove)
+    body = assert_json_response(get(origin, group_path(group) + names_query(params)), 200)
+    assert body == {"status": 200, "message": "OK", "service": "channel-registry", "error": False}, body
+    return body
+
+
+def group_channels_raw(origin: str, group: str) -> list[str]:
+    body = assert_json_response(get(origin, group_path(group) + "?uuid=group-admin"), 200)
+    assert body["payload"]["group"] == group, body
+    return body["payload"]["channels"]
+
+
+def group_list_raw(origin: str) -> list[str]:
+    """Every channel group of the keyset (the Python SDK has no call for this)."""
+    body = assert_json_response(get(origin, group_path() + "?uuid=group-admin"), 200)
+    assert body["service"] == "channel-registry" and body["error"] is False, body
+    assert body["payload"]["namespace"] == "", body
+    return body["payload"]["groups"]
+
+
+class RawSubscriber:
+    """A subscriber that long-polls `/v2/subscribe` in a loop on its own thread, like an SDK
+    without presence heartbeats: every request is a presence heartbeat for `uuid` with the
+    presence timeout `heartbeat`. `drop()` aborts the waiting long-poll by closing its socket
+    and sends no leave (a phone entering a tunnel); `resume()` carries on with the last cursor
+    (or with a new handshake). `heartbeats` records the wall-clock time of every request sent
+    and every response received (both are heartbeats on the server)."""
+
+    def __init__(self, origin: str, uuid: str, channels: list | None = None, groups: list | None = None,
+                 heartbeat: int | None = None):
+        self.origin = origin
+        self.uuid = uuid
+        self.channels = list(channels or [])
+        self.groups = list(groups or [])
+        self.heartbeat = heartbeat
+        self.tt: str | None = None
+        self.envelopes: list[dict] = []
+        self.heartbeats: list[float] = []
+        self.errors: list[BaseException] = []
+        self.requests = 0
+        self._lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def _path(self, tt) -> str:
+        params: dict = {"tt": tt, "uuid": self.uuid}
+        if self.tt is not None and str(tt) != "0":
+            params["tr"] = 1
+        if self.groups:
+            params["channel-group"] = list(self.groups)
+        if self.heartbeat is not None:
+            params["heartbeat"] = self.heartbeat
+        return f"/v2/subscribe/{SUB_KEY}/{names_segment(self.channels)}/0" + names_query(params)
+
+    def _once(self, tt) -> dict | None:
+        host, port = self.origin.rsplit(":", 1)
+        with self._lock:
+            if self._stopping:
+                return None
+            self._conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            conn = self._conn
+        try:
+            self.heartbeats.append(time.time())
+            self.requests += 1
+            r = request(self.origin, "GET", self._path(tt), conn=conn)
+            self.heartbeats.append(time.time())
+        finally:
+            with self._lock:
+                self._conn = None
+            conn.close()
+        assert r.status == 200, r
+        body = r.json()
+        self.envelopes.extend(body["m"])
+        self.tt = body["t"]["t"]
+        return body
+
+    def _loop(self):
+        while True:
+            try:
+                if self._once(self.tt) is None:
+                    return
+            except (OSError, http.client.HTTPException):
+                with self._lock:
+                    if self._stopping:
+                        return
+                time.sleep(0.05)
+            except BaseException as e:  # recorded and re-raised by drop()
+                self.errors.append(e)
+                return
+
+    def start(self, handshake: bool = True) -> "RawSubscriber":
+        """Handshakes (synchronously, so the uuid is present when this returns) and starts the loop."""
+        assert self._thread is None, "already running"
+        self._stopping = False
+        if handshake or self.tt is None:
+            self._once(0)
+        self._thread = threading.Thread(target=self._loop, name=f"raw-subscriber-{self.uuid}", daemon=True)
+        self._thread.start()
+        return self
+
+    def resume(self, handshake: bool = False) -> "RawSubscriber":
+        return self.start(handshake=handshake)
+
+    def drop(self) -> float:
+        """Closes the waiting long-poll's connection without a leave and stops the loop;
+        returns the wall-clock time of the last heartbeat the server got."""
+        with self._lock:
+            self._stopping = True
+            conn = self._conn
+            if conn is not None and conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        if self._thread is not None:
+            self._thread.join(10)
+            assert not self._thread.is_alive(), "raw subscriber thread did not stop"
+            self._thread = None
+        assert not self.errors, self.errors
+        return self.heartbeats[-1]
+
+    stop = drop
+
+
+class PresenceCollector(Collector):
+    """A `Collector` that also waits for presence events (`PNPresenceEventResult`)."""
+
+    def presence(self, pubnub, presence):
+        presence.received_at = time.time()
+        super().presence(pubnub, presence)
+
+    def presence_snapshot(self, channel: str | None = None) -> list:
+        with self.lock:
+            return [p for p in self.presence_events if channel is None or p.channel == channel]
+
+    def presence_tuples(self, channel: str | None = None, fields=("event", "uuid", "occupancy")) -> list[tuple]:
+        return [tuple(getattr(p, f) for f in fields) for p in self.presence_snapshot(channel)]
+
+    def wait_presence(self, predicate: Callable[[list], Any], timeout: float = 10.0, what: str = "presence events"):
+        """Waits until `predicate(events so far)` is truthy; returns the events."""
+        def check():
+            events = self.presence_snapshot()
+            return events if predicate(events) else None
+        try:
+            return wait_until(check, timeout, what=what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; got {self.presence_tuples(fields=('event', 'uuid', 'channel', 'occupancy'))}")
+
+    async def async_wait_presence(self, predicate: Callable[[list], Any], timeout: float = 10.0,
+                                  what: str = "presence events"):
+        def check():
+            events = self.presence_snapshot()
+            return events if predicate(events) else None
+        try:
+            return await async_wait_until(check, timeout, what=what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; got {self.presence_tuples(fields=('event', 'uuid', 'channel', 'occupancy'))}")
+
+
+# =============================================================================================
+# Access Manager, limits, TLS and filter expressions
+# (test_access_manager.py, test_limits_tls.py, test_filter.py, test_hostile_access.py)
+# =============================================================================================
+
+CERT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "Sources", "TetherTesting",
+                        "Certificates")
+CA_PEM = os.path.normpath(os.path.join(CERT_DIR, "ca.pem"))
+SERVER_PEM = os.path.normpath(os.path.join(CERT_DIR, "server.pem"))
+SERVER_KEY_PEM = os.path.normpath(os.path.join(CERT_DIR, "server-key.pem"))
+SELF_SIGNED_PEM = os.path.normpath(os.path.join(CERT_DIR, "self-signed.pem"))
+SELF_SIGNED_KEY_PEM = os.path.normpath(os.path.join(CERT_DIR, "self-signed-key.pem"))
+
+# Keysets of the access-manager tests: two with a secret key (access enforced), one with tight
+# per-client limits, one with a request rate limit, and the open demo keyset.
+SECURE_KEYSET = {"name": "secure", "publishKey": "pub-s", "subscribeKey": "sub-s", "secretKey": "s3cret"}
+OTHER_KEYSET = {"name": "other", "publishKey": "pub-o", "subscribeKey": "sub-o", "secretKey": "other-secret"}
+LIMITED_KEYSET = {"name": "limited", "publishKey": "pub-l", "subscribeKey": "sub-l",
+                  "limits": {"publishRatePerSecond": 1, "publishBurst": 3, "maxMessageBytes": 1024}}
+THROTTLED_KEYSET = {"name": "throttled", "publishKey": "pub-t", "subscribeKey": "sub-t",
+                    "limits": {"requestRatePerSecond": 1, "requestBurst": 2}}
+DEMO_KEYSET = {"name": "demo", "publishKey": PUB_KEY, "subscribeKey": SUB_KEY}
+ACCESS_KEYSETS = [SECURE_KEYSET, OTHER_KEYSET, LIMITED_KEYSET, THROTTLED_KEYSET, DEMO_KEYSET]
+
+
+def write_keysets_config(directory: str, keysets: list | None = None, name: str = "tether-access.json", **top) -> str:
+    """Writes a `--config` file with `keysets` (default: ACCESS_KEYSETS) and any top-level
+    fields; returns its path."""
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        json.dump({"keysets": list(keysets if keysets is not None else ACCESS_KEYSETS), **top}, f)
+    return path
+
+
+def keyset_overrides(keyset: dict, admin: bool = False, **overrides) -> dict:
+    """`make_config` overrides for an SDK client on `keyset` (with its secret key when `admin`)."""
+    fields = {"publish_key": keyset["publishKey"], "subscribe_key": keyset["subscribeKey"]}
+    if admin:
+        fields["secret_key"] = keyset["secretKey"]
+    fields.update(overrides)
+    return fields
+
+
+def signature_encode(text: str) -> str:
+    """pubnub-wire §12: percent-encoding with only `A-Z a-z 0-9 - _ .` left raw, uppercase hex."""
+    return urllib.parse.quote(str(text), safe="-_.").replace("~", "%7E")
+
+
+def sign(method: str, keyset: dict, path: str, params: dict, body: str = "", secret: str | None = None,
+         timestamp: int | None = None, drop_timestamp: bool = False) -> str:
+    """The query string (with `?`) of a request signed like a PubNub SDK (v2 form): `params`
+    plus `timestamp` (now unless given) and `signature`, computed with `secret` (default: the
+    keyset's). `path` is the raw (already encoded) path."""
+    import base64
+    import hashlib
+    import hmac
+    params = {k: str(v) for k, v in params.items()}
+    if not drop_timestamp:
+        params["timestamp"] = str(int(time.time()) if timestamp is None else timestamp)
+    canonical = "&".join(f"{k}={signature_encode(params[k])}" for k in sorted(params))
+    message = f"{method}\n{keyset['publishKey']}\n{path}\n{canonical}\n{body}"
+    mac = hmac.new((secret if secret is not None else keyset["secretKey"]).encode(), message.encode(),
+                   hashlib.sha256).digest()
+    signature = "v2." + base64.urlsafe_b64encode(mac).decode().rstrip("=")
+    return "?" + canonical + "&signature=" + signature
+
+
+def signed_request(origin: str, method: str, keyset: dict, path: str, params: dict | None = None,
+                   body: str = "", **sign_kw) -> Resp:
+    """Sends a signed request (see `sign`); POST bodies are sent as JSON."""
+    qs = sign(method, keyset, path, dict(params or {}), body=body, **sign_kw)
+    headers = {"Content-Type": "application/json"} if body else None
+    return request(origin, method, path + qs, body=body.encode() if body else None, headers=headers)
+
+
+def grant_token_raw(origin: str, keyset: dict, permissions: dict, ttl: int = 60) -> str:
+    """`POST /v3/pam/{sub}/grant` signed with the keyset's secret; returns the token."""
+    body = json.dumps({"ttl": ttl, "permissions": permissions}, separators=(",", ":"))
+    r = signed_request(origin, "POST", keyset, f"/v3/pam/{keyset['subscribeKey']}/grant", {"uuid": "admin"}, body=body)
+    assert r.status == 200, r
+    return r.json()["data"]["token"]
+
+
+def forbidden_body(channels: list | None = None, groups: list | None = None, message: str = "Forbidden") -> dict:
+    """The 403 body of pubnub-wire §3 listing the denied channels and groups."""
+    payload: dict = {}
+    if channels is not None:
+        payload["channels"] = list(channels)
+    if groups is not None:
+        payload["channel-groups"] = list(groups)
+    return {"message": message, "payload": payload, "error": True, "service": "Access Manager", "status": 403}
+
+
+def sdk_error_status(builder, timeout: float = 20.0):
+    """Runs a threaded-SDK endpoint builder through its callback API and returns the error
+    `PNStatus` (the status `.sync()` hides by raising); fails if the call succeeded."""
+    done = threading.Event()
+    got = []
+
+    def callback(result, status):
+        got.append((result, status))
+        done.set()
+    builder.pn_async(callback)
+    assert done.wait(timeout), f"no callback within {timeout} s"
+    result, status = got[0]
+    assert status.is_error(), f"expected an error, got {result!r}"
+    return status
+
+
+def status_body(status):
+    """The parsed JSON error body an SDK status carries (None when it is not JSON)."""
+    exc = status.error_data.exception if status.error_data else None
+    text = getattr(exc, "_errormsg", None)
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+class TlsTetherServer(TetherServer):
+    """A `TetherServer` started with `--tls-cert/--tls-key`: its ready line says `https://`.
+    `origin` stays `host:port` (what SDK configs take); `scheme` records the ready line's."""
+
+    scheme = "http"
+
+    def _read_ready_line(self, timeout: float) -> str:
+        line = super()._read_ready_line(timeout)
+        prefix = "Tether listening on https://"
+        self.scheme = "https" if line.startswith(prefix) else "http"
+        return line.replace("https://", "http://", 1)
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.scheme}://{self.origin}"
+
+
+def https_get(origin: str, path: str, cafile: str | None = CA_PEM, timeout: float = 10.0) -> Resp:
+    """GET over TLS, trusting `cafile` (None: the default trust store)."""
+    import ssl
+    host, port = origin.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=cafile) if cafile else ssl.create_default_context()
+    conn = http.client.HTTPSConnection(host, int(port), timeout=timeout, context=context)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return Resp(r.status, r.reason, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()
+
+# ============================ end of the Access Manager / limits / TLS / filter block ========

@@ -450,7 +450,7 @@ def test_garbage_bytes_instead_of_http(origin):
 def test_protocol_level_errors_close_the_connection(origin):
     """Requests the HTTP parser itself refuses get 400 and `Connection: close`."""
     for payload in (b"\x00\xff\xfe\xfd garbage\r\n\r\n",
-                    b"GET /time/0 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+                    b"GET /time/0 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 300_000 + b"\r\n\r\n",
                     b"POST /publish/demo/demo/0/c/0 HTTP/1.1\r\nContent-Length: 4\r\n"
                     b"Transfer-Encoding: chunked\r\n\r\n1\r\n1\r\n0\r\n\r\n"):
         responses, rest, closed = raw_exchange(origin, payload, timeout=3, expect=2)
@@ -466,7 +466,7 @@ def test_protocol_level_errors_close_the_connection(origin):
     "text/javascript content type every other response has"))
 @pytest.mark.parametrize("payload", [
     b"\x00\xff\xfe\xfd garbage\r\n\r\n",
-    b"GET /time/0 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+    b"GET /time/0 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 300_000 + b"\r\n\r\n",
     b"POST /publish/demo/demo/0/c/0 HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n1",
 ], ids=["garbage", "huge-header", "negative-content-length"])
 def test_protocol_level_errors_have_json_bodies(origin, payload):
