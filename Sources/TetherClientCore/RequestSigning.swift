@@ -1,3 +1,4 @@
+import TetherProtocol
 /// The pure half of request signing (pubnub-wire §12): which parameters are added and which
 /// text is signed. The HMAC-SHA256 itself is computed by the client with the secret key.
 public enum RequestSigning {
@@ -52,63 +53,3 @@ extension String {
     }
 }
 
-/// Standard base64 (RFC 4648) without Foundation.
-public enum Base64 {
-    private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
-
-    /// Encodes bytes with padding.
-    public static func encode(_ bytes: some Collection<UInt8>) -> String {
-        let input = Array(bytes)
-        var out: [UInt8] = []
-        out.reserveCapacity((input.count + 2) / 3 * 4)
-        var i = 0
-        while i + 3 <= input.count {
-            let n = UInt32(input[i]) << 16 | UInt32(input[i + 1]) << 8 | UInt32(input[i + 2])
-            out += [alphabet[Int(n >> 18 & 63)], alphabet[Int(n >> 12 & 63)], alphabet[Int(n >> 6 & 63)], alphabet[Int(n & 63)]]
-            i += 3
-        }
-        let rest = input.count - i
-        if rest == 1 {
-            let n = UInt32(input[i]) << 16
-            out += [alphabet[Int(n >> 18 & 63)], alphabet[Int(n >> 12 & 63)], 0x3D, 0x3D]
-        } else if rest == 2 {
-            let n = UInt32(input[i]) << 16 | UInt32(input[i + 1]) << 8
-            out += [alphabet[Int(n >> 18 & 63)], alphabet[Int(n >> 12 & 63)], alphabet[Int(n >> 6 & 63)], 0x3D]
-        }
-        return String(decoding: out, as: UTF8.self)
-    }
-
-    /// Decodes standard or URL-safe base64; padding optional; whitespace ignored. `nil` if invalid.
-    public static func decode(_ text: String) -> [UInt8]? {
-        var values: [UInt8] = []
-        for byte in text.utf8 {
-            switch byte {
-            case 0x41...0x5A: values.append(byte - 0x41)
-            case 0x61...0x7A: values.append(byte - 0x61 + 26)
-            case 0x30...0x39: values.append(byte - 0x30 + 52)
-            case 0x2B, 0x2D: values.append(62)
-            case 0x2F, 0x5F: values.append(63)
-            case 0x3D, 0x20, 0x0A, 0x0D, 0x09: continue
-            default: return nil
-            }
-        }
-        if values.count % 4 == 1 { return nil }
-        var out: [UInt8] = []
-        out.reserveCapacity(values.count * 3 / 4)
-        var i = 0
-        while i + 4 <= values.count {
-            let n = UInt32(values[i]) << 18 | UInt32(values[i + 1]) << 12 | UInt32(values[i + 2]) << 6 | UInt32(values[i + 3])
-            out += [UInt8(n >> 16 & 0xFF), UInt8(n >> 8 & 0xFF), UInt8(n & 0xFF)]
-            i += 4
-        }
-        let rest = values.count - i
-        if rest == 2 {
-            let n = UInt32(values[i]) << 18 | UInt32(values[i + 1]) << 12
-            out.append(UInt8(n >> 16 & 0xFF))
-        } else if rest == 3 {
-            let n = UInt32(values[i]) << 18 | UInt32(values[i + 1]) << 12 | UInt32(values[i + 2]) << 6
-            out += [UInt8(n >> 16 & 0xFF), UInt8(n >> 8 & 0xFF)]
-        }
-        return out
-    }
-}

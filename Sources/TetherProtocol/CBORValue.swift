@@ -195,13 +195,14 @@ public indirect enum CBORValue: Sendable, Hashable {
     }
 }
 
-/// Base64 as Access Manager tokens use it: standard alphabet out; standard or URL-safe in,
-/// padding optional.
-public enum TokenBase64 {
+/// Base64 (RFC 4648) without Foundation: standard or URL-safe alphabet out, with or without
+/// padding; standard or URL-safe in, padding optional. Used for tokens, signatures and ciphertexts.
+public enum Base64 {
     private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 
     /// Encodes with the standard alphabet and padding.
-    public static func encode(_ bytes: [UInt8], urlSafe: Bool = false, padding: Bool = true) -> String {
+    public static func encode(_ input: some Collection<UInt8>, urlSafe: Bool = false, padding: Bool = true) -> String {
+        let bytes = Array(input)
         var out: [UInt8] = []
         out.reserveCapacity((bytes.count + 2) / 3 * 4)
         var i = 0

@@ -196,13 +196,13 @@ public final class AccessManager: Sendable {
         }
         let signature = Self.sign(CBORValue.map(map).encoded(), keyset: keyset, secret: secret)
         map.append((.bytes(Array("sig".utf8)), .bytes(signature)))
-        return TokenBase64.encode(CBORValue.map(map).encoded())
+        return Base64.encode(CBORValue.map(map).encoded())
     }
 
     /// Parses a token and verifies the server's signature for this keyset.
     public func verifiedToken(_ token: String, keyset: Keyset) throws(TokenError) -> VerifiedToken {
         guard let secret = keyset.secretKey, !secret.isEmpty else { throw TokenError(description: "keyset has no secret key") }
-        guard token.utf8.count <= 8192, let bytes = TokenBase64.decode(token) else { throw TokenError(description: "not a token") }
+        guard token.utf8.count <= 8192, let bytes = Base64.decode(token) else { throw TokenError(description: "not a token") }
         let root: CBORValue
         do { root = try CBORValue(decoding: bytes) } catch { throw TokenError(description: "not a token") }
         guard case .map(let entries) = root, let signatureIndex = entries.lastIndex(where: { $0.key.string == "sig" }),
@@ -284,9 +284,9 @@ public final class AccessManager: Sendable {
             let v2Get = "GET\n\(keyset.publishKey)\n\(rawPath)\n\(query)\n"
             let v1 = "\(keyset.subscribeKey)\n\(keyset.publishKey)\n\(rawPath)\n\(query)"
             let candidates = [
-                "v2." + TokenBase64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v2.utf8), using: key)), urlSafe: true, padding: false),
-                "v2." + TokenBase64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v2Get.utf8), using: key)), urlSafe: true, padding: false),
-                TokenBase64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v1.utf8), using: key)), urlSafe: true, padding: true),
+                "v2." + Base64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v2.utf8), using: key)), urlSafe: true, padding: false),
+                "v2." + Base64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v2Get.utf8), using: key)), urlSafe: true, padding: false),
+                Base64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v1.utf8), using: key)), urlSafe: true, padding: true),
             ]
             let presented = PercentCoding.decode(signature) ?? signature
             if candidates.contains(presented) { return .valid }
@@ -305,7 +305,7 @@ public final class AccessManager: Sendable {
         let canonical = parameters.keys.sorted().map { "\($0)=\(signatureEncode(parameters[$0]!))" }.joined(separator: "&")
         let message = "\(method)\n\(publishKey)\n\(path)\n\(canonical)\n\(body)"
         let mac = HMAC<SHA256>.authenticationCode(for: Array(message.utf8), using: SymmetricKey(data: Array(secret.utf8)))
-        return canonical + "&signature=v2." + TokenBase64.encode(Array(mac), urlSafe: true, padding: false)
+        return canonical + "&signature=v2." + Base64.encode(Array(mac), urlSafe: true, padding: false)
     }
 
     /// Parameters the Python SDK percent-encodes before signing (pubnub-wire §12 quirk).
