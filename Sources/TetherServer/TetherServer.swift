@@ -100,7 +100,7 @@ public struct TetherServer: Sendable {
         // the responder and gets the protocol's JSON 414 instead of the parser's bare 400.
         let headerLimit = max(256 * 1024, KeysetRegistry(configuration: configuration.file).largestURILimit * 2)
         let http1 = HTTPServerBuilder.http1(configuration: .init(
-            additionalChannelHandlers: [InputClosedCloser()],
+            additionalChannelHandlers: [ParserErrorResponder(), InputClosedCloser()],
             idleTimeout: configuration.subscribeTimeout + .seconds(30),
             httpDecoderConfiguration: .init(maxHeaderFieldSize: headerLimit, maxHeaderListSize: headerLimit)))
         var server = http1

@@ -459,11 +459,6 @@ def test_protocol_level_errors_close_the_connection(origin):
         assert closed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "server deviation: errors raised by the HTTP parser (garbage bytes, oversized headers, "
-    "Content-Length + Transfer-Encoding, bad Content-Length) are answered by NIO as "
-    "'400' with 'content-length: 0' and no Content-Type: not the JSON body + "
-    "text/javascript content type every other response has"))
 @pytest.mark.parametrize("payload", [
     b"\x00\xff\xfe\xfd garbage\r\n\r\n",
     b"GET /time/0 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 300_000 + b"\r\n\r\n",
