@@ -76,13 +76,12 @@ struct FaultProxyTests {
         let echo = try await EchoServer.start()
         let proxy = try await FaultProxy.start(upstream: echo.origin)
         let connection = try await RawConnection.open(port: proxy.port)
-        let baseline = try await roundTrip(connection, bytes: 10)
+        _ = try await roundTrip(connection, bytes: 10)
         try await proxy.apply(.latency(base: .milliseconds(100), jitter: .milliseconds(20)))
         let delayed = try await roundTrip(connection, bytes: 10)
-        // 2 × (100 ± 20) ms: at least 160 ms whatever the jitter; generous upper bound.
+        // 2 × (100 ± 20) ms: at least 160 ms whatever the jitter or the machine's load. Only the
+        // lower bound is asserted — wall-clock comparisons flake on a shared machine.
         #expect(delayed >= .milliseconds(160), "\(delayed)")
-        #expect(delayed < .seconds(2), "\(delayed)")
-        #expect(delayed > baseline + .milliseconds(100), "baseline \(baseline), delayed \(delayed)")
         await connection.close()
         await proxy.stop()
         await echo.stop()
@@ -92,12 +91,11 @@ struct FaultProxyTests {
         let echo = try await EchoServer.start()
         let proxy = try await FaultProxy.start(upstream: echo.origin)
         let connection = try await RawConnection.open(port: proxy.port)
-        let baseline = try await roundTrip(connection, bytes: 20_000)
+        _ = try await roundTrip(connection, bytes: 20_000)  // warm the connection up
         try await proxy.apply(.bandwidth(bytesPerSecond: 40_000))
         let capped = try await roundTrip(connection, bytes: 20_000)
         // 20 kB at 40 kB/s is ≥ 0.45 s in each direction (they overlap): a lower bound by construction.
         #expect(capped >= .milliseconds(400), "\(capped)")
-        #expect(capped > baseline * 3, "baseline \(baseline), capped \(capped)")
         await connection.close()
         await proxy.stop()
         await echo.stop()
