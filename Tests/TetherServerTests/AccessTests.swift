@@ -137,6 +137,22 @@ import TetherServer
         await restarted.stop()
     }
 
+    @Test func aGrantThatExpiresWhileALongPollWaitsAnswersItWith403() async throws {
+        // The shortest grant is one minute: the long-poll (timeout 90 s) must be refused at the
+        // expiry, not answered empty at its own timeout.
+        let server = try await TestServer.start(file: .init(keysets: [Self.keyset], subscribeTimeoutSeconds: 90))
+        #expect(try await server.get(signed("/v2/auth/grant/sub-key/sub-s", ["channel": "brief", "auth": "ak", "r": "1", "ttl": "1", "uuid": "admin"])).status == 200)
+        let handshake = try await server.object("/v2/subscribe/sub-s/brief/0?tt=0&uuid=u&auth=ak")
+        let tt = (handshake["t"] as? [String: Any])?["t"] as? String ?? "0"
+        let started = ContinuousClock.now
+        let answered = try await server.get("/v2/subscribe/sub-s/brief/0?tt=\(tt)&tr=1&uuid=u&auth=ak", timeout: .seconds(120))
+        let waited = ContinuousClock.now - started
+        #expect(answered.status == 403)
+        #expect(deniedChannels(answered.body) == ["brief"])
+        #expect(waited < .seconds(75), "refused at the grant's expiry (~60 s), not at the 90 s long-poll timeout: \(waited)")
+        await server.stop()
+    }
+
     @Test func invalidTokenGrantsAreRefused() async throws {
         let server = try await start()
         let path = "/v3/pam/sub-s/grant"
