@@ -1,10 +1,342 @@
 import ArgumentParser
+import Foundation
+import NIOCore
+import NIOPosix
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// `tether bench`: load tests against a server (see docs/benchmarks.md).
 struct Bench: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Measure fan-out throughput and publish-to-receive latency.")
+    /// The command line help.
+    static let configuration = CommandConfiguration(
+        abstract: "Measure fan-out throughput, publish-to-receive latency and idle long-poll memory.",
+        discussion: """
+            By default each run starts its own `tether serve` (this same binary) on a free port \
+            with a temporary data directory and stops it afterwards; --url measures an \
+            already-running server instead. The memory run always spawns its server, because it \
+            reads the server's RSS from /proc.
 
+            fanout: one channel, --publishers closed-loop publishers (one publish in flight \
+            each) for --duration seconds, one run per --subscribers entry. Reports deliveries/s \
+            and checks that every subscriber received every acknowledged message exactly once, \
+            in timetoken order.
+
+            latency: --rate publishes/s (open loop) to --latency-subscribers subscribers; latency \
+            is receive time minus the send time carried in the message.
+
+            memory: --long-polls idle long-polls; the server's VmRSS before and with them open, \
+            divided by their number.
+
+            The client and a spawned server share the machine's CPUs; see docs/benchmarks.md.
+            """
+    )
+
+    /// Which measurement to run.
+    enum Scenario: String, ExpressibleByArgument, CaseIterable, Sendable {
+        /// The fan-out, latency, or memory run, or all three in that order.
+        case fanout, latency, memory, all
+    }
+
+    /// Which runs to do.
+    @Option(help: "fanout, latency, memory or all.")
+    var scenario: Scenario = .all
+
+    /// An external server to measure instead of spawning one.
+    @Option(help: "Measure an already-running server (http://host:port) instead of spawning one.")
+    var url: String?
+
+    /// Seconds each fan-out and latency run publishes.
+    @Option(help: "Seconds each fan-out and latency run publishes.")
+    var duration: Double = 10
+
+    /// Comma-separated subscriber counts for fan-out.
+    @Option(help: "Comma-separated subscriber counts, one fan-out run each.")
+    var subscribers: String = "100,1000"
+
+    /// Closed-loop fan-out publishers.
+    @Option(help: "Fan-out publishers: closed-loop connections, one publish in flight each.")
+    var publishers: Int = 32
+
+    /// Fan-out open-loop publish rate, or `nil` for closed-loop publishers.
+    @Option(name: .customLong("fanout-rate"),
+            help: "Fan-out: publish at this fixed rate (messages/s, open loop, --publishers connections) instead of closed loop.")
+    var fanoutRate: Int?
+
+    /// Latency run publish rate (messages/s).
+    @Option(help: "Latency run publish rate (messages/s).")
+    var rate: Int = 1000
+
+    /// Subscribers in the latency run.
+    @Option(name: .customLong("latency-subscribers"), help: "Subscribers in the latency run.")
+    var latencySubscribers: Int = 10
+
+    /// Seconds of the latency run not measured.
+    @Option(help: "Seconds of the latency run excluded as warm-up.")
+    var warmup: Double = 1
+
+    /// Idle long-polls in the memory run.
+    @Option(name: .customLong("long-polls"), help: "Idle long-polls in the memory run.")
+    var longPolls: Int = 10_000
+
+    /// What the memory run keeps open.
+    @Option(name: .customLong("idle"), help: "Memory run: long-poll (one channel each), shared-channel, or connection (no request).")
+    var idle: BenchRunner.IdleMode = .longPoll
+
+    /// Publish with `store=0`.
+    @Flag(name: .customLong("no-store"), help: "Publish with store=0 (not durable; skips the SQLite write and fsync).")
+    var noStore = false
+
+    /// Event loop threads of the client.
+    @Option(name: .customLong("client-threads"), help: "Event loop threads of the bench client (default: one per CPU).")
+    var clientThreads: Int?
+
+    /// Print JSON instead of tables.
+    @Flag(help: "Print the results as JSON instead of tables.")
+    var json = false
+
+    /// Parsed `--subscribers`.
+    private var subscriberCounts: [Int] {
+        subscribers.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+    }
+
+    /// Checks the options.
+    func validate() throws {
+        guard duration > 0 else { throw ValidationError("--duration must be positive") }
+        let counts = subscriberCounts
+        guard !counts.isEmpty, counts.count == subscribers.split(separator: ",").count, counts.allSatisfy({ $0 > 0 }) else {
+            throw ValidationError("--subscribers must be a comma-separated list of positive numbers")
+        }
+        guard publishers > 0 else { throw ValidationError("--publishers must be positive") }
+        if let fanoutRate, !(1...100_000).contains(fanoutRate) { throw ValidationError("--fanout-rate must be between 1 and 100000") }
+        guard rate > 0 && rate <= 100_000 else { throw ValidationError("--rate must be between 1 and 100000") }
+        guard latencySubscribers > 0 else { throw ValidationError("--latency-subscribers must be positive") }
+        guard warmup >= 0 else { throw ValidationError("--warmup must not be negative") }
+        guard longPolls > 0 else { throw ValidationError("--long-polls must be positive") }
+        if let clientThreads, clientThreads <= 0 { throw ValidationError("--client-threads must be positive") }
+        if let url, BenchTarget(url: url) == nil { throw ValidationError("--url must look like http://127.0.0.1:8090") }
+    }
+
+    /// Everything one `tether bench` invocation measured.
+    struct Report: Codable, Sendable {
+        /// The machine and build.
+        var machine: BenchMachine
+        /// `spawned` or the external URL.
+        var server: String
+        /// Client event loop threads.
+        var clientThreads: Int
+        /// Fan-out runs.
+        var fanout: [FanoutResult] = []
+        /// Latency run.
+        var latency: LatencyResult?
+        /// Memory run.
+        var memory: MemoryResult?
+        /// Things the reader should know (skipped runs, limits).
+        var notes: [String] = []
+    }
+
+    /// Runs the selected measurements and prints the report.
     func run() async throws {
-        throw ValidationError("tether bench is being written; see docs/benchmarks.md")
+        signal(SIGPIPE, SIG_IGN)
+        let threads = clientThreads ?? System.coreCount
+        let external = url.flatMap(BenchTarget.init(url:))
+        let runFanout = scenario == .fanout || scenario == .all
+        let runLatency = scenario == .latency || scenario == .all
+        let runMemory = scenario == .memory || scenario == .all
+        var report = Report(machine: .current(), server: external?.url ?? "spawned", clientThreads: threads)
+
+        // Every connection is a file descriptor on both sides; children inherit the limit.
+        var needed = 1024
+        if runFanout { needed = max(needed, (subscriberCounts.max() ?? 0) + publishers + 256) }
+        if runMemory && external == nil { needed = max(needed, longPolls + 512) }
+        let limit = BenchMachine.raiseOpenFileLimit(to: needed)
+        var longPollCount = longPolls
+        if limit < needed {
+            let note = "open-file limit is \(limit) (hard limit reached), \(needed) wanted; raise it with `ulimit -n`"
+            report.notes.append(note)
+            benchLog(note)
+            longPollCount = min(longPollCount, max(limit - 512, 1))
+        }
+
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
+        let runner = BenchRunner(group: group)
+        do {
+            if runFanout {
+                for count in subscriberCounts {
+                    let result = try await withServer(external) { target, pid in
+                        try await runner.fanout(target: target, serverPID: pid, subscribers: count, publishers: publishers,
+                                                rate: fanoutRate, duration: duration, store: !noStore)
+                    }
+                    report.fanout.append(result)
+                    if !json { benchLog(Self.describe(result)) }
+                }
+            }
+            if runLatency {
+                report.latency = try await withServer(external) { target, pid in
+                    try await runner.latency(target: target, serverPID: pid, subscribers: latencySubscribers, rate: rate, duration: duration,
+                                             warmup: warmup, store: !noStore)
+                }
+            }
+            if runMemory {
+                if external != nil {
+                    report.notes.append("memory run skipped: it needs a server spawned by the bench (drop --url)")
+                } else {
+                    let server = try await SpawnedServer(subscribeTimeout: 300)
+                    do {
+                        report.memory = try await runner.memory(server: server, count: longPollCount, mode: idle, openFileLimit: limit)
+                    } catch {
+                        await server.stop()
+                        throw error
+                    }
+                    await server.stop()
+                }
+            }
+        } catch {
+            try? await group.shutdownGracefully()
+            throw error
+        }
+        try await group.shutdownGracefully()
+
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            FileHandle.standardOutput.write(try encoder.encode(report))
+            FileHandle.standardOutput.write(Data("\n".utf8))
+        } else {
+            print(Self.render(report))
+        }
+    }
+
+    /// Runs `body` against the external server, or a freshly spawned one that is stopped afterwards.
+    private func withServer<T>(_ external: BenchTarget?, _ body: (BenchTarget, Int32?) async throws -> T) async throws -> T {
+        if let external { return try await body(external, nil) }
+        let server = try await SpawnedServer()
+        benchLog("spawned server pid \(server.pid) at \(server.target.url)")
+        do {
+            let result = try await body(server.target, server.pid)
+            await server.stop()
+            return result
+        } catch {
+            await server.stop()
+            throw error
+        }
+    }
+
+    // MARK: - Output
+
+    private static func describe(_ r: FanoutResult) -> String {
+        "fan-out \(r.subscribers) subscribers: \(grouped(r.deliveriesPerSecond)) deliveries/s, \(grouped(r.publishesPerSecond)) publishes/s, "
+            + "missing \(r.lost)\(r.complete ? "" : " (drain timed out)"), duplicates \(r.duplicates), out of order \(r.outOfOrder)"
+    }
+
+    /// A number with thousands separators, no decimals.
+    static func grouped(_ value: Double) -> String {
+        let digits = String(Int(value.rounded()))
+        var out = ""
+        for (i, c) in digits.reversed().enumerated() {
+            if i > 0 && i % 3 == 0 && c != "-" { out.append(",") }
+            out.append(c)
+        }
+        return String(out.reversed())
+    }
+
+    private static func fixed(_ value: Double, _ decimals: Int = 2) -> String {
+        String(format: "%.\(decimals)f", value)
+    }
+
+    private static func percent(_ value: Double?) -> String {
+        value.map { "\(Int($0.rounded()))%" } ?? "-"
+    }
+
+    private static func pad(_ text: String, _ width: Int) -> String {
+        text.count >= width ? text : String(repeating: " ", count: width - text.count) + text
+    }
+
+    /// The human-readable tables.
+    static func render(_ report: Report) -> String {
+        let m = report.machine
+        var lines: [String] = []
+        lines.append("tether bench — \(m.date)")
+        lines.append("machine: \(m.cpus) CPUs\(m.cpuModel.map { " (\($0))" } ?? ""), \(m.memoryMiB.map { "\($0) MiB" } ?? "? MiB"), "
+                     + "Linux \(m.kernel); \(m.build) build")
+        lines.append("server:  \(report.server == "spawned" ? "spawned `tether serve` (same binary), temporary data dir" : report.server); "
+                     + "client: \(report.clientThreads) event-loop threads on the same machine")
+        if !report.fanout.isEmpty {
+            let first = report.fanout[0]
+            lines.append("")
+            let publishing = first.targetRate.map { "publishing \(grouped(Double($0))) msg/s over \(first.publishers) connections" }
+                ?? "\(first.publishers) closed-loop publishers"
+            lines.append("Fan-out — one channel, \(publishing), \(fixed(first.publishSeconds, 1)) s, "
+                         + (first.stored ? "stored (durable) publishes" : "store=0"))
+            let header = ["subscribers", "publishes/s", "deliveries/s", "while publishing", "msgs/response", "drain s", "missing", "dup",
+                          "out-of-order", "sub errors", "CPU: server", "client", "softirq", "other"]
+            let widths = [11, 12, 13, 17, 14, 8, 11, 5, 13, 11, 12, 7, 8, 6]
+            lines.append(zip(header, widths).map { pad($0, $1) }.joined(separator: " "))
+            for r in report.fanout {
+                let row = [grouped(Double(r.subscribers)), grouped(r.publishesPerSecond), grouped(r.deliveriesPerSecond),
+                           grouped(r.deliveriesPerSecondWhilePublishing),
+                           fixed(Double(r.deliveries) / Double(max(r.subscribeResponses - r.subscribers, 1)), 1), fixed(r.drainSeconds) + (r.complete ? "" : "!"),
+                           grouped(Double(r.lost)), grouped(Double(r.duplicates)), grouped(Double(r.outOfOrder)),
+                           grouped(Double(r.subscribeErrors)), percent(r.serverCPUPercent), percent(r.clientCPUPercent),
+                           percent(r.interruptCPUPercent), percent(r.otherCPUPercent)]
+                lines.append(zip(row, widths).map { pad($0, $1) }.joined(separator: " "))
+            }
+            lines.append("  deliveries/s: first publish to last delivery; drain: end of publishing to last delivery; "
+                         + "msgs/response: deliveries per long-poll answer")
+            lines.append("  CPU while publishing, 100% = one of \(m.cpus) CPUs; softirq is mostly loopback TCP; "
+                         + "other = other processes (should be ~0%)")
+            if let lag = report.fanout.compactMap(\.maxScheduleLagMs).max(), lag > 100 {
+                lines.append("  ! the paced publisher fell up to \(fixed(lag, 0)) ms behind its schedule: the rate was not sustained")
+            }
+            if report.fanout.contains(where: { !$0.complete }) {
+                lines.append("  ! drain timed out: subscribers were still catching up, so `missing` counts messages not yet "
+                             + "delivered (not necessarily lost)")
+            }
+            if let r = report.fanout.first(where: { $0.subscribers == 100 }) {
+                lines.append("  target: ≥ 150,000 deliveries/s to 100 subscribers — \(r.deliveriesPerSecond >= 150_000 ? "met" : "NOT met")")
+            }
+        }
+        if let r = report.latency {
+            lines.append("")
+            lines.append("Latency — \(grouped(Double(r.rate))) msg/s to \(r.subscribers) subscribers, \(fixed(r.seconds, 1)) s after "
+                         + "\(fixed(r.warmupSeconds, 1)) s warm-up, \(r.stored ? "stored (durable) publishes" : "store=0")")
+            lines.append("  publish → receive: p50 \(fixed(r.p50Ms)) ms, p90 \(fixed(r.p90Ms)) ms, p99 \(fixed(r.p99Ms)) ms, "
+                         + "p99.9 \(fixed(r.p999Ms)) ms, max \(fixed(r.maxMs)) ms, mean \(fixed(r.meanMs)) ms (\(grouped(Double(r.samples))) samples)")
+            lines.append("  publish acknowledgement: p50 \(fixed(r.publishAckP50Ms)) ms, p99 \(fixed(r.publishAckP99Ms)) ms; "
+                         + "schedule lag max \(fixed(r.maxScheduleLagMs)) ms, \(r.lateSends) sends > 1 ms late")
+            lines.append("  CPU while measuring (100% = one CPU): server \(percent(r.serverCPUPercent)), client \(percent(r.clientCPUPercent)), "
+                         + "softirq \(percent(r.interruptCPUPercent)), other processes \(percent(r.otherCPUPercent))")
+            lines.append("  published \(grouped(Double(r.published))), missing \(r.lost), duplicates \(r.duplicates), "
+                         + "out of order \(r.outOfOrder), publish errors \(r.publishErrors)")
+            lines.append("  target: p99 ≤ 5 ms at 1,000 msg/s to 10 subscribers — \(r.p99Ms <= 5 ? "met" : "NOT met")")
+        }
+        if let r = report.memory {
+            let isConnection = r.mode == BenchRunner.IdleMode.connection.rawValue
+            let what = isConnection ? "idle connection" : "idle long-poll"
+            lines.append("")
+            let shape = switch BenchRunner.IdleMode(rawValue: r.mode) {
+            case .sharedChannel: "all on one channel"
+            case .connection: "connected, no request sent"
+            default: "one channel each"
+            }
+            lines.append("Idle memory — \(grouped(Double(r.longPolls))) \(what)s, \(shape) (open-file limit \(r.openFileLimit))")
+            lines.append("  server VmRSS: \(grouped(Double(r.rssBeforeKiB))) KiB before, \(grouped(Double(r.rssAfterKiB))) KiB with them open"
+                         + (isConnection ? "" : " (\(grouped(Double(r.waitingOnServer))) waiting)"))
+            lines.append("  after closing them \(grouped(Double(r.rssAfterCloseKiB))) KiB; with as many open again "
+                         + "\(grouped(Double(r.rssAfterReopenKiB))) KiB")
+            lines.append("  \(fixed(r.kibPerLongPoll)) KiB per \(what) (opened in \(fixed(r.openSeconds, 1)) s"
+                         + (r.answeredEarly > 0 ? ", \(r.answeredEarly) answered early" : "") + ")")
+            if !isConnection {
+                lines.append("  target: < 20 KiB per idle long-poll at 10,000 — \(r.kibPerLongPoll < 20 ? "met" : "NOT met")")
+            }
+        }
+        for note in report.notes {
+            lines.append("note: \(note)")
+        }
+        return lines.joined(separator: "\n")
     }
 }
+
+extension BenchRunner.IdleMode: ExpressibleByArgument {}
