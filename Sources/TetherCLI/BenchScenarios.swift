@@ -262,7 +262,8 @@ struct BenchRunner {
         progress.map { $0.report.withLock { $0 } ?? SubscriberReport() }
     }
 
-    /// Fan-out: closed-loop publishers on one channel, `subscribers` long-polls receiving.
+    /// Fan-out: closed-loop publishers (or, with `rate`, a paced publisher) on one channel,
+    /// `subscribers` long-polls receiving; checks every delivery.
     func fanout(
         target: BenchTarget, serverPID: Int32?, subscribers: Int, publishers: Int, rate: Int?, duration: Double, store: Bool
     ) async throws -> FanoutResult {
