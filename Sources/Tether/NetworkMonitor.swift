@@ -4,6 +4,10 @@ public enum NetworkPathStatus: String, Sendable, Hashable, CustomStringConvertib
     case up
     /// No usable interface.
     case down
+    /// Still usable, but over a different path: an interface went away while another remains
+    /// (Wi-Fi → cellular) or a new one took over. Connections made over the old path may be
+    /// dead without an error, so the subscribe engine restarts its long-poll at once.
+    case changed
 
     /// The case name.
     public var description: String { rawValue }
@@ -33,10 +37,32 @@ public struct PathNetworkMonitor: NetworkMonitor {
     public func pathUpdates() -> AsyncStream<NetworkPathStatus> {
         AsyncStream { continuation in
             let monitor = NWPathMonitor()
-            monitor.pathUpdateHandler = { path in continuation.yield(path.status == .satisfied ? .up : .down) }
+            let previous = PreviousInterfaces()
+            monitor.pathUpdateHandler = { path in
+                guard path.status == .satisfied else {
+                    previous.swap(nil)
+                    continuation.yield(.down)
+                    return
+                }
+                let names = path.availableInterfaces.map(\.name)
+                let old = previous.swap(names)
+                continuation.yield(old == nil || old == names ? .up : .changed)
+            }
             continuation.onTermination = { _ in monitor.cancel() }
             monitor.start(queue: DispatchQueue(label: "tether.network-monitor"))
         }
+    }
+}
+
+/// The interfaces of the last satisfied path (`NWPathMonitor` calls back on one queue).
+private final class PreviousInterfaces: @unchecked Sendable {
+    private var names: [String]?
+
+    /// Stores `new`, returns what was there.
+    @discardableResult
+    func swap(_ new: [String]?) -> [String]? {
+        defer { names = new }
+        return names
     }
 }
 #endif

@@ -69,6 +69,7 @@ public struct RTNetlinkNetworkMonitor: NetworkMonitor {
 
         var links: [Int32: (name: String, up: Bool, loopback: Bool)] = [:]
         var last: NetworkPathStatus?
+        var lastUsable: Set<Int32> = []
         var dumped = false
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         while !stop.isSet {
@@ -82,17 +83,21 @@ public struct RTNetlinkNetworkMonitor: NetworkMonitor {
             // The first answer is the dump of every link; report only once it is complete.
             dumped = dumped || sawDone
             guard dumped else { continue }
-            let up = links.values.contains { link in
+            let usable = Set(links.filter { _, link in
                 guard link.up else { return false }
                 if link.loopback && !filter.1 { return false }
                 if let names = filter.0 { return names.contains(link.name) }
                 return true
-            }
-            let status: NetworkPathStatus = up ? .up : .down
+            }.keys)
+            let status: NetworkPathStatus = usable.isEmpty ? .down : .up
             if status != last {
                 last = status
                 continuation.yield(status)
+            } else if status == .up, usable != lastUsable {
+                // Still up, over different interfaces (Wi-Fi gone, cellular remains).
+                continuation.yield(.changed)
             }
+            lastUsable = usable
         }
         continuation.finish()
     }

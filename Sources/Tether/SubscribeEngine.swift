@@ -55,6 +55,7 @@ final class SubscribeEngine: Sendable {
                         switch path {
                         case .up: send { machine, now in machine.networkUp(now: now) }
                         case .down: send { machine, now in machine.networkDown(now: now) }
+                        case .changed: send { machine, now in machine.networkChanged(now: now) }
                         }
                     }
                 }

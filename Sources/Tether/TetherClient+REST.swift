@@ -182,6 +182,16 @@ extension TetherClient {
 
     // MARK: - Access Manager (secret-key clients)
 
+    /// Grants (or, with every flag off, revokes) Access Manager v2 permissions for auth keys
+    /// (needs ``TetherConfiguration/secretKey``).
+    public func grant(_ grant: AuthKeyGrant, timeout: Duration? = nil) async throws(TetherError) {
+        let hasSecret = configuration.secretKey?.isEmpty == false
+        try await perform(.grant, channels: grant.channels, groups: grant.groups, build: { e throws(RequestBuildError) in
+            guard hasSecret else { throw .missingSecretKey }
+            return try e.grant(grant, timeout: timeout)
+        }, decode: { _ in () })
+    }
+
     /// Grants a v3 token (needs ``TetherConfiguration/secretKey``); returns the token string.
     public func grantToken(_ grant: TokenGrant, timeout: Duration? = nil) async throws(TetherError) -> String {
         let hasSecret = configuration.secretKey?.isEmpty == false

@@ -120,13 +120,14 @@ public final class TetherClient: Sendable {
     ) async throws(TetherError) -> (result: Result, headers: [String: String]) {
         let operation = spec.operation
         let retry = RetryAction { [self] in try await self.execute(spec, channels: channels, groups: groups, decode: decode) }
-        func failure(_ category: StatusCategory, code: Int? = nil, error: (any Error)? = nil, details: ServerErrorDetails? = nil)
-            -> TetherError
+        func failure(_ category: StatusCategory, code: Int? = nil, error: (any Error)? = nil, details: ServerErrorDetails? = nil,
+                     retryAfter: Duration? = nil) -> TetherError
         {
-            let status = Status(category: category, operation: operation, statusCode: code ?? details?.statusCode, error: error,
+            var status = Status(category: category, operation: operation, statusCode: code ?? details?.statusCode, error: error,
                                 serverMessage: details?.message, affectedChannels: channels, affectedGroups: groups,
                                 deniedChannels: details?.deniedChannels ?? [], deniedGroups: details?.deniedGroups ?? [],
                                 retry: retry)
+            status.retryAfter = retryAfter
             logger.debug("request failed", metadata: ["operation": "\(operation)", "category": "\(category)",
                                                       "status": "\(code ?? details?.statusCode ?? 0)"])
             return TetherError(status)
@@ -158,8 +159,19 @@ public final class TetherClient: Sendable {
                               details: ServerErrorDetails(statusCode: response.statusCode, message: error.description))
             }
         case .failure(let category, let details):
-            throw failure(category, code: response.statusCode, details: details)
+            throw failure(category, code: response.statusCode, details: details,
+                          retryAfter: Self.retryAfter(statusCode: response.statusCode, headers: response.headers))
         }
+    }
+
+    /// The `Retry-After` of a 429 or 503, in delay-seconds form (the HTTP-date form is not used
+    /// by realtime servers and is ignored); capped at one hour so a hostile value cannot park
+    /// the client forever.
+    static func retryAfter(statusCode: Int, headers: [String: String]) -> Duration? {
+        guard statusCode == 429 || statusCode == 503 else { return nil }
+        let value = headers["retry-after"] ?? headers.first { $0.key.lowercased() == "retry-after" }?.value
+        guard let text = value?.trimmingCharacters(in: .whitespaces), let seconds = Int(text), seconds >= 0 else { return nil }
+        return .seconds(min(seconds, 3600))
     }
 
     /// `v2.` + URL-safe base64 of HMAC-SHA256(secret key, text), padding stripped (pubnub-wire §12).

@@ -9,7 +9,7 @@ struct ChaosCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "chaos",
         abstract: "Inject network faults between clients and a server.",
-        subcommands: [ChaosProxy.self]
+        subcommands: [ChaosProxy.self, ChaosSuite.self, ChaosProbe.self]
     )
 }
 

@@ -105,7 +105,7 @@ struct Serve: AsyncParsableCommand {
 
 /// Every waiting long-poll holds a socket: raise the soft open-file limit to the hard limit so a
 /// default shell limit (often 1024) does not cap the server far below 10,000 subscribers.
-private func raiseOpenFileLimit(logger: Logger) {
+func raiseOpenFileLimit(logger: Logger) {
     var limit = rlimit()
     guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
     let previous = limit.rlim_cur

@@ -88,3 +88,37 @@ extension CBORValue {
         }
     }
 }
+
+/// An Access Manager v2 grant: permissions for auth keys (or everyone) on channels, groups or the
+/// whole keyset. Granting with every flag `false` revokes. See `docs/security.md`.
+public struct AuthKeyGrant: Sendable, Hashable {
+    /// Channels the grant applies to; empty with empty ``groups`` means the whole keyset.
+    public var channels: [String]
+    /// Channel groups the grant applies to.
+    public var groups: [String]
+    /// Auth keys the grant applies to; empty means every client.
+    public var authKeys: [String]
+    /// Subscribe, history, presence reads.
+    public var read: Bool
+    /// Publish and state writes.
+    public var write: Bool
+    /// Channel-group management.
+    public var manage: Bool
+    /// Deleting history.
+    public var delete: Bool
+    /// Minutes until the grant expires; `0` never expires (at most 525,600).
+    public var ttlMinutes: Int
+
+    /// Creates a grant (default: read and write for a day).
+    public init(channels: [String] = [], groups: [String] = [], authKeys: [String] = [], read: Bool = true, write: Bool = true,
+                manage: Bool = false, delete: Bool = false, ttlMinutes: Int = 1440) {
+        self.channels = channels
+        self.groups = groups
+        self.authKeys = authKeys
+        self.read = read
+        self.write = write
+        self.manage = manage
+        self.delete = delete
+        self.ttlMinutes = ttlMinutes
+    }
+}

@@ -233,6 +233,21 @@ public struct Endpoints: Sendable {
         "/v1/channel-registration/sub-key/\(sub)/channel-group/\(PercentCoding.encode(group))"
     }
 
+    /// `GET /v2/auth/grant/sub-key/{sub}` (requires the secret key; the client signs it).
+    public func grant(_ grant: AuthKeyGrant, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+        guard (0...525_600).contains(grant.ttlMinutes) else { throw .invalidArgument("ttl must be 0–525600 minutes") }
+        var query: [QueryItem] = []
+        if !grant.authKeys.isEmpty { query.append(QueryItem("auth", grant.authKeys.joined(separator: ","))) }
+        if !grant.channels.isEmpty { query.append(QueryItem("channel", grant.channels.joined(separator: ","))) }
+        if !grant.groups.isEmpty { query.append(QueryItem("channel-group", grant.groups.joined(separator: ","))) }
+        query.append(QueryItem("r", grant.read ? "1" : "0"))
+        query.append(QueryItem("w", grant.write ? "1" : "0"))
+        query.append(QueryItem("m", grant.manage ? "1" : "0"))
+        query.append(QueryItem("d", grant.delete ? "1" : "0"))
+        query.append(QueryItem("ttl", String(grant.ttlMinutes)))
+        return make(.grant, "/v2/auth/grant/sub-key/\(sub)", query, timeout: timeout, auth: false)
+    }
+
     /// `POST /v3/pam/{sub}/grant` (requires the secret key; the client signs it).
     public func grantToken(_ grant: TokenGrant, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard (1...43200).contains(grant.ttlMinutes) else { throw .invalidArgument("ttl must be 1–43200 minutes") }

@@ -72,6 +72,9 @@ public struct Status: Sendable, CustomStringConvertible {
     public var undecryptableMessage: UndecryptableMessage?
     /// Whether the client will retry this on its own (subscribe only); see ``cancelAutomaticRetry()``.
     public var willAutomaticallyRetry: Bool
+    /// How long the server asked the client to wait before trying again (`Retry-After` on a 429
+    /// or 503), when it said. The subscribe engine never retries sooner than this.
+    public var retryAfter: Duration?
     let automaticRetryCancellation: AutomaticRetryCancellation?
     let retryAction: RetryAction?
 
@@ -104,11 +107,13 @@ public struct Status: Sendable, CustomStringConvertible {
     /// A copy that the app can cancel with ``cancelAutomaticRetry()`` (the subscribe shell attaches
     /// the handle to statuses its machine marked ``willAutomaticallyRetry``).
     package func withAutomaticRetry(_ cancellation: AutomaticRetryCancellation) -> Status {
-        Status(category: category, operation: operation, statusCode: statusCode, error: error, serverMessage: serverMessage,
-               affectedChannels: affectedChannels, affectedGroups: affectedGroups, subscribedChannels: subscribedChannels,
-               subscribedGroups: subscribedGroups, lastTimetoken: lastTimetoken, currentTimetoken: currentTimetoken,
-               deniedChannels: deniedChannels, deniedGroups: deniedGroups, undecryptableMessage: undecryptableMessage,
-               automaticRetry: cancellation, retry: retryAction)
+        var copy = Status(category: category, operation: operation, statusCode: statusCode, error: error, serverMessage: serverMessage,
+                          affectedChannels: affectedChannels, affectedGroups: affectedGroups, subscribedChannels: subscribedChannels,
+                          subscribedGroups: subscribedGroups, lastTimetoken: lastTimetoken, currentTimetoken: currentTimetoken,
+                          deniedChannels: deniedChannels, deniedGroups: deniedGroups, undecryptableMessage: undecryptableMessage,
+                          automaticRetry: cancellation, retry: retryAction)
+        copy.retryAfter = retryAfter
+        return copy
     }
 
     /// Whether ``retry()`` can re-run the failed call (REST failures).

@@ -42,6 +42,8 @@ public enum TetherOperation: String, Sendable, Hashable, CaseIterable, CustomStr
     case listGroups
     /// Delete a channel group.
     case deleteGroup
+    /// Access Manager v2 grant (auth keys).
+    case grant
     /// Access Manager v3 grant token.
     case grantToken
     /// Access Manager v3 revoke token.

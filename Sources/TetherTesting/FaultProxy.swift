@@ -48,6 +48,10 @@ public final class FaultProxy: Sendable {
         /// Answer the next request on every connection with an HTTP 200 `application/json`
         /// response whose (correctly framed) body is valid JSON cut in half, and close.
         case truncatedJSON
+        /// Answer the next request on every connection with `429 Too Many Requests`, a
+        /// `Retry-After` of `retryAfterSeconds` and PubNub's JSON error body, and close: an
+        /// overloaded server or load balancer shedding load. Nothing reaches upstream.
+        case overloaded(retryAfterSeconds: Int)
         /// Answer a TLS ClientHello with bytes that are not TLS and close; plaintext connections
         /// and TLS connections established before the fault are forwarded.
         case failTLSHandshake

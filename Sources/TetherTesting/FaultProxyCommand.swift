@@ -36,6 +36,7 @@ extension FaultProxy.Fault: CustomStringConvertible {
         case .dropMidResponse(let bytes): "drop \(bytes)"
         case .captivePortal: "captive-portal"
         case .truncatedJSON: "truncated-json"
+        case .overloaded(let seconds): "overloaded \(seconds)"
         case .failTLSHandshake: "fail-tls"
         }
     }
@@ -80,6 +81,15 @@ extension FaultStep: CustomStringConvertible {
             fault = .captivePortal
         case "truncatedjson":
             fault = .truncatedJSON
+        case "overloaded", "overload", "429":
+            try argumentCount(0...2)
+            // `overloaded [<retry-after seconds>] [<for>]`: the first bare number is Retry-After.
+            var seconds = 5
+            if let first = arguments.first, let value = Int(first), value >= 0 {
+                seconds = value
+                arguments.removeFirst()
+            }
+            fault = .overloaded(retryAfterSeconds: seconds)
         case "failtls", "failtlshandshake", "tls":
             fault = .failTLSHandshake
         case "latency":

@@ -62,7 +62,7 @@ final class FaultProxyConnection {
         switch fault {
         case .reset: reset()
         case .pass, .refuse, .latency, .bandwidth, .dropMidResponse: connectUpstream()
-        case .blackhole, .captivePortal, .truncatedJSON, .failTLSHandshake: break  // connect on demand
+        case .blackhole, .captivePortal, .truncatedJSON, .overloaded, .failTLSHandshake: break  // connect on demand
         }
     }
 
@@ -73,7 +73,7 @@ final class FaultProxyConnection {
             let first = !sawClientBytes
             sawClientBytes = true
             switch fault {
-            case .captivePortal, .truncatedJSON:
+            case .captivePortal, .truncatedJSON, .overloaded:
                 request.append(contentsOf: buffer.readableBytesView)
                 if request.count > 65536 || request.firstRange(of: Array("\r\n\r\n".utf8)) != nil { answer(with: fault) }
                 return
@@ -318,6 +318,7 @@ final class FaultProxyConnection {
         switch fault {
         case .captivePortal: reply = FaultProxyReplies.captivePortal
         case .truncatedJSON: reply = FaultProxyReplies.truncatedJSON
+        case .overloaded(let seconds): reply = FaultProxyReplies.overloaded(retryAfterSeconds: seconds)
         default: reply = FaultProxyReplies.notTLS
         }
         proxy.count {
@@ -458,6 +459,20 @@ enum FaultProxyReplies {
         \r
         \(truncatedBody)
         """.utf8)
+
+    static let overloadedBody = #"{"status":429,"error":true,"service":"Balancer","message":"Too many requests."}"#
+
+    static func overloaded(retryAfterSeconds: Int) -> [UInt8] {
+        Array("""
+            HTTP/1.1 429 Too Many Requests\r
+            Content-Type: application/json\r
+            Content-Length: \(overloadedBody.utf8.count)\r
+            Retry-After: \(retryAfterSeconds)\r
+            Connection: close\r
+            \r
+            \(overloadedBody)
+            """.utf8)
+    }
 
     static let notTLS: [UInt8] = Array("HTTP/1.1 400 Bad Request\r\nContent-Length: 16\r\n\r\nthis is not TLS\n".utf8)
 }

@@ -57,10 +57,11 @@ struct Harness {
                                           now: now))
     }
 
-    mutating func fail(_ category: StatusCategory, statusCode: Int? = nil, denied: [String] = []) {
+    mutating func fail(_ category: StatusCategory, statusCode: Int? = nil, denied: [String] = [], retryAfter: Duration? = nil) {
         guard let id = lastRequest else { return }
-        record(machine.subscribeFailed(id, status: Status(category: category, operation: .subscribe, statusCode: statusCode,
-                                                          deniedChannels: denied), now: now, randomness: 0))
+        var status = Status(category: category, operation: .subscribe, statusCode: statusCode, deniedChannels: denied)
+        status.retryAfter = retryAfter
+        record(machine.subscribeFailed(id, status: status, now: now, randomness: 0))
     }
 
     /// Advances time to the earliest pending timer and fires it.
@@ -230,6 +231,46 @@ struct SubscribeMachineBehaviourTests {
         #expect(h.delivered.map(\.timetoken.rawValue) == [150, 200])   // 150 not delivered twice
         #expect(h.continuity == [ChannelContinuity(channel: "a", outcome: .recovered(count: 1), resumedFrom: Timetoken(150))])
         #expect(h.changes.compactMap(\.reconnectEvent) == [.started, .succeeded])
+    }
+
+    @Test func networkPathChangeRestartsTheLongPollQuietly() {
+        var h = Harness()
+        h.subscribe(["a"])
+        h.succeed(100)
+        h.succeed(150, events: [event("a", 150)])
+        var actions = h.machine.networkUp(now: h.now)          // the monitor's first report
+        h.record(actions)
+        let stale = h.lastRequest
+        actions = h.machine.networkChanged(now: h.now)         // Wi-Fi gone, cellular remains
+        h.record(actions)
+        #expect(actions.contains { if case .cancelSubscribe = $0 { true } else { false } })
+        #expect(h.lastRequest != stale)
+        #expect(actions.contains { if case .startSubscribe(_, _, _, let cursor) = $0 { cursor?.timetoken == Timetoken(150) } else { false } })
+        #expect(h.categories == [.connected])                  // nothing was lost: no status
+        #expect(h.machine.connectionState == .connected)
+        // During an outage the change runs the scheduled retry now.
+        h.fail(.networkIssues)
+        #expect(h.timers[.retry] == .seconds(2))
+        actions = h.machine.networkChanged(now: h.now)
+        h.record(actions)
+        #expect(h.timers[.retry] == nil)
+        h.succeed(200)
+        #expect(h.categories == [.connected, .unexpectedDisconnect, .reconnected])
+        #expect(h.machine.cursor?.timetoken == Timetoken(150))
+    }
+
+    @Test func retryAfterIsNeverUndercut() {
+        var h = Harness()
+        h.subscribe(["a"])
+        h.succeed(100)
+        h.fail(.unknown, statusCode: 429, retryAfter: .seconds(30))   // the policy alone would say 2 s
+        #expect(h.timers[.retry] == .seconds(30))
+        h.fire(.retry)
+        h.fail(.unknown, statusCode: 429, retryAfter: .seconds(1))    // a shorter Retry-After: the policy's 4 s wins
+        #expect(h.timers[.retry] == .seconds(34))
+        h.fire(.retry)
+        h.succeed(200)
+        #expect(h.categories == [.connected, .unexpectedDisconnect, .reconnected])
     }
 
     @Test func givesUpAfterConnectingThenProbesTimeAndRestores() {

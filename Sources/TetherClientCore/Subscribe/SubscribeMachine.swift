@@ -735,6 +735,38 @@ public struct SubscribeMachine: Sendable {
         return actions + connectionChange(from: before)
     }
 
+    /// The network monitor reports that the path changed while staying usable (Wi-Fi → cellular,
+    /// an interface gone while another remains): requests in flight may sit on a dead path
+    /// with no error to come, so the long-poll restarts at once from its cursor over the new
+    /// path (no status: nothing was lost), a running handshake is re-sent, and a scheduled retry
+    /// runs now. From down, this is ``networkUp(now:)``.
+    public mutating func networkChanged(now: Duration) -> [Action] {
+        guard network == .up else { return networkUp(now: now) }
+        let before = connectionState
+        switch state {
+        case .receiving(var r):
+            guard case .polling = r.phase else { return [] }
+            var actions: [Action] = [.cancelSubscribe, .cancelTimer(.longPollWatchdog)]
+            actions += poll(&r)
+            state = .receiving(r)
+            return actions
+        case .handshaking(let h):
+            return [.cancelSubscribe, .cancelTimer(.longPollWatchdog)]
+                + startHandshake(purpose: h.purpose, resume: h.resume, last: h.last, outage: h.outage) + connectionChange(from: before)
+        case .retrying(let r):
+            return [.cancelTimer(.retry)]
+                + startHandshake(purpose: r.connectedBefore ? .restore : .connect,
+                                 resume: resumePoint(r.cursor, connectedBefore: r.connectedBefore), last: r.cursor, outage: r.outage)
+                + connectionChange(from: before)
+        case .stopped(let s) where s.probing:
+            return [.cancelTimer(.timeProbe)]
+                + startHandshake(purpose: .restore, resume: resumePoint(s.cursor, connectedBefore: true), last: s.cursor, outage: nil)
+                + connectionChange(from: before)
+        case .idle, .stopped, .waitingForNetwork, .disconnected:
+            return []
+        }
+    }
+
     // MARK: Transition helpers
 
     private var wasConnected: Bool {
@@ -879,8 +911,11 @@ public struct SubscribeMachine: Sendable {
         case .acknowledgment, .connected, .reconnected, .disconnected, .unexpectedDisconnect, .connectionError,
             .disconnectedUnexpectedly, .subscriptionChanged, .timeout, .networkIssues, .networkUp, .networkDown, .malformedResponse,
             .decryptionError, .tlsConnectionFailed, .tlsUntrustedCertificate, .requestMessageCountExceeded, .unknown, .cancelled:
-            let delay = configuration.retry.retries(.subscribe)
-                ? configuration.retry.delay(beforeRetry: outage.retries + 1, elapsed: now - outage.start, randomness: randomness) : nil
+            // The policy's delay, but never sooner than the server's `Retry-After` (429/503): a
+            // server shedding load must not be hammered by its clients' retries.
+            let delay = (configuration.retry.retries(.subscribe)
+                ? configuration.retry.delay(beforeRetry: outage.retries + 1, elapsed: now - outage.start, randomness: randomness) : nil)
+                .map { policy in status.retryAfter.map { max(policy, $0 + .milliseconds(Int64(randomness * 1000))) } ?? policy }
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
             guard let delay else {
                 actions += giveUp(cursor: cursor, connectedBefore: connectedBefore, reason: status, status: status)

@@ -1,0 +1,123 @@
+import ArgumentParser
+import Foundation
+import Logging
+import Synchronization
+import Tether
+
+/// `tether chaos probe`: N Tether SDK clients subscribed to one channel, reporting every status
+/// and every received message as a JSON line — the Tether side of `tether chaos suite` (the
+/// PubNub side is a Python script speaking the same lines).
+///
+/// Lines on standard output, one JSON object each, `at` in Unix milliseconds:
+/// `{"c":3,"e":"status","cat":"reconnected","at":…}`, `{"c":3,"e":"msg","seq":17,"tt":"…","at":…}`.
+/// The probe runs until standard input closes, then shuts every client down and exits.
+struct ChaosProbe: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "probe",
+        abstract: "Run Tether SDK clients on one channel and print each status and message as a JSON line.",
+        discussion: """
+            Used by `tether chaos suite`; also handy on its own. Every client has its own \
+            connections and its own network monitor, as separate devices would. Message payloads \
+            are expected to be objects with an integer "seq". Runs until standard input closes.
+
+              tether chaos probe --origin 127.0.0.1:9090 --channel chaos --clients 10 < /dev/tty
+            """)
+
+    @Option(help: "Server (or proxy) host:port.")
+    var origin = "127.0.0.1:8090"
+
+    @Option(help: "The channel to subscribe to.")
+    var channel: String
+
+    @Option(help: "How many independent clients.")
+    var clients = 1
+
+    @Option(name: .customLong("sub-key"), help: "Subscribe key.")
+    var subscribeKey = "demo"
+
+    @Option(name: .customLong("auth-key"), help: "Access Manager auth key.")
+    var authKey: String?
+
+    @Option(name: .customLong("user-prefix"), help: "User ids are <prefix>-<n>.")
+    var userPrefix = "tether"
+
+    @Option(name: .customLong("watch-interface"),
+            help: "Linux: judge the network by these interfaces only (repeatable; default: every non-loopback one).")
+    var watchInterfaces: [String] = []
+
+    @Flag(help: "No network monitor (the SDK learns of outages from failed requests only).")
+    var noNetworkMonitor = false
+
+    func validate() throws {
+        guard clients >= 1 else { throw ValidationError("--clients must be at least 1") }
+    }
+
+    func run() async throws {
+        var logger = Logger(label: "tether.chaos.probe")
+        logger.logLevel = .critical
+        let out = ProbeOutput()
+        var all: [TetherClient] = []
+        for index in 0..<clients {
+            var configuration: TetherConfiguration
+            do {
+                configuration = try TetherConfiguration(subscribeKey: subscribeKey, publishKey: nil, userId: "\(userPrefix)-\(index)",
+                                                        authKey: authKey, origin: origin, useTLS: false, logger: logger)
+            } catch {
+                throw ValidationError(error.description)
+            }
+            configuration.logger = logger
+            let transport = try HTTPClientTransport(connectTimeout: configuration.connectTimeout, logger: logger)
+            let client = TetherClient(configuration: configuration, transport: transport, clock: ContinuousClock(),
+                                      networkMonitor: noNetworkMonitor ? nil : makeMonitor())
+            client.addStatusListener { status in
+                out.line(#"{"c":\#(index),"e":"status","cat":"\#(status.category)","at":\#(unixMilliseconds())}"#)
+            }
+            for subscription in client.subscribe(to: [channel]) {
+                subscription.onEvent { event in
+                    guard !event.isPresence else { return }
+                    let seq = event.payload["seq"]?.intValue ?? -1
+                    out.line(#"{"c":\#(index),"e":"msg","seq":\#(seq),"tt":"\#(event.timetoken)","at":\#(unixMilliseconds())}"#)
+                }
+            }
+            all.append(client)
+        }
+        // Run until standard input closes.
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            let thread = Thread {
+                while readLine() != nil {}
+                done.resume()
+            }
+            thread.start()
+        }
+        await withTaskGroup(of: Void.self) { group in
+            for client in all { group.addTask { await client.shutdown() } }
+        }
+    }
+
+    private func makeMonitor() -> (any NetworkMonitor)? {
+        #if os(Linux)
+        return watchInterfaces.isEmpty ? RTNetlinkNetworkMonitor() : RTNetlinkNetworkMonitor(interfaces: Set(watchInterfaces))
+        #elseif canImport(Network)
+        return PathNetworkMonitor()
+        #else
+        return nil
+        #endif
+    }
+}
+
+/// Whole lines to standard output from many threads, never interleaved.
+final class ProbeOutput: Sendable {
+    private let lock = Mutex(())
+
+    /// Writes `text` and a newline at once.
+    func line(_ text: String) {
+        lock.withLock { _ in FileHandle.standardOutput.write(Data((text + "\n").utf8)) }
+    }
+}
+
+/// Milliseconds since 1970 (the suite and its probes compare times across processes).
+func unixMilliseconds() -> Int64 {
+    var now = timespec()
+    clock_gettime(CLOCK_REALTIME, &now)
+    return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+}

@@ -1,0 +1,264 @@
+import Foundation
+import Synchronization
+
+/// Errors of the chaos suite's machinery (not of the clients under test).
+struct ChaosError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The path of the running `tether` executable (the suite starts servers and probes from it).
+func currentExecutablePath() -> String {
+    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+}
+
+/// Runs a command to completion; returns its exit status and combined output.
+@discardableResult
+func runCommand(_ arguments: [String]) -> (status: Int32, output: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = arguments
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    process.standardError = pipe
+    do { try process.run() } catch { return (127, "\(error)") }
+    let data = pipe.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+}
+
+/// One `tether serve` child process on a fixed data directory and (after the first start) a fixed
+/// port, so it can be stopped, killed and started again like a production server.
+final class ChaosServerProcess: Sendable {
+    private struct State {
+        var process: Process?
+        var port = 0
+        var starts = 0
+    }
+
+    private let state = Mutex(State())
+    let dataDirectory: String
+    let configPath: String
+    let logPath: String
+
+    init(dataDirectory: String, configPath: String, logPath: String) {
+        self.dataDirectory = dataDirectory
+        self.configPath = configPath
+        self.logPath = logPath
+    }
+
+    /// `127.0.0.1:<port>` once started.
+    var origin: String { "127.0.0.1:\(state.withLock { $0.port })" }
+
+    /// Whether the process is running.
+    var isRunning: Bool { state.withLock { $0.process?.isRunning ?? false } }
+
+    /// Starts the server (on a free port the first time, the same port afterwards) and waits for
+    /// its "listening" line.
+    func start() async throws {
+        let port = state.withLock { $0.port }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: currentExecutablePath())
+        process.arguments = ["serve", "--host", "127.0.0.1", "--port", String(port), "--data-dir", dataDirectory,
+                             "--config", configPath, "--log-level", "warning"]
+        let out = Pipe()
+        process.standardOutput = out
+        if !FileManager.default.fileExists(atPath: logPath) { FileManager.default.createFile(atPath: logPath, contents: nil) }
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        process.standardError = log
+        try process.run()
+        let listening: Int? = await withCheckedContinuation { continuation in
+            let thread = Thread {
+                var buffer = Data()
+                while true {
+                    let chunk = out.fileHandleForReading.availableData
+                    if chunk.isEmpty { continuation.resume(returning: nil); return }
+                    buffer.append(chunk)
+                    let text = String(decoding: buffer, as: UTF8.self)
+                    if let line = text.split(separator: "\n").first(where: { $0.hasPrefix("Tether listening on ") }),
+                       let colon = line.lastIndex(of: ":"), let value = Int(line[line.index(after: colon)...].filter(\.isNumber)) {
+                        continuation.resume(returning: value)
+                        // Keep draining so the child never blocks on a full pipe.
+                        while !out.fileHandleForReading.availableData.isEmpty {}
+                        return
+                    }
+                }
+            }
+            thread.start()
+        }
+        guard let listening else {
+            process.waitUntilExit()
+            throw ChaosError("tether serve exited with status \(process.terminationStatus) before listening (see \(logPath))")
+        }
+        state.withLock {
+            $0.process = process
+            $0.port = listening
+            $0.starts += 1
+        }
+    }
+
+    /// Sends `signal` and waits for the process to exit (SIGKILL after `grace`).
+    func stop(signal: Int32 = SIGTERM, grace: Duration = .seconds(10)) async {
+        guard let process = state.withLock({ $0.process }), process.isRunning else { return }
+        kill(process.processIdentifier, signal)
+        let deadline = ContinuousClock.now + grace
+        while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        while process.isRunning { try? await Task.sleep(for: .milliseconds(20)) }
+        state.withLock { $0.process = nil }
+    }
+}
+
+/// One event a probe reported.
+struct ProbeEvent: Sendable {
+    enum Kind: Sendable { case message(seq: Int), status(String) }
+    var client: Int
+    var kind: Kind
+    var at: Int64
+}
+
+/// A probe child process (`tether chaos probe` or the PubNub Python script): its events, parsed
+/// from its JSON lines as they arrive. Closing its standard input stops it.
+final class ProbeProcess: Sendable {
+    let sdk: ChaosSDK
+    let clients: Int
+    private let process: Process
+    private let input: Pipe
+    private let events = Mutex<[ProbeEvent]>([])
+    private let stderrPath: String
+
+    init(sdk: ChaosSDK, clients: Int, command: [String], stderrPath: String) throws {
+        self.sdk = sdk
+        self.clients = clients
+        self.stderrPath = stderrPath
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: command[0])
+        process.arguments = Array(command.dropFirst())
+        input = Pipe()
+        let output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        FileManager.default.createFile(atPath: stderrPath, contents: nil)
+        process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: stderrPath))
+        try process.run()
+        let reader = Thread { [self] in
+            var pending = Data()
+            while true {
+                let chunk = output.fileHandleForReading.availableData
+                if chunk.isEmpty { return }
+                pending.append(chunk)
+                var parsed: [ProbeEvent] = []
+                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                    let line = pending[pending.startIndex..<newline]
+                    pending.removeSubrange(pending.startIndex...newline)
+                    if let event = Self.parse(line) { parsed.append(event) }
+                }
+                if !parsed.isEmpty { self.events.withLock { $0 += parsed } }
+            }
+        }
+        reader.start()
+    }
+
+    private static func parse(_ line: Data) -> ProbeEvent? {
+        guard let object = try? JSONSerialization.jsonObject(with: line) as? [String: Any],
+              let client = object["c"] as? Int, let kind = object["e"] as? String,
+              let at = (object["at"] as? NSNumber)?.int64Value else { return nil }
+        switch kind {
+        case "msg": return ProbeEvent(client: client, kind: .message(seq: object["seq"] as? Int ?? -1), at: at)
+        case "status": return ProbeEvent(client: client, kind: .status(object["cat"] as? String ?? "?"), at: at)
+        default: return nil
+        }
+    }
+
+    /// Every event so far, in arrival order.
+    var snapshot: [ProbeEvent] { events.withLock { $0 } }
+
+    /// Whether the process is still running.
+    var isRunning: Bool { process.isRunning }
+
+    /// The last lines the probe wrote to standard error (for diagnostics).
+    var errorTail: String {
+        let text = (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? ""
+        return text.split(separator: "\n").suffix(5).joined(separator: "\n")
+    }
+
+    /// Closes standard input, waits up to `grace` for the probe to exit, then kills it.
+    func stop(grace: Duration = .seconds(8)) async {
+        try? input.fileHandleForWriting.close()
+        let deadline = ContinuousClock.now + grace
+        while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(50)) }
+        if process.isRunning {
+            process.terminate()
+            try? await Task.sleep(for: .milliseconds(300))
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+    }
+}
+
+/// A network namespace for the clients with two links to the host — "Wi-Fi" (`wifi0`) and
+/// "cellular" (`cell0`), each a veth pair with its own subnet — and a service address on the
+/// host reachable over either, preferring Wi-Fi. Switching takes Wi-Fi down: traffic moves to
+/// cellular with a new source address, as on a phone leaving a hotspot.
+struct ChaosNetworkNamespace: Sendable {
+    let name: String
+    /// The host address the clients connect to (the proxy listens on it).
+    let serviceAddress: String
+    let wifiAddress: String
+    let cellularAddress: String
+    private let hostWifi: String
+    private let hostCellular: String
+
+    /// Creates the namespace and links; throws with the reason when that is not possible here
+    /// (not root, no `ip`, no namespace support).
+    static func create() throws -> ChaosNetworkNamespace {
+        let id = Int(getpid()) % 100_000
+        let octet = 200 + Int(getpid()) % 50
+        let space = ChaosNetworkNamespace(name: "tchaos\(id)", serviceAddress: "10.\(octet).0.1", wifiAddress: "10.\(octet).1.2",
+                                          cellularAddress: "10.\(octet).2.2", hostWifi: "tcw\(id)", hostCellular: "tcc\(id)")
+        let net = "10.\(octet)"
+        let steps: [[String]] = [
+            ["ip", "netns", "add", space.name],
+            ["ip", "link", "add", space.hostWifi, "type", "veth", "peer", "name", "wifi0", "netns", space.name],
+            ["ip", "link", "add", space.hostCellular, "type", "veth", "peer", "name", "cell0", "netns", space.name],
+            ["ip", "addr", "add", "\(net).1.1/24", "dev", space.hostWifi],
+            ["ip", "addr", "add", "\(net).2.1/24", "dev", space.hostCellular],
+            ["ip", "link", "set", space.hostWifi, "up"],
+            ["ip", "link", "set", space.hostCellular, "up"],
+            ["ip", "addr", "add", "\(space.serviceAddress)/32", "dev", "lo"],
+            ["ip", "-n", space.name, "link", "set", "lo", "up"],
+            ["ip", "-n", space.name, "addr", "add", "\(space.wifiAddress)/24", "dev", "wifi0"],
+            ["ip", "-n", space.name, "addr", "add", "\(space.cellularAddress)/24", "dev", "cell0"],
+            ["ip", "-n", space.name, "link", "set", "wifi0", "up"],
+            ["ip", "-n", space.name, "link", "set", "cell0", "up"],
+            ["ip", "-n", space.name, "route", "add", "\(space.serviceAddress)/32", "via", "\(net).1.1", "dev", "wifi0", "metric", "10"],
+            ["ip", "-n", space.name, "route", "add", "\(space.serviceAddress)/32", "via", "\(net).2.1", "dev", "cell0", "metric", "20"],
+        ]
+        for step in steps {
+            let result = runCommand(step)
+            if result.status != 0 {
+                space.destroy()
+                throw ChaosError("`\(step.joined(separator: " "))` failed: \(result.output.trimmingCharacters(in: .whitespacesAndNewlines))")
+            }
+        }
+        return space
+    }
+
+    /// The command prefix that runs a program inside the namespace.
+    var prefix: [String] { ["/usr/sbin/ip", "netns", "exec", name] }
+
+    /// Wi-Fi goes away: its link goes down in the namespace, so the route via cellular (and its
+    /// address) takes over.
+    func dropWifi() throws {
+        let result = runCommand(["ip", "-n", name, "link", "set", "wifi0", "down"])
+        guard result.status == 0 else { throw ChaosError("taking wifi0 down failed: \(result.output)") }
+    }
+
+    /// Removes everything `create()` made.
+    func destroy() {
+        runCommand(["ip", "netns", "del", name])
+        runCommand(["ip", "link", "del", hostWifi])
+        runCommand(["ip", "link", "del", hostCellular])
+        runCommand(["ip", "addr", "del", "\(serviceAddress)/32", "dev", "lo"])
+    }
+}

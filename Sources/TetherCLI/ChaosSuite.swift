@@ -1,0 +1,428 @@
+import ArgumentParser
+import Foundation
+import Logging
+import Synchronization
+import Tether
+import TetherTesting
+
+/// `tether chaos suite`: every seed situation, reproduced against a real server with Tether's SDK
+/// and the PubNub Python SDK (threaded and asyncio) side by side; see `docs/resilience.md`.
+struct ChaosSuite: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "suite",
+        abstract: "Run the resilience scenarios with Tether's SDK and the PubNub Python SDK and print the side-by-side table.",
+        discussion: """
+            For each scenario: a fresh `tether serve`, a fault proxy in front of it, one probe process \
+            per SDK subscribed through the proxy, and a publisher sending numbered messages straight \
+            to the server. The fault is injected, and every client's deliveries are checked against \
+            what the server acknowledged: lost, duplicated, out of order, time from the fault's end \
+            to caught up, and the statuses each SDK emitted. Exits 1 when Tether's SDK lost, \
+            duplicated or reordered anything or did not catch up.
+
+              tether chaos suite                              # the full suite (about 15 minutes)
+              tether chaos suite --quick                      # time-compressed (durations x0.1), as in scripts/test
+              tether chaos suite --scenario tunnel --sdk tether
+              tether chaos suite --markdown table.md --json results.json
+
+            The PubNub probes need Python with `pubnub` (pip install pubnub==10.8.0); --python picks \
+            the interpreter (default: ./.venv/bin/python when present, else python3). The Wi-Fi → \
+            cellular scenario needs root and iproute2 (network namespaces); without them it is \
+            reported as skipped.
+            """)
+
+    @Option(help: "A scenario to run (repeatable; default: all). --list shows them.")
+    var scenario: [String] = []
+
+    @Option(help: "An SDK to run: tether, pubnub-threaded, pubnub-asyncio (repeatable; default: all).")
+    var sdk: [String] = []
+
+    @Option(help: "Multiply every fault duration by this (0.1 compresses 30 s to 3 s).")
+    var scale: Double = 1.0
+
+    @Option(name: .customLong("storm-clients"), help: "Clients per SDK in the reconnection storm.")
+    var stormClients = 500
+
+    @Option(name: .customLong("storm-threaded-clients"),
+            help: "Clients in the storm for the threaded PubNub SDK (each runs its own OS threads).")
+    var stormThreadedClients = 100
+
+    @Option(name: .customLong("settle-timeout"), help: "Seconds to wait after a fault for every client to catch up.")
+    var settleTimeout: Double = 60
+
+    @Flag(help: "Time-compressed run: --scale 0.1, 50 storm clients, 20 s settle timeout (what scripts/test runs).")
+    var quick = false
+
+    @Option(help: "Python interpreter with the pubnub package.")
+    var python: String?
+
+    @Option(help: "Also write the Markdown table here.")
+    var markdown: String?
+
+    @Option(help: "Also write every result as JSON here.")
+    var json: String?
+
+    @Option(name: .customLong("work-dir"), help: "Where servers keep their data and logs (default: a new temporary directory).")
+    var workDirectory: String?
+
+    @Flag(help: "List the scenarios and exit.")
+    var list = false
+
+    func validate() throws {
+        let known = Set(ChaosScenario.ID.allCases.map(\.rawValue))
+        for name in scenario where !known.contains(name) {
+            throw ValidationError("unknown scenario '\(name)'; known: \(known.sorted().joined(separator: ", "))")
+        }
+        for name in sdk where ChaosSDK(rawValue: name) == nil {
+            throw ValidationError("unknown SDK '\(name)'; known: \(ChaosSDK.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        guard scale > 0, scale <= 10 else { throw ValidationError("--scale must be in (0, 10]") }
+        guard stormClients >= 1, stormThreadedClients >= 1 else { throw ValidationError("storm client counts must be at least 1") }
+    }
+
+    func run() async throws {
+        if list {
+            for item in ChaosScenario.all { print("\(item.id.rawValue.padding(toLength: 20, withPad: " ", startingAt: 0)) \(item.summary)") }
+            return
+        }
+        var logger = Logger(label: "tether.chaos.suite")
+        logger.logLevel = .warning
+        raiseOpenFileLimit(logger: logger)
+        let options = ChaosRunOptions(
+            scale: quick ? 0.1 : scale, stormClients: quick ? min(stormClients, 50) : stormClients,
+            stormThreadedClients: quick ? min(stormThreadedClients, 25) : stormThreadedClients,
+            settleTimeout: quick ? min(settleTimeout, 20) : settleTimeout)
+        let scenarios = scenario.isEmpty ? ChaosScenario.all : ChaosScenario.all.filter { scenario.contains($0.id.rawValue) }
+        let sdks = sdk.isEmpty ? ChaosSDK.allCases : ChaosSDK.allCases.filter { sdk.contains($0.rawValue) }
+        let work = workDirectory ?? NSTemporaryDirectory() + "tether-chaos-\(getpid())"
+        try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+
+        let pythonPath = python ?? (FileManager.default.isExecutableFile(atPath: ".venv/bin/python") ? ".venv/bin/python" : "python3")
+        let probeScript = work + "/pubnub_probe.py"
+        try ChaosPythonProbe.script.write(toFile: probeScript, atomically: true, encoding: .utf8)
+        let pubnubVersion = runCommand([pythonPath, "-c", "import pubnub.pubnub, importlib.metadata as m; print(m.version('pubnub'))"])
+        let pythonProblem = pubnubVersion.status == 0 ? nil
+            : "skipped: `\(pythonPath)` cannot import pubnub (pip install pubnub==10.8.0)"
+
+        say("tether chaos suite: \(scenarios.count) scenario(s), SDKs \(sdks.map(\.rawValue).joined(separator: ", ")), "
+            + "scale \(options.scale), work dir \(work)")
+        if let pythonProblem { say(pythonProblem) } else {
+            say("PubNub Python SDK \(pubnubVersion.output.trimmingCharacters(in: .whitespacesAndNewlines)) via \(pythonPath)")
+        }
+
+        var results: [ChaosResult] = []
+        for item in scenarios {
+            say("== \(item.id.rawValue): \(item.summary)")
+            let runner = ChaosScenarioRunner(scenario: item, options: options, sdks: sdks, workDirectory: work + "/" + item.id.rawValue,
+                                             pythonPath: pythonPath, probeScript: probeScript, pythonProblem: pythonProblem)
+            let outcome = await runner.run()
+            for result in outcome {
+                say("   \(result.sdk.rawValue): " + (result.note ?? "lost \(result.lost), duplicated \(result.duplicated), "
+                    + "out of order \(result.outOfOrder), caught up \(ChaosTable.caughtUpCell(result)); "
+                    + "statuses \(ChaosTable.statusesCell(result))"))
+            }
+            results += outcome
+        }
+
+        let table = ChaosTable.markdown(results, scenarios: scenarios)
+        print("")
+        print(table)
+        if let markdown { try (table + "\n").write(toFile: markdown, atomically: true, encoding: .utf8) }
+        if let json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            try encoder.encode(results).write(to: URL(fileURLWithPath: json))
+        }
+        let failures = results.filter { $0.sdk == .tether && !$0.isClean && !($0.note?.hasPrefix("skipped") ?? false) }
+        if !failures.isEmpty {
+            say("\nTether's SDK did not hold the line in: \(failures.map(\.scenario).joined(separator: ", "))")
+            throw ExitCode.failure
+        }
+    }
+}
+
+/// Durations and sizes of one suite run.
+struct ChaosRunOptions: Sendable {
+    var scale: Double
+    var stormClients: Int
+    var stormThreadedClients: Int
+    var settleTimeout: Double
+
+    /// `seconds` scaled, never below 0.2 s.
+    func scaled(_ seconds: Double) -> Duration { .milliseconds(Int64(max(0.2, seconds * scale) * 1000)) }
+}
+
+/// Prints a progress line at once.
+private func say(_ text: String) {
+    FileHandle.standardError.write(Data((text + "\n").utf8))
+}
+
+/// Runs one scenario end to end.
+struct ChaosScenarioRunner: Sendable {
+    static let authKey = "chaos-auth"
+    static let accessManagerKeys = (publish: "chaos-pub", subscribe: "chaos-sub", secret: "chaos-secret")
+
+    let scenario: ChaosScenario
+    let options: ChaosRunOptions
+    let sdks: [ChaosSDK]
+    let workDirectory: String
+    let pythonPath: String
+    let probeScript: String
+    let pythonProblem: String?
+
+    func run() async -> [ChaosResult] {
+        do {
+            return try await runChecked()
+        } catch {
+            return sdks.map { failure($0, note: "the scenario could not run: \(error)") }
+        }
+    }
+
+    private func failure(_ sdk: ChaosSDK, note: String) -> ChaosResult {
+        ChaosResult(scenario: scenario.id.rawValue, sdk: sdk, clients: 0, notConnected: 0, lost: 0, duplicated: 0, outOfOrder: 0,
+                    caughtUpClients: 0, caughtUpMedian: nil, caughtUpMax: nil, statuses: [], peakReconnectsPerSecond: nil, note: note)
+    }
+
+    private func clients(for sdk: ChaosSDK) -> Int {
+        guard scenario.isStorm else { return 1 }
+        return sdk == .pubnubThreaded ? options.stormThreadedClients : options.stormClients
+    }
+
+    private func runChecked() async throws -> [ChaosResult] {
+        try? FileManager.default.removeItem(atPath: workDirectory)
+        try FileManager.default.createDirectory(atPath: workDirectory, withIntermediateDirectories: true)
+        let keys = ChaosScenarioRunner.accessManagerKeys
+        let config = """
+            {"demoKeyset": true, "keysets": [{"name": "chaos-access-manager", "publishKey": "\(keys.publish)", \
+            "subscribeKey": "\(keys.subscribe)", "secretKey": "\(keys.secret)"}]}
+            """
+        try config.write(toFile: workDirectory + "/tether.json", atomically: true, encoding: .utf8)
+        let server = ChaosServerProcess(dataDirectory: workDirectory + "/data", configPath: workDirectory + "/tether.json",
+                                        logPath: workDirectory + "/server.log")
+        try await server.start()
+        defer { Task { await server.stop() } }
+
+        var namespace: ChaosNetworkNamespace?
+        if scenario.needsNamespace {
+            do {
+                namespace = try ChaosNetworkNamespace.create()
+            } catch {
+                await server.stop()
+                return sdks.map { failure($0, note: "skipped: network namespaces unavailable here (\(error))") }
+            }
+        }
+        defer { namespace?.destroy() }
+
+        var proxyLogger = Logger(label: "tether.chaos.proxy")
+        proxyLogger.logLevel = .critical
+        let proxy = try await FaultProxy.start(host: namespace?.serviceAddress ?? "127.0.0.1", port: 0, upstream: server.origin,
+                                               logger: proxyLogger)
+        let channel = "chaos-\(scenario.id.rawValue)-\(UInt32.random(in: 0...UInt32.max))"
+        let subscribeKey = scenario.usesAccessManager ? keys.subscribe : "demo"
+        let admin = try makeAdmin(origin: server.origin)
+        if scenario.usesAccessManager {
+            try await admin.grant(AuthKeyGrant(channels: [channel], authKeys: [Self.authKey], read: true, write: false, ttlMinutes: 0))
+        }
+
+        // Probes.
+        var probes: [ProbeProcess] = []
+        var notes: [ChaosSDK: String] = [:]
+        for sdk in sdks {
+            if sdk != .tether, let pythonProblem {
+                notes[sdk] = pythonProblem
+                continue
+            }
+            var command = namespace?.prefix ?? []
+            switch sdk {
+            case .tether:
+                command += [currentExecutablePath(), "chaos", "probe", "--origin", proxy.origin, "--channel", channel,
+                            "--clients", String(clients(for: sdk)), "--sub-key", subscribeKey, "--user-prefix", "tether"]
+            case .pubnubThreaded, .pubnubAsyncio:
+                command += [absolute(pythonPath), "-u", probeScript, "--mode", sdk == .pubnubThreaded ? "threaded" : "asyncio",
+                            "--origin", proxy.origin, "--channel", channel, "--clients", String(clients(for: sdk)),
+                            "--sub-key", subscribeKey, "--user-prefix", sdk.rawValue]
+            }
+            if scenario.usesAccessManager { command += ["--auth-key", Self.authKey] }
+            if command[0] != "/usr/sbin/ip", !command[0].hasPrefix("/") { command[0] = absolute(command[0]) }
+            probes.append(try ProbeProcess(sdk: sdk, clients: clients(for: sdk), command: command,
+                                           stderrPath: workDirectory + "/probe-\(sdk.rawValue).log"))
+        }
+        defer { for probe in probes { Task { await probe.stop(grace: .seconds(1)) } } }
+
+        // Wait until every client is connected (or 60 s).
+        let connectDeadline = ContinuousClock.now + .seconds(60)
+        while ContinuousClock.now < connectDeadline {
+            if probes.allSatisfy({ connectedClients($0) >= $0.clients }) { break }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+
+        // Publish numbered messages straight to the server for the whole scenario.
+        let publisher = ChaosPublisher(client: admin, channel: channel, rate: scenario.publishRate)
+        let publishing = Task { await publisher.run() }
+        try await Task.sleep(for: .seconds(2))
+
+        let faultStart = unixMilliseconds()
+        try await inject(server: server, proxy: proxy, admin: admin, channel: channel, namespace: namespace)
+        let faultEnd = unixMilliseconds()
+
+        // Keep publishing a little after the fault, then wait for every client to catch up.
+        try await Task.sleep(for: .seconds(max(2, 3 * min(1, options.scale * 2))))
+        publisher.stop()
+        await publishing.value
+        let published = publisher.records
+        let expected = Set(published.filter(\.acknowledged).map(\.seq))
+        let settleDeadline = ContinuousClock.now + .milliseconds(Int64(options.settleTimeout * 1000))
+        while ContinuousClock.now < settleDeadline {
+            if probes.allSatisfy({ everyClientHas(expected, probe: $0) }) { break }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        // A short grace for late duplicates.
+        try await Task.sleep(for: .milliseconds(500))
+
+        var results: [ChaosResult] = []
+        for sdk in sdks {
+            if let note = notes[sdk] {
+                results.append(failure(sdk, note: note))
+                continue
+            }
+            guard let probe = probes.first(where: { $0.sdk == sdk }) else { continue }
+            var result = ChaosMeasure.result(
+                scenario: scenario.id.rawValue, sdk: sdk, clients: probe.clients, events: probe.snapshot, published: published,
+                faultStart: faultStart, faultEnd: faultEnd, connectedCategory: sdk == .tether ? "connected" : "PNConnectedCategory",
+                reconnectCategories: ["reconnected", "connected", "PNReconnectedCategory", "PNConnectedCategory"])
+            if result.notConnected == probe.clients, !probe.isRunning {
+                result.note = "the probe exited: \(probe.errorTail)"
+            }
+            results.append(result)
+        }
+        for probe in probes { await probe.stop() }
+        await proxy.stop()
+        await admin.shutdown()
+        let serverSurvived = server.isRunning
+        await server.stop()
+        if !serverSurvived {
+            for index in results.indices where results[index].note == nil { results[index].note = "the server was not running at the end" }
+        }
+        return results
+    }
+
+    private func absolute(_ path: String) -> String {
+        guard !path.hasPrefix("/") else { return path }
+        if path.contains("/") { return FileManager.default.currentDirectoryPath + "/" + path }
+        let found = runCommand(["sh", "-c", "command -v \(path)"]).output.trimmingCharacters(in: .whitespacesAndNewlines)
+        return found.isEmpty ? path : found
+    }
+
+    private func makeAdmin(origin: String) throws -> TetherClient {
+        var logger = Logger(label: "tether.chaos.publisher")
+        logger.logLevel = .critical
+        let keys = Self.accessManagerKeys
+        var configuration = try TetherConfiguration(
+            subscribeKey: scenario.usesAccessManager ? keys.subscribe : "demo", publishKey: scenario.usesAccessManager ? keys.publish : "demo",
+            secretKey: scenario.usesAccessManager ? keys.secret : nil, userId: "chaos-publisher", origin: origin, useTLS: false, logger: logger)
+        configuration.nonSubscribeTimeout = .seconds(5)
+        configuration.connectTimeout = .seconds(2)
+        return try TetherClient(configuration: configuration)
+    }
+
+    private func connectedClients(_ probe: ProbeProcess) -> Int {
+        let category = probe.sdk == .tether ? "connected" : "PNConnectedCategory"
+        var clients: Set<Int> = []
+        for event in probe.snapshot { if case .status(let c) = event.kind, c == category { clients.insert(event.client) } }
+        return clients.count
+    }
+
+    private func everyClientHas(_ expected: Set<Int>, probe: ProbeProcess) -> Bool {
+        var seen: [Int: Set<Int>] = [:]
+        for event in probe.snapshot { if case .message(let seq) = event.kind { seen[event.client, default: []].insert(seq) } }
+        return (0..<probe.clients).allSatisfy { expected.isSubset(of: seen[$0] ?? []) }
+    }
+
+    /// Injects the scenario's fault and returns when it has ended.
+    private func inject(server: ChaosServerProcess, proxy: FaultProxy, admin: TetherClient, channel: String,
+                        namespace: ChaosNetworkNamespace?) async throws {
+        let scaled = options.scaled
+        switch scenario.id {
+        case .tunnel:
+            try await proxy.apply(.blackhole)
+            try await Task.sleep(for: scaled(30))
+            try await proxy.apply(.pass)
+        case .wifiToCellular:
+            guard let namespace else { throw ChaosError("no network namespace") }
+            try await proxy.apply(.reset)       // every connection reset (RSTs leave over Wi-Fi)...
+            try await Task.sleep(for: .milliseconds(100))
+            try namespace.dropWifi()            // ...and Wi-Fi is gone: cellular, new source address
+            try await Task.sleep(for: .milliseconds(100))
+            try await proxy.apply(.pass)
+        case .serverRestart:
+            await server.stop()
+            try await server.start()
+        case .serverDown:
+            await server.stop()
+            try await Task.sleep(for: scaled(120))
+            try await server.start()
+        case .captivePortal:
+            try await proxy.apply(.captivePortal)
+            try await Task.sleep(for: scaled(20))
+            try await proxy.apply(.pass)
+        case .grantRevoked:
+            try await admin.grant(AuthKeyGrant(channels: [channel], authKeys: [Self.authKey], read: false, write: false, ttlMinutes: 0))
+            try await Task.sleep(for: scaled(20))
+            try await admin.grant(AuthKeyGrant(channels: [channel], authKeys: [Self.authKey], read: true, write: false, ttlMinutes: 0))
+        case .overload:
+            try await proxy.apply(.overloaded(retryAfterSeconds: max(1, Int((5 * options.scale).rounded()))))
+            try await Task.sleep(for: scaled(20))
+            try await proxy.apply(.pass)
+        case .slowLink:
+            try await proxy.apply(.latency(base: scaled(12), jitter: scaled(1)))
+            try await Task.sleep(for: scaled(40))
+            try await proxy.apply(.pass)
+        case .outageBacklog:
+            try await proxy.apply(.reset)
+            try await Task.sleep(for: scaled(60))
+            try await proxy.apply(.pass)
+        case .reconnectionStorm:
+            await server.stop()
+            try await Task.sleep(for: scaled(5))
+            try await server.start()
+        }
+    }
+}
+
+/// Publishes `{"seq": n}` at a fixed rate straight to the server and records every outcome.
+final class ChaosPublisher: Sendable {
+    private let client: TetherClient
+    private let channel: String
+    private let rate: Double
+    private let state = Mutex<(records: [PublishRecord], stopped: Bool)>(([], false))
+
+    init(client: TetherClient, channel: String, rate: Double) {
+        self.client = client
+        self.channel = channel
+        self.rate = rate
+    }
+
+    /// Every publish so far.
+    var records: [PublishRecord] { state.withLock { $0.records } }
+
+    /// Stops after the publish in progress.
+    func stop() { state.withLock { $0.stopped = true } }
+
+    /// Publishes until ``stop()``.
+    func run() async {
+        let start = ContinuousClock.now
+        var seq = 0
+        while !state.withLock({ $0.stopped }) {
+            let due = start + .milliseconds(Int64(Double(seq) * 1000 / rate))
+            if due > ContinuousClock.now { try? await Task.sleep(until: due, clock: .continuous) }
+            let sentAt = unixMilliseconds()
+            var acknowledged = false
+            do {
+                _ = try await client.publish(channel: channel, message: ["seq": .number(JSONValue.Number(Int64(seq)))])
+                acknowledged = true
+            } catch {}
+            let record = PublishRecord(seq: seq, sentAt: sentAt, acknowledged: acknowledged)
+            state.withLock { $0.records.append(record) }
+            seq += 1
+        }
+    }
+}
