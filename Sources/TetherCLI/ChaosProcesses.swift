@@ -247,9 +247,16 @@ struct ChaosNetworkNamespace: Sendable {
     /// The command prefix that runs a program inside the namespace.
     var prefix: [String] { ["/usr/sbin/ip", "netns", "exec", name] }
 
-    /// Wi-Fi goes away: its link goes down in the namespace, so the route via cellular (and its
-    /// address) takes over.
-    func dropWifi() throws {
+    /// New connections leave over cellular (and its address): the Wi-Fi route is withdrawn.
+    /// The Wi-Fi link itself stays up until ``dropWifiLink()``, so resets sent to the old
+    /// connections still arrive.
+    func routeOverCellular() throws {
+        let result = runCommand(["ip", "-n", name, "route", "del", "\(serviceAddress)/32", "dev", "wifi0"])
+        guard result.status == 0 else { throw ChaosError("withdrawing the Wi-Fi route failed: \(result.output)") }
+    }
+
+    /// The Wi-Fi link goes down (what the clients' network monitors see).
+    func dropWifiLink() throws {
         let result = runCommand(["ip", "-n", name, "link", "set", "wifi0", "down"])
         guard result.status == 0 else { throw ChaosError("taking wifi0 down failed: \(result.output)") }
     }

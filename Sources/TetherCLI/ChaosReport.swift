@@ -50,6 +50,8 @@ struct ChaosResult: Sendable, Codable {
     var peakReconnectsPerSecond: Int?
     /// Why the SDK was not run, or what went wrong with the run itself.
     var note: String?
+    /// Up to ten lost sequence numbers (diagnostics; in the JSON output).
+    var lostSample: [Int] = []
 
     /// Whether the "no silent loss" bar holds: nothing lost, duplicated or reordered, and every
     /// client caught up.
@@ -76,6 +78,7 @@ enum ChaosMeasure {
         var statusCounts: [String: Int] = [:]
         var statusOrder: [String] = []
         var reconnectTimes: [Int64] = []
+        var lostSample: Set<Int> = []
         for client in 0..<clients {
             let mine = perClient[client] ?? []
             let connected = mine.contains { if case .status(let c) = $0.kind { c == connectedCategory && $0.at < faultStart } else { false } }
@@ -103,7 +106,9 @@ enum ChaosMeasure {
                     if firstReconnect == nil, reconnectCategories.contains(category), event.at >= faultEnd - 50 { firstReconnect = event.at }
                 }
             }
-            lost += expected.subtracting(seen).count
+            let missing = expected.subtracting(seen)
+            lost += missing.count
+            if lostSample.count < 10 { lostSample.formUnion(missing.sorted().prefix(10 - lostSample.count)) }
             if let reconnect = firstReconnect { reconnectTimes.append(reconnect) }
             if needed.isSubset(of: seen) {
                 let last = needed.compactMap { arrival[$0] }.max() ?? faultEnd
@@ -126,7 +131,7 @@ enum ChaosMeasure {
             outOfOrder: outOfOrder, caughtUpClients: caughtUp.count,
             caughtUpMedian: caughtUp.isEmpty ? nil : caughtUp[caughtUp.count / 2], caughtUpMax: caughtUp.last,
             statuses: statusOrder.map { statusCounts[$0]! > 1 ? "\($0) ×\(statusCounts[$0]!)" : $0 },
-            peakReconnectsPerSecond: peak, note: nil)
+            peakReconnectsPerSecond: peak, note: nil, lostSample: lostSample.sorted())
     }
 }
 

@@ -348,11 +348,9 @@ struct ChaosScenarioRunner: Sendable {
             try await proxy.apply(.pass)
         case .wifiToCellular:
             guard let namespace else { throw ChaosError("no network namespace") }
-            try await proxy.apply(.reset)       // every connection reset (RSTs leave over Wi-Fi)...
-            try await Task.sleep(for: .milliseconds(100))
-            try namespace.dropWifi()            // ...and Wi-Fi is gone: cellular, new source address
-            try await Task.sleep(for: .milliseconds(100))
-            try await proxy.apply(.pass)
+            try namespace.routeOverCellular()   // new connections: cellular, a new source address
+            await proxy.resetOpenConnections()  // every old connection reset (the RSTs arrive over Wi-Fi)
+            try namespace.dropWifiLink()        // and the Wi-Fi link is gone
         case .serverRestart:
             await server.stop()
             try await server.start()

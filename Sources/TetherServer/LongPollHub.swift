@@ -162,11 +162,15 @@ public final class LongPollHub: Sendable {
         var after = after
         var gaps: [RetentionGap] = []
         var checkedGaps = false
+        // Set when the long-poll must answer now (timeout, shutdown): one last read, whose plan
+        // gives a cursor consistent with what it read. (Answering with the hub's current cursor
+        // instead could step over an event committed between the wake-up and the answer.)
+        var finishing = false
         while true {
             enum Step { case read(ReadPlan), wait(WaiterID) }
             let step: Step = state.withLock { s in
                 let plan = s.core.plan(spec, after: after, now: clock())
-                if !plan.isEmpty || s.shuttingDown { return .read(plan) }
+                if !plan.isEmpty || s.shuttingDown || finishing { return .read(plan) }
                 let id = s.core.register(spec)
                 s.installing.insert(id)
                 return .wait(id)
@@ -188,12 +192,12 @@ public final class LongPollHub: Sendable {
                 }
                 let (cursor, envelopes) = plan.merge(storeResults: results, limit: limit, include: include)
                 let shuttingDown = state.withLock { $0.shuttingDown }
-                if envelopes.isEmpty, !shuttingDown, NIODeadline.now() < deadline {
+                if envelopes.isEmpty, !shuttingDown, !finishing, NIODeadline.now() < deadline {
                     after = cursor  // the store had nothing newer: wait from here
                     continue
                 }
                 metrics.recordDeliveries(envelopes.count)
-                return SubscribePage(cursor: cursor, envelopes: envelopes, gaps: gaps)
+                return SubscribePage(cursor: envelopes.isEmpty ? max(after, cursor) : cursor, envelopes: envelopes, gaps: gaps)
             case .wait(let id):
                 let reason = await wait(id, deadline: waitDeadline(), channel: channel)
                 if reason == .accessChanged || (reason == .timeout && NIODeadline.now() < responseDeadline), let recheck {
@@ -206,7 +210,8 @@ public final class LongPollHub: Sendable {
                 case .event, .accessChanged:
                     continue
                 case .timeout, .shutdown:
-                    return SubscribePage(cursor: max(after, currentCursor), envelopes: [], gaps: gaps)
+                    finishing = true
+                    continue
                 case .clientGone:
                     throw CancellationError()
                 }

@@ -176,6 +176,16 @@ public final class FaultProxy: Sendable {
         try await set(fault)
     }
 
+    /// Resets every connection open now (a TCP RST to the client, as ``Fault/reset`` does) and
+    /// leaves the fault in effect unchanged, so new connections are handled as before: a network
+    /// switch that kills every socket of the old path while the new path works at once.
+    public func resetOpenConnections() async {
+        let connections = state.withLock { Array($0.connections.values) }
+        for connection in connections {
+            try? await connection.eventLoop.submit { connection.value.reset() }.get()
+        }
+    }
+
     /// Runs `steps` one after another on the proxy's clock, replacing any running schedule:
     /// each step waits `after` (counted from the end of the previous step, or from now), applies
     /// its fault, and when `lasting` is set returns to `.pass` after that long. Offsets are
