@@ -62,24 +62,53 @@ public struct RetryConfiguration: Sendable, Hashable {
     public var jitter: ClosedRange<Duration>
     /// Endpoints never retried automatically.
     public var excludedEndpoints: Set<Endpoint>
+    /// Quick attempts while nothing listens at the origin (connection refused): a server
+    /// restarting or briefly down costs nothing to knock on, so the subscribe loop tries again
+    /// within ``FastReconnect/interval`` instead of waiting out the policy's back-off, and is
+    /// back within about a second of the server. `nil` (every preset reproducing another
+    /// system) follows the policy alone.
+    public var fastReconnect: FastReconnect?
     /// How many times the subscribe loop retries after Access Manager denied it (seed 002: grants
     /// can take a moment to propagate, but a revoked grant never comes back). Default 3.
     public var accessDeniedRetryLimit: Int
+
+    /// Quick reconnection attempts while the origin refuses connections (see ``fastReconnect``).
+    public struct FastReconnect: Sendable, Hashable {
+        /// The longest wait between two attempts; each wait is drawn between half of it and all
+        /// of it, so clients of a restarting server spread out instead of arriving together.
+        public var interval: Duration
+        /// How long into an outage the quick attempts go on; afterwards the policy alone
+        /// decides (a server down for good is not knocked on every second forever).
+        public var window: Duration
+
+        /// Creates the setting (default: within 1 s, for the first 5 minutes of an outage).
+        public init(interval: Duration = .seconds(1), window: Duration = .seconds(300)) {
+            self.interval = interval
+            self.window = window
+        }
+
+        /// The wait before the next quick attempt, for a `randomness` in `0...1`.
+        public func delay(randomness: Double) -> Duration {
+            interval * (0.5 + 0.5 * min(max(randomness, 0), 1))
+        }
+    }
 
     /// Creates a configuration.
     public init(policy: Policy = .exponential(minimumDelay: .seconds(2), maximumDelay: .seconds(150), maximumRetries: 6),
                 minimumInterval: Duration = .seconds(2),
                 jitter: ClosedRange<Duration> = .milliseconds(1) ... .milliseconds(999),
                 excludedEndpoints: Set<Endpoint> = Set(Endpoint.allCases).subtracting([.subscribe]),
-                accessDeniedRetryLimit: Int = 3) {
+                accessDeniedRetryLimit: Int = 3, fastReconnect: FastReconnect? = FastReconnect()) {
         self.policy = policy
         self.minimumInterval = minimumInterval
         self.jitter = jitter
         self.excludedEndpoints = excludedEndpoints
         self.accessDeniedRetryLimit = accessDeniedRetryLimit
+        self.fastReconnect = fastReconnect
     }
 
-    /// PubNub's default: exponential 2 s → 150 s, 6 retries, only subscribe retried.
+    /// PubNub's default (exponential 2 s → 150 s, 6 retries, only subscribe retried), plus
+    /// Tether's ``fastReconnect`` while nothing listens at the origin.
     public static let `default` = RetryConfiguration()
 
     /// No automatic retry at all.
@@ -92,17 +121,17 @@ public struct RetryConfiguration: Sendable, Hashable {
     /// 45 s after the drop. No jitter, no minimum interval.
     public static let sendBird = RetryConfiguration(
         policy: .delays([.zero, .seconds(3), .seconds(6), .seconds(12), .seconds(24)], giveUpAfter: .seconds(45)),
-        minimumInterval: .zero, jitter: .zero ... .zero)
+        minimumInterval: .zero, jitter: .zero ... .zero, fastReconnect: nil)
 
     /// Diffusion's default reconnection (seed 004): every 5 s for 60 s. No jitter.
     public static let diffusion = RetryConfiguration(policy: .interval(.seconds(5), giveUpAfter: .seconds(60)),
-                                                     minimumInterval: .zero, jitter: .zero ... .zero)
+                                                     minimumInterval: .zero, jitter: .zero ... .zero, fastReconnect: nil)
 
     /// Diffusion's back-off strategy (seed 004): immediately, then 1 s more per attempt up to 5 s,
     /// for at most 5 minutes; the attempt counter restarts after every success. No jitter.
     public static let diffusionBackOff = RetryConfiguration(
         policy: .backOff(increment: .seconds(1), maximumDelay: .seconds(5), giveUpAfter: .seconds(300)),
-        minimumInterval: .zero, jitter: .zero ... .zero)
+        minimumInterval: .zero, jitter: .zero ... .zero, fastReconnect: nil)
 
     /// Whether `endpoint` is retried automatically at all.
     public func retries(_ endpoint: Endpoint) -> Bool {

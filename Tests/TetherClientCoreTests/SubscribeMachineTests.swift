@@ -57,9 +57,10 @@ struct Harness {
                                           now: now))
     }
 
-    mutating func fail(_ category: StatusCategory, statusCode: Int? = nil, denied: [String] = [], retryAfter: Duration? = nil) {
+    mutating func fail(_ category: StatusCategory, statusCode: Int? = nil, denied: [String] = [], retryAfter: Duration? = nil,
+                       error: (any Error)? = nil) {
         guard let id = lastRequest else { return }
-        var status = Status(category: category, operation: .subscribe, statusCode: statusCode, deniedChannels: denied)
+        var status = Status(category: category, operation: .subscribe, statusCode: statusCode, error: error, deniedChannels: denied)
         status.retryAfter = retryAfter
         record(machine.subscribeFailed(id, status: status, now: now, randomness: 0))
     }
@@ -259,6 +260,43 @@ struct SubscribeMachineBehaviourTests {
         #expect(h.machine.cursor?.timetoken == Timetoken(150))
     }
 
+    @Test func refusedConnectionsAreRetriedWithinASecondWithoutUsingThePolicy() {
+        var h = Harness()
+        h.subscribe(["a"])
+        h.succeed(100)
+        // A restarting server refuses connections: attempts every 0.5–1 s (randomness 0 → 0.5 s).
+        for attempt in 1...20 {
+            h.fail(.networkIssues, error: TransportFailure.connectionRefused)
+            #expect(h.timers[.retry] == h.now + .milliseconds(500), "attempt \(attempt)")
+            h.fire(.retry)
+        }
+        #expect(h.categories == [.connected, .unexpectedDisconnect])     // one status for the outage
+        // The policy's retries were not used: another kind of failure gets its first delay.
+        h.fail(.timeout)
+        #expect(h.timers[.retry] == h.now + .seconds(2))
+        h.fire(.retry)
+        h.succeed(200)
+        #expect(h.categories == [.connected, .unexpectedDisconnect, .reconnected])
+
+        // After the window (5 minutes into an outage) the policy alone decides.
+        h.fail(.networkIssues, error: TransportFailure.connectionRefused)
+        let start = h.now
+        while h.now - start < .seconds(300) {
+            h.fire(.retry)
+            h.fail(.networkIssues, error: TransportFailure.connectionRefused)
+        }
+        #expect(h.timers[.retry] == h.now + .seconds(2))
+
+        // Presets that reproduce other systems keep their exact schedules.
+        var sendBird = Harness(.init(retry: .sendBird))
+        sendBird.subscribe(["a"])
+        sendBird.succeed(100)
+        sendBird.fail(.networkIssues, error: TransportFailure.connectionRefused)
+        sendBird.fire(.retry)
+        sendBird.fail(.networkIssues, error: TransportFailure.connectionRefused)
+        #expect(sendBird.timers[.retry] == sendBird.now + .seconds(3))
+    }
+
     @Test func retryAfterIsNeverUndercut() {
         var h = Harness()
         h.subscribe(["a"])
@@ -312,6 +350,26 @@ struct SubscribeMachineBehaviourTests {
         #expect(h.categories == [.connected, .accessDenied, .accessDenied, .accessDenied, .accessDenied])
         #expect(h.statuses.last?.willAutomaticallyRetry == false)
         #expect(h.machine.connectionState == .failed(.accessDenied))
+
+        // Then quiet re-checks every timeProbeInterval (10 s): still denied says nothing new...
+        for _ in 0..<3 {
+            let probesBefore = h.probes
+            #expect(h.fireNextTimer() == .timeProbe)
+            #expect(h.probes == probesBefore + 1)
+            let actions = h.machine.timeProbeSucceeded(now: h.now)
+            h.record(actions)
+            h.fail(.accessDenied, statusCode: 403, denied: ["a"])
+            #expect(h.categories == [.connected, .accessDenied, .accessDenied, .accessDenied, .accessDenied])
+            #expect(h.machine.connectionState == .failed(.accessDenied))
+        }
+        // ...and the restored grant resumes the subscription from its cursor.
+        #expect(h.fireNextTimer() == .timeProbe)
+        let actions = h.machine.timeProbeSucceeded(now: h.now)
+        h.record(actions)
+        h.succeed(300)
+        #expect(h.categories.last == .reconnected)
+        #expect(h.machine.connectionState == .connected)
+        #expect(h.machine.cursor?.timetoken == Timetoken(100))
 
         var c = Harness()
         c.subscribe(["a"]); c.succeed(100)

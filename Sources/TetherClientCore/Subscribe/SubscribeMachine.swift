@@ -230,6 +230,8 @@ public struct SubscribeMachine: Sendable {
         var connectedBefore: Bool
         var reason: StatusCategory
         var probing: Bool
+        /// The outage that ended in access denied (its re-checks continue it quietly).
+        var outage: Outage? = nil
     }
 
     private enum NetworkPath: Sendable { case unknown, up, down }
@@ -633,7 +635,9 @@ public struct SubscribeMachine: Sendable {
     public mutating func timeProbeSucceeded(now: Duration) -> [Action] {
         let before = connectionState
         guard case .stopped(let s) = state, s.probing else { return [] }
-        let actions = startHandshake(purpose: .restore, resume: resumePoint(s.cursor, connectedBefore: true), last: s.cursor, outage: nil)
+        let actions = startHandshake(purpose: s.connectedBefore ? .restore : .connect,
+                                     resume: resumePoint(s.cursor, connectedBefore: s.connectedBefore), last: s.cursor,
+                                     outage: s.reason == .accessDenied ? s.outage : nil)
         return actions + connectionChange(from: before)
     }
 
@@ -897,10 +901,17 @@ public struct SubscribeMachine: Sendable {
             let delay = outage.accessDenied <= configuration.retry.accessDeniedRetryLimit && configuration.retry.retries(.subscribe)
                 ? configuration.retry.delay(beforeRetry: outage.retries + 1, elapsed: now - outage.start, randomness: randomness) : nil
             guard let delay else {
+                // Retries are used up: report it once, then re-check quietly every
+                // `timeProbeInterval` so a restored grant resumes the subscription (`reconnected`)
+                // without the app having to notice. A re-check still denied says nothing new.
+                let recheck = outage.accessDenied > configuration.retry.accessDeniedRetryLimit + 1
                 var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
-                actions.append(emit(.accessDenied, from: status, last: last, current: last, retryEpisode: nil))
-                state = .stopped(Stopped(cursor: cursor, connectedBefore: connectedBefore, reason: .accessDenied, probing: false))
-                return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage ? .failed : nil)
+                if !recheck { actions.append(emit(.accessDenied, from: status, last: last, current: last, retryEpisode: nil)) }
+                let probing = configuration.retry.retries(.subscribe)
+                state = .stopped(Stopped(cursor: cursor, connectedBefore: connectedBefore, reason: .accessDenied, probing: probing,
+                                         outage: outage))
+                if probing { actions.append(.schedule(.timeProbe, after: configuration.timeProbeInterval)) }
+                return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage && !recheck ? .failed : nil)
             }
             outage.retries += 1
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
@@ -916,12 +927,20 @@ public struct SubscribeMachine: Sendable {
             let delay = (configuration.retry.retries(.subscribe)
                 ? configuration.retry.delay(beforeRetry: outage.retries + 1, elapsed: now - outage.start, randomness: randomness) : nil)
                 .map { policy in status.retryAfter.map { max(policy, $0 + .milliseconds(Int64(randomness * 1000))) } ?? policy }
+            // Nothing listening at the origin (a server restarting): knocking costs nothing, so try
+            // again within about a second instead of waiting out the back-off; these quick attempts
+            // do not use up the policy's retries.
+            var quick: Duration?
+            if let fast = configuration.retry.fastReconnect, configuration.retry.retries(.subscribe), now - outage.start < fast.window,
+               case .connectionRefused? = status.error as? TransportFailure {
+                quick = fast.delay(randomness: randomness)
+            }
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
-            guard let delay else {
+            guard let delay = quick.map({ quick in delay.map { min($0, quick) } ?? quick }) ?? delay else {
                 actions += giveUp(cursor: cursor, connectedBefore: connectedBefore, reason: status, status: status)
                 return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage ? .failed : nil)
             }
-            outage.retries += 1
+            if quick == nil { outage.retries += 1 }
             if isNewOutage {
                 let category: StatusCategory = connectedBefore ? .unexpectedDisconnect : status.category
                 actions.append(emit(category, from: status, last: last, current: last, retryEpisode: outage.episode))
