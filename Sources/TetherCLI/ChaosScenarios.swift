@@ -29,6 +29,9 @@ struct ChaosScenario: Sendable {
     var usesAccessManager = false
     /// Whether every SDK runs the storm's many clients instead of one.
     var isStorm = false
+    /// Whether the clients connect to the server itself rather than through the fault proxy
+    /// (the server's own restarts: a proxy in between would turn "refused" into "closed").
+    var direct = false
 
     /// Every scenario, in the order of the report.
     static let all: [ChaosScenario] = [
@@ -41,10 +44,10 @@ struct ChaosScenario: Sendable {
                       publishRate: 10, needsNamespace: true),
         ChaosScenario(id: .serverRestart, title: "Server restart",
                       summary: "SIGTERM to the server (waiting long-polls are answered), then it starts again on the same port and data.",
-                      publishRate: 10),
+                      publishRate: 10, direct: true),
         ChaosScenario(id: .serverDown, title: "Server down 2 min",
                       summary: "The server stops for 120 s (connections refused), publishes fail meanwhile, then it starts again.",
-                      publishRate: 10),
+                      publishRate: 10, direct: true),
         ChaosScenario(id: .captivePortal, title: "Captive portal 20 s",
                       summary: "Every request is answered with an HTML sign-in page for 20 s.", publishRate: 10),
         ChaosScenario(id: .grantRevoked, title: "Grant revoked, then restored",
@@ -59,6 +62,6 @@ struct ChaosScenario: Sendable {
                       publishRate: 5000.0 / 60.0),
         ChaosScenario(id: .reconnectionStorm, title: "Reconnection storm",
                       summary: "Hundreds of clients per SDK; the server restarts (down 5 s) and every client reconnects at once.",
-                      publishRate: 2, isStorm: true),
+                      publishRate: 2, isStorm: true, direct: true),
     ]
 }

@@ -223,7 +223,8 @@ struct ChaosScenarioRunner: Sendable {
             try await admin.grant(AuthKeyGrant(channels: [channel], authKeys: [Self.authKey], read: true, write: false, ttlMinutes: 0))
         }
 
-        // Probes.
+        // Probes: through the proxy, or straight to the server for the server's own restarts.
+        let clientOrigin = scenario.direct ? server.origin : proxy.origin
         var probes: [ProbeProcess] = []
         var notes: [ChaosSDK: String] = [:]
         for sdk in sdks {
@@ -234,11 +235,11 @@ struct ChaosScenarioRunner: Sendable {
             var command = namespace?.prefix ?? []
             switch sdk {
             case .tether:
-                command += [currentExecutablePath(), "chaos", "probe", "--origin", proxy.origin, "--channel", channel,
+                command += [currentExecutablePath(), "chaos", "probe", "--origin", clientOrigin, "--channel", channel,
                             "--clients", String(clients(for: sdk)), "--sub-key", subscribeKey, "--user-prefix", "tether"]
             case .pubnubThreaded, .pubnubAsyncio:
                 command += [absolute(pythonPath), "-u", probeScript, "--mode", sdk == .pubnubThreaded ? "threaded" : "asyncio",
-                            "--origin", proxy.origin, "--channel", channel, "--clients", String(clients(for: sdk)),
+                            "--origin", clientOrigin, "--channel", channel, "--clients", String(clients(for: sdk)),
                             "--sub-key", subscribeKey, "--user-prefix", sdk.rawValue]
             }
             if scenario.usesAccessManager { command += ["--auth-key", Self.authKey] }

@@ -297,15 +297,23 @@ struct SubscribeMachineBehaviourTests {
         #expect(sendBird.timers[.retry] == sendBird.now + .seconds(3))
     }
 
-    @Test func retryAfterIsNeverUndercut() {
+    @Test func retryAfterDecidesTheNextAttempt() {
         var h = Harness()
         h.subscribe(["a"])
         h.succeed(100)
         h.fail(.unknown, statusCode: 429, retryAfter: .seconds(30))   // the policy alone would say 2 s
         #expect(h.timers[.retry] == .seconds(30))
         h.fire(.retry)
-        h.fail(.unknown, statusCode: 429, retryAfter: .seconds(1))    // a shorter Retry-After: the policy's 4 s wins
-        #expect(h.timers[.retry] == .seconds(34))
+        h.fail(.unknown, statusCode: 429, retryAfter: .seconds(5))    // not the policy's growing back-off either
+        #expect(h.timers[.retry] == .seconds(35))
+        for _ in 0..<20 {                                              // the server is alive: never given up on
+            h.fire(.retry)
+            h.fail(.unknown, statusCode: 503, retryAfter: .seconds(5))
+        }
+        #expect(h.timers[.retry] == h.now + .seconds(5))
+        h.fire(.retry)
+        h.fail(.unknown, statusCode: 500)                              // no Retry-After: the policy, from its first delay
+        #expect(h.timers[.retry] == h.now + .seconds(2))
         h.fire(.retry)
         h.succeed(200)
         #expect(h.categories == [.connected, .unexpectedDisconnect, .reconnected])

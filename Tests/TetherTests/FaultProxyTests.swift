@@ -5,6 +5,7 @@ import NIOCore
 import NIOPosix
 import Synchronization
 import Testing
+import Tether
 import TetherTesting
 
 /// The fault proxy, observed from the client side over real loopback sockets. Socket-level
@@ -128,6 +129,52 @@ struct FaultProxyTests {
         }
     }
 
+    @Test func overloadedAnswers429WithRetryAfterAndTheSDKReportsIt() async throws {
+        try await withServerAndProxy { _, proxy in
+            try await proxy.apply(.overloaded(retryAfterSeconds: 7))
+            let response = try await get(proxy.origin, "/time/0")
+            #expect(response.status == 429)
+            #expect(response.contentType == "application/json")
+            #expect(response.body.contains("\"status\":429"))
+            #expect(proxy.counters.bytesToUpstream == 0)
+            // The SDK turns it into a status carrying the server's Retry-After.
+            let configuration = try TetherConfiguration(subscribeKey: "demo", publishKey: "demo", userId: "overloaded",
+                                                        origin: proxy.origin, useTLS: false)
+            let client = try TetherClient(configuration: configuration)
+            do {
+                _ = try await client.time()
+                Issue.record("expected a 429")
+            } catch let error as TetherError {
+                #expect(error.status.statusCode == 429)
+                #expect(error.status.retryAfter == .seconds(7))
+                #expect(error.status.category == .unknown)
+            } catch {
+                Issue.record("unexpected \(error)")
+            }
+            try await proxy.apply(.pass)
+            #expect(try await client.time().rawValue > 0)
+            await client.shutdown()
+        }
+    }
+
+    @Test func resetOpenConnectionsResetsWhatIsOpenAndNothingElse() async throws {
+        let echo = try await EchoServer.start()
+        let proxy = try await FaultProxy.start(upstream: echo.origin)
+        let open = try await RawConnection.open(port: proxy.port)
+        try await open.send(Array("hello".utf8))
+        #expect(try await open.receive(atLeast: 5) == Array("hello".utf8))
+        await proxy.resetOpenConnections()
+        let ended = try await open.waitUntilClosed()
+        #expect(ended != "eof", "a reset, not a clean close: \(ended)")
+        #expect(proxy.fault == .pass)
+        let fresh = try await RawConnection.open(port: proxy.port)     // new connections work at once
+        try await fresh.send(Array("again".utf8))
+        #expect(try await fresh.receive(atLeast: 5) == Array("again".utf8))
+        await fresh.close()
+        await proxy.stop()
+        await echo.stop()
+    }
+
     @Test func truncatedJSONIsWellFramedButNotJSON() async throws {
         try await withServerAndProxy { _, proxy in
             try await proxy.apply(.truncatedJSON)
@@ -190,9 +237,11 @@ struct FaultProxyTests {
         #expect(try FaultProxy.Fault(parsing: "bandwidth 20k") == .bandwidth(bytesPerSecond: 20_000))
         #expect(try FaultProxy.Fault(parsing: "drop 512") == .dropMidResponse(afterBytes: 512))
         #expect(try FaultProxy.Fault(parsing: "captive-portal") == .captivePortal)
+        #expect(try FaultProxy.Fault(parsing: "overloaded") == .overloaded(retryAfterSeconds: 5))
+        #expect(try FaultStep(parsing: "overloaded 7 20s") == FaultStep(fault: .overloaded(retryAfterSeconds: 7), lasting: .seconds(20)))
         let all: [FaultProxy.Fault] = [.pass, .refuse, .reset, .blackhole, .latency(base: .milliseconds(1500), jitter: .zero),
                                        .bandwidth(bytesPerSecond: 10), .dropMidResponse(afterBytes: 3), .captivePortal,
-                                       .truncatedJSON, .failTLSHandshake]
+                                       .truncatedJSON, .overloaded(retryAfterSeconds: 9), .failTLSHandshake]
         for fault in all { #expect(try FaultProxy.Fault(parsing: fault.description) == fault) }
         let schedule = try FaultStep.parseSchedule("reset; captive-portal for 20s\n# comment\npass after 1m")
         #expect(schedule.map(\.description) == ["reset", "captive-portal for 20s", "pass after 60s"])

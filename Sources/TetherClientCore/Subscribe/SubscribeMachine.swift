@@ -922,11 +922,8 @@ public struct SubscribeMachine: Sendable {
         case .acknowledgment, .connected, .reconnected, .disconnected, .unexpectedDisconnect, .connectionError,
             .disconnectedUnexpectedly, .subscriptionChanged, .timeout, .networkIssues, .networkUp, .networkDown, .malformedResponse,
             .decryptionError, .tlsConnectionFailed, .tlsUntrustedCertificate, .requestMessageCountExceeded, .unknown, .cancelled:
-            // The policy's delay, but never sooner than the server's `Retry-After` (429/503): a
-            // server shedding load must not be hammered by its clients' retries.
-            let delay = (configuration.retry.retries(.subscribe)
-                ? configuration.retry.delay(beforeRetry: outage.retries + 1, elapsed: now - outage.start, randomness: randomness) : nil)
-                .map { policy in status.retryAfter.map { max(policy, $0 + .milliseconds(Int64(randomness * 1000))) } ?? policy }
+            let delay = configuration.retry.retries(.subscribe)
+                ? configuration.retry.delay(beforeRetry: outage.retries + 1, elapsed: now - outage.start, randomness: randomness) : nil
             // Nothing listening at the origin (a server restarting): knocking costs nothing, so try
             // again within about a second instead of waiting out the back-off; these quick attempts
             // do not use up the policy's retries.
@@ -935,8 +932,15 @@ public struct SubscribeMachine: Sendable {
                case .connectionRefused? = status.error as? TransportFailure {
                 quick = fast.delay(randomness: randomness)
             }
+            // A server shedding load (429/503) that says when to come back is taken at its word:
+            // exactly its `Retry-After` plus up to 1 s of jitter (so its clients do not return in
+            // the same instant) — never sooner, and not later than it asked either. These waits do
+            // not use up the policy's retries: the server is alive and talking.
+            if let retryAfter = status.retryAfter, configuration.retry.retries(.subscribe) {
+                quick = retryAfter + .milliseconds(Int64(min(max(randomness, 0), 1) * 1000))
+            }
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
-            guard let delay = quick.map({ quick in delay.map { min($0, quick) } ?? quick }) ?? delay else {
+            guard let delay = status.retryAfter != nil ? quick : quick.map({ quick in delay.map { min($0, quick) } ?? quick }) ?? delay else {
                 actions += giveUp(cursor: cursor, connectedBefore: connectedBefore, reason: status, status: status)
                 return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage ? .failed : nil)
             }
