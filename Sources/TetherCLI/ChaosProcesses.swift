@@ -7,11 +7,6 @@ struct ChaosError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// The path of the running `tether` executable (the suite starts servers and probes from it).
-func currentExecutablePath() -> String {
-    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-}
-
 /// Runs a command to completion; returns its exit status and combined output.
 @discardableResult
 func runCommand(_ arguments: [String]) -> (status: Int32, output: String) {
@@ -58,7 +53,7 @@ final class ChaosServerProcess: Sendable {
     func start() async throws {
         let port = state.withLock { $0.port }
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: currentExecutablePath())
+        process.executableURL = URL(fileURLWithPath: SpawnedServer.executablePath)
         process.arguments = ["serve", "--host", "127.0.0.1", "--port", String(port), "--data-dir", dataDirectory,
                              "--config", configPath, "--log-level", "warning"]
         let out = Pipe()

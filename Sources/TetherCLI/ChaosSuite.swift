@@ -235,7 +235,7 @@ struct ChaosScenarioRunner: Sendable {
             var command = namespace?.prefix ?? []
             switch sdk {
             case .tether:
-                command += [currentExecutablePath(), "chaos", "probe", "--origin", clientOrigin, "--channel", channel,
+                command += [SpawnedServer.executablePath, "chaos", "probe", "--origin", clientOrigin, "--channel", channel,
                             "--clients", String(clients(for: sdk)), "--sub-key", subscribeKey, "--user-prefix", "tether"]
             case .pubnubThreaded, .pubnubAsyncio:
                 command += [absolute(pythonPath), "-u", probeScript, "--mode", sdk == .pubnubThreaded ? "threaded" : "asyncio",

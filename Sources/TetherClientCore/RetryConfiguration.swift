@@ -62,17 +62,18 @@ public struct RetryConfiguration: Sendable, Hashable {
     public var jitter: ClosedRange<Duration>
     /// Endpoints never retried automatically.
     public var excludedEndpoints: Set<Endpoint>
-    /// Quick attempts while nothing listens at the origin (connection refused): a server
-    /// restarting or briefly down costs nothing to knock on, so the subscribe loop tries again
-    /// within ``FastReconnect/interval`` instead of waiting out the policy's back-off, and is
-    /// back within about a second of the server. `nil` (every preset reproducing another
-    /// system) follows the policy alone.
+    /// Quick attempts while failures never reach a working server — connection refused (a
+    /// server restarting or down), a connection cut before any answer, a captive portal's page:
+    /// knocking again costs the server nothing, so the subscribe loop tries again within
+    /// ``FastReconnect/interval`` instead of waiting out the policy's back-off, and is back
+    /// within about a second of the path. Answers from a server (5xx, 403, timeouts) follow the
+    /// policy. `nil` (every preset reproducing another system) follows the policy alone.
     public var fastReconnect: FastReconnect?
     /// How many times the subscribe loop retries after Access Manager denied it (seed 002: grants
     /// can take a moment to propagate, but a revoked grant never comes back). Default 3.
     public var accessDeniedRetryLimit: Int
 
-    /// Quick reconnection attempts while the origin refuses connections (see ``fastReconnect``).
+    /// Quick reconnection attempts while failures never reach a server (see ``fastReconnect``).
     public struct FastReconnect: Sendable, Hashable {
         /// The longest wait between two attempts; each wait is drawn between half of it and all
         /// of it, so clients of a restarting server spread out instead of arriving together.

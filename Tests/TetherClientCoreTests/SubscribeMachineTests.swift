@@ -260,7 +260,7 @@ struct SubscribeMachineBehaviourTests {
         #expect(h.machine.cursor?.timetoken == Timetoken(150))
     }
 
-    @Test func refusedConnectionsAreRetriedWithinASecondWithoutUsingThePolicy() {
+    @Test func failuresThatNeverReachAServerAreRetriedWithinASecond() {
         var h = Harness()
         h.subscribe(["a"])
         h.succeed(100)
@@ -285,6 +285,19 @@ struct SubscribeMachineBehaviourTests {
             h.fire(.retry)
             h.fail(.networkIssues, error: TransportFailure.connectionRefused)
         }
+        #expect(h.timers[.retry] == h.now + .seconds(2))
+
+        // A connection cut before any answer and a captive portal's 200 page are quick too; a
+        // server's own error is not.
+        h.fire(.retry)
+        h.succeed(300)
+        h.fail(.networkIssues, error: TransportFailure.connectionClosed("reset"))
+        #expect(h.timers[.retry] == h.now + .milliseconds(500))
+        h.fire(.retry)
+        h.fail(.malformedResponse, statusCode: 200)
+        #expect(h.timers[.retry] == h.now + .milliseconds(500))
+        h.fire(.retry)
+        h.fail(.unknown, statusCode: 502)
         #expect(h.timers[.retry] == h.now + .seconds(2))
 
         // Presets that reproduce other systems keep their exact schedules.

@@ -185,9 +185,12 @@ public struct SubscribeMachine: Sendable {
 
     private struct Outage: Sendable, Hashable {
         var start: Duration
+        /// Retries the policy has counted (quick and `Retry-After` attempts are not).
         var retries: Int
         var accessDenied: Int
         var episode: Int
+        /// Every attempt scheduled in this outage (what `reconnecting(attempt:)` shows).
+        var attempts = 0
     }
 
     private struct Handshaking: Sendable {
@@ -289,7 +292,7 @@ public struct SubscribeMachine: Sendable {
             case .listChange: return .connected
             }
         case .receiving: return .connected
-        case .retrying(let r): return .reconnecting(attempt: r.outage.retries)
+        case .retrying(let r): return .reconnecting(attempt: r.outage.attempts)
         case .waitingForNetwork: return .waitingForNetwork
         case .stopped(let s): return .failed(s.reason)
         case .disconnected: return .disconnected
@@ -771,6 +774,16 @@ public struct SubscribeMachine: Sendable {
         }
     }
 
+    /// Whether a failure never reached a working server: nothing listening (connection
+    /// refused), the connection cut before a complete answer (a server going down, a middlebox's
+    /// reset), or a `200` that is not JSON (a captive portal's sign-in page).
+    static func neverReachedAServer(_ status: Status) -> Bool {
+        switch status.error as? TransportFailure {
+        case .connectionRefused?, .connectionClosed?: return true
+        default: return status.category == .malformedResponse && status.statusCode == 200
+        }
+    }
+
     // MARK: Transition helpers
 
     private var wasConnected: Bool {
@@ -914,6 +927,7 @@ public struct SubscribeMachine: Sendable {
                 return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage && !recheck ? .failed : nil)
             }
             outage.retries += 1
+            outage.attempts += 1
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
             actions.append(emit(.accessDenied, from: status, last: last, current: last, retryEpisode: outage.episode))
             state = .retrying(Retrying(cursor: cursor, connectedBefore: connectedBefore, outage: outage))
@@ -924,12 +938,13 @@ public struct SubscribeMachine: Sendable {
             .decryptionError, .tlsConnectionFailed, .tlsUntrustedCertificate, .requestMessageCountExceeded, .unknown, .cancelled:
             let delay = configuration.retry.retries(.subscribe)
                 ? configuration.retry.delay(beforeRetry: outage.retries + 1, elapsed: now - outage.start, randomness: randomness) : nil
-            // Nothing listening at the origin (a server restarting): knocking costs nothing, so try
-            // again within about a second instead of waiting out the back-off; these quick attempts
-            // do not use up the policy's retries.
+            // The failure never reached a working server (nothing listening, a connection cut
+            // before any answer, a captive portal's page): knocking again costs the server nothing,
+            // so try within about a second instead of waiting out the back-off; these quick
+            // attempts do not use up the policy's retries.
             var quick: Duration?
             if let fast = configuration.retry.fastReconnect, configuration.retry.retries(.subscribe), now - outage.start < fast.window,
-               case .connectionRefused? = status.error as? TransportFailure {
+               Self.neverReachedAServer(status) {
                 quick = fast.delay(randomness: randomness)
             }
             // A server shedding load (429/503) that says when to come back is taken at its word:
@@ -945,6 +960,7 @@ public struct SubscribeMachine: Sendable {
                 return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage ? .failed : nil)
             }
             if quick == nil { outage.retries += 1 }
+            outage.attempts += 1
             if isNewOutage {
                 let category: StatusCategory = connectedBefore ? .unexpectedDisconnect : status.category
                 actions.append(emit(category, from: status, last: last, current: last, retryEpisode: outage.episode))
