@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.timeout(1000)
+
 from helpers import TETHER_BIN
 
 # Scenarios where the client alone decides how soon it is back: the quick reconnection and the
