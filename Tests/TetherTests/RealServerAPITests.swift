@@ -76,4 +76,42 @@ struct RealServerAPITests {
         await user.shutdown()
         await server.stop()
     }
+
+    @Test func authKeyGrantsAllowAndRevokeForReal() async throws {
+        let secure = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
+        let server = try await InProcessServer.start(file: ConfigurationFile(keysets: [secure], subscribeTimeoutSeconds: 30))
+        let admin = try client(server, userId: "admin", subscribeKey: "sub-s", publishKey: "pub-s", secretKey: "s3cret")
+        var configuration = try TetherConfiguration(subscribeKey: "sub-s", publishKey: "pub-s", userId: "carol", authKey: "k-carol",
+                                                    origin: server.origin, useTLS: false)
+        configuration.nonSubscribeTimeout = .seconds(10)
+        let user = try TetherClient(configuration: configuration)
+        do {
+            _ = try await user.publish(channel: "room", message: "before the grant")
+            Issue.record("publishing without a grant succeeded")
+        } catch {
+            #expect(error.category == .accessDenied)
+        }
+        try await admin.grant(AuthKeyGrant(channels: ["room"], authKeys: ["k-carol"], read: true, write: true, ttlMinutes: 5))
+        _ = try await user.publish(channel: "room", message: "granted")
+        #expect(try await user.history(channel: "room").map(\.payload) == ["granted"])
+        // Every flag off revokes the row.
+        try await admin.grant(AuthKeyGrant(channels: ["room"], authKeys: ["k-carol"], read: false, write: false, ttlMinutes: 5))
+        do {
+            _ = try await user.publish(channel: "room", message: "revoked")
+            Issue.record("a revoked grant still worked")
+        } catch {
+            #expect(error.category == .accessDenied)
+        }
+        // Without the secret key the call is refused before any request.
+        do {
+            try await user.grant(AuthKeyGrant(channels: ["room"], authKeys: ["k-carol"]))
+            Issue.record("a grant without the secret key was sent")
+        } catch {
+            #expect(error.category == .badRequest)
+            #expect(error.status.error is RequestBuildError)
+        }
+        await admin.shutdown()
+        await user.shutdown()
+        await server.stop()
+    }
 }
