@@ -12,7 +12,7 @@ import Darwin
 struct Bench: AsyncParsableCommand {
     /// The command line help.
     static let configuration = CommandConfiguration(
-        abstract: "Measure fan-out throughput, publish-to-receive latency and idle long-poll memory.",
+        abstract: "Measure fan-out throughput, publish-to-receive latency, idle long-poll memory and presence at scale.",
         discussion: """
             By default each run starts its own `tether serve` (this same binary) on a free port \
             with a temporary data directory and stops it afterwards; --url measures an \
@@ -30,18 +30,25 @@ struct Bench: AsyncParsableCommand {
             memory: --long-polls idle long-polls; the server's VmRSS before and with them open, \
             divided by their number.
 
+            presence: --uuids distinct uuids heartbeat (heartbeat=300) over --channels channels, \
+            --here-now-occupancy of them on one channel, through --presence-connections \
+            keep-alive connections, --heartbeat-rounds times. Reports heartbeats/s, the server's \
+            VmRSS per present uuid, the latency of --here-now-requests sequential here-now \
+            requests for the large channel (its occupancy is checked) and the server's CPU over \
+            --idle-seconds with everyone present and no requests. RSS and CPU need a spawned server.
+
             The client and a spawned server share the machine's CPUs; see docs/benchmarks.md.
             """
     )
 
     /// Which measurement to run.
     enum Scenario: String, ExpressibleByArgument, CaseIterable, Sendable {
-        /// The fan-out, latency, or memory run, or all three in that order.
-        case fanout, latency, memory, all
+        /// The fan-out, latency, memory or presence run, or all four in that order.
+        case fanout, latency, memory, presence, all
     }
 
     /// Which runs to do.
-    @Option(help: "fanout, latency, memory or all.")
+    @Option(help: "fanout, latency, memory, presence or all.")
     var scenario: Scenario = .all
 
     /// An external server to measure instead of spawning one.
@@ -85,6 +92,34 @@ struct Bench: AsyncParsableCommand {
     @Option(name: .customLong("idle"), help: "Memory run: long-poll (one channel each), shared-channel, or connection (no request).")
     var idle: BenchRunner.IdleMode = .longPoll
 
+    /// Present uuids in the presence run.
+    @Option(help: "Presence run: distinct uuids made present.")
+    var uuids: Int = 10_000
+
+    /// Channels the presence run spreads its uuids over.
+    @Option(help: "Presence run: channels the uuids are spread over.")
+    var channels: Int = 1_000
+
+    /// Occupants of the presence run's large channel.
+    @Option(name: .customLong("here-now-occupancy"), help: "Presence run: uuids on the one large channel whose here-now is timed.")
+    var hereNowOccupancy: Int = 1_000
+
+    /// Sequential here-now requests per variant.
+    @Option(name: .customLong("here-now-requests"), help: "Presence run: sequential here-now requests timed per variant.")
+    var hereNowRequests: Int = 200
+
+    /// Keep-alive connections sending heartbeats.
+    @Option(name: .customLong("presence-connections"), help: "Presence run: keep-alive connections sending heartbeats, one in flight each.")
+    var presenceConnections: Int = 16
+
+    /// Heartbeat rounds (the first joins, later ones extend).
+    @Option(name: .customLong("heartbeat-rounds"), help: "Presence run: times every uuid heartbeats (the first round joins).")
+    var heartbeatRounds: Int = 3
+
+    /// Seconds of the idle CPU window.
+    @Option(name: .customLong("idle-seconds"), help: "Presence run: seconds the server's CPU is measured while idle with everyone present.")
+    var idleSeconds: Double = 20
+
     /// Publish with `store=0`.
     @Flag(name: .customLong("no-store"), help: "Publish with store=0 (not durable; skips the SQLite write and fsync).")
     var noStore = false
@@ -116,6 +151,15 @@ struct Bench: AsyncParsableCommand {
         guard warmup >= 0 else { throw ValidationError("--warmup must not be negative") }
         guard longPolls > 0 else { throw ValidationError("--long-polls must be positive") }
         if let clientThreads, clientThreads <= 0 { throw ValidationError("--client-threads must be positive") }
+        guard channels > 0, uuids > 0 else { throw ValidationError("--uuids and --channels must be positive") }
+        guard hereNowOccupancy > 0, hereNowOccupancy <= uuids else { throw ValidationError("--here-now-occupancy must be between 1 and --uuids") }
+        guard channels == 1 ? hereNowOccupancy == uuids : uuids - hereNowOccupancy >= channels - 1 else {
+            throw ValidationError("--uuids beyond --here-now-occupancy must fill every other channel (at least --channels − 1 of them)")
+        }
+        guard hereNowRequests > 0, presenceConnections > 0, heartbeatRounds > 0 else {
+            throw ValidationError("--here-now-requests, --presence-connections and --heartbeat-rounds must be positive")
+        }
+        guard idleSeconds > 0 else { throw ValidationError("--idle-seconds must be positive") }
         if let url, BenchTarget(url: url) == nil { throw ValidationError("--url must look like http://127.0.0.1:8090") }
     }
 
@@ -133,6 +177,8 @@ struct Bench: AsyncParsableCommand {
         var latency: LatencyResult?
         /// Memory run.
         var memory: MemoryResult?
+        /// Presence run.
+        var presence: PresenceResult?
         /// Things the reader should know (skipped runs, limits).
         var notes: [String] = []
     }
@@ -145,6 +191,7 @@ struct Bench: AsyncParsableCommand {
         let runFanout = scenario == .fanout || scenario == .all
         let runLatency = scenario == .latency || scenario == .all
         let runMemory = scenario == .memory || scenario == .all
+        let runPresence = scenario == .presence || scenario == .all
         var report = Report(machine: .current(), server: external?.url ?? "spawned", clientThreads: threads)
 
         // Every connection is a file descriptor on both sides; children inherit the limit.
@@ -186,6 +233,28 @@ struct Bench: AsyncParsableCommand {
                     let server = try await SpawnedServer(subscribeTimeout: 300)
                     do {
                         report.memory = try await runner.memory(server: server, count: longPollCount, mode: idle, openFileLimit: limit)
+                    } catch {
+                        await server.stop()
+                        throw error
+                    }
+                    await server.stop()
+                }
+            }
+            if runPresence {
+                func measure(_ target: BenchTarget, _ server: SpawnedServer?) async throws -> PresenceResult {
+                    try await runner.presence(
+                        target: target, server: server, uuids: uuids, channels: channels, largeOccupancy: hereNowOccupancy,
+                        connections: presenceConnections, rounds: heartbeatRounds, hereNowRequests: hereNowRequests,
+                        idleSeconds: idleSeconds)
+                }
+                if let external {
+                    report.notes.append("presence run: server memory and CPU not measured (they need a server spawned by the bench)")
+                    report.presence = try await measure(external, nil)
+                } else {
+                    let server = try await SpawnedServer()
+                    benchLog("spawned server pid \(server.pid) at \(server.target.url)")
+                    do {
+                        report.presence = try await measure(server.target, server)
                     } catch {
                         await server.stop()
                         throw error
@@ -242,11 +311,13 @@ struct Bench: AsyncParsableCommand {
         return String(out.reversed())
     }
 
-    private static func fixed(_ value: Double, _ decimals: Int = 2) -> String {
+    /// A number with `decimals` decimals.
+    static func fixed(_ value: Double, _ decimals: Int = 2) -> String {
         String(format: "%.\(decimals)f", value)
     }
 
-    private static func percent(_ value: Double?) -> String {
+    /// A whole percentage, or `-`.
+    static func percent(_ value: Double?) -> String {
         value.map { "\(Int($0.rounded()))%" } ?? "-"
     }
 
@@ -333,6 +404,9 @@ struct Bench: AsyncParsableCommand {
             if !isConnection && r.longPolls >= 10_000 {
                 lines.append("  target: < 20 KiB per idle long-poll at 10,000 — \(r.kibPerLongPoll < 20 ? "met" : "NOT met")")
             }
+        }
+        if let r = report.presence {
+            lines += renderPresence(r)
         }
         for note in report.notes {
             lines.append("note: \(note)")

@@ -113,13 +113,31 @@ public struct PresenceEvent: Sendable, Hashable {
 ///
 /// **Calm by construction.** A heartbeat from a present uuid only extends its deadline: a
 /// connection that drops and comes back within the timeout produces no leave and no second join.
-/// Each member has one deadline; expiring is `O(log n)` per member through a lazily-cleaned
-/// min-heap, so idle bookkeeping does not grow with the number of present uuids.
+///
+/// **Cheap per request.** Channels and members are mutated in place, so a heartbeat of a present
+/// uuid costs a few hash lookups whatever the channel's occupancy. Each member keeps its true
+/// deadline and has one entry in a min-heap of deadlines; a heartbeat that moves the deadline
+/// later only updates the member, and when the old entry comes due it is queued again at the true
+/// deadline. So the heap holds about one entry per member however often members heartbeat, and
+/// idle bookkeeping does not grow with the number of present uuids.
 public struct PresenceTracker: Sendable {
     private struct Member: Sendable {
+        /// When the member times out unless it heartbeats again.
         var deadline: Duration
-        var timeout: Duration
-        var generation: UInt64
+        /// When this member's heap entry comes due (never after ``deadline``).
+        var queuedAt: Duration
+        /// The generation of this member's heap entry; entries with another one are stale.
+        var queuedGeneration: UInt64
+
+        /// Moves the deadline to `newDeadline`; returns whether a heap entry must be queued for it
+        /// (only when it is earlier than the queued one), recording it under `generation`.
+        mutating func extend(to newDeadline: Duration, generation: UInt64) -> Bool {
+            deadline = newDeadline
+            guard newDeadline < queuedAt else { return false }
+            queuedAt = newDeadline
+            queuedGeneration = generation
+            return true
+        }
     }
 
     private struct Channel: Sendable {
@@ -131,7 +149,66 @@ public struct PresenceTracker: Sendable {
         var timedOut: [String] = []
         var nextInterval: Duration?
         var inIntervalMode = false
+
+        var isUnused: Bool { members.isEmpty && states.isEmpty && nextInterval == nil }
+
+        /// Emits `action` directly, or records it as an interval delta when the channel is (or
+        /// just went) above announce-max.
+        mutating func announce(_ action: PresenceEvent.Action, uuid: String, key: ChannelKey, config: PresenceConfiguration,
+                               now: Duration) -> [PresenceEvent] {
+            if !inIntervalMode, members.count > config.announceMax {
+                inIntervalMode = true
+                nextInterval = now + config.interval
+            }
+            guard inIntervalMode else {
+                return [PresenceEvent(channel: key, action: action, uuid: uuid, occupancy: members.count, state: nil)]
+            }
+            switch action {
+            case .join: joined.append(uuid)
+            case .leave: left.append(uuid)
+            case .timeout: timedOut.append(uuid)
+            case .stateChange, .interval: break
+            }
+            return []
+        }
+
+        /// Removes `uuid`; `nil` when it was not present.
+        mutating func remove(_ uuid: String, action: PresenceEvent.Action, key: ChannelKey, config: PresenceConfiguration,
+                             now: Duration) -> [PresenceEvent]? {
+            guard members.removeValue(forKey: uuid) != nil else { return nil }
+            let state = states.removeValue(forKey: uuid)
+            var events = announce(action, uuid: uuid, key: key, config: config, now: now)
+            if !inIntervalMode, !events.isEmpty, state != nil {
+                events[0].state = state
+            }
+            return events
+        }
+
+        /// Ends the current interval: its event (if it has one to send) and the next boundary.
+        mutating func endInterval(key: ChannelKey, config: PresenceConfiguration, now: Duration) -> PresenceEvent? {
+            let total = joined.count + left.count + timedOut.count
+            var event: PresenceEvent?
+            if total > 0 || inIntervalMode {
+                let refresh = total > config.maximumIntervalDelta
+                event = PresenceEvent(channel: key, action: .interval(join: joined, leave: left, timeout: timedOut, hereNowRefresh: refresh),
+                                      uuid: nil, occupancy: members.count, state: nil)
+            }
+            joined = []
+            left = []
+            timedOut = []
+            if members.count > config.announceMax {
+                nextInterval = now + config.interval
+            } else {
+                nextInterval = nil
+                inIntervalMode = false
+            }
+            return event
+        }
     }
+
+    /// Above this many stale heap entries (beyond one per member) the heap is rebuilt, so leave
+    /// and rejoin churn cannot grow it either.
+    private static let staleEntrySlack = 1024
 
     private let configurationBySubscribeKey: [String: PresenceConfiguration]
     private let defaultConfiguration: PresenceConfiguration
@@ -141,6 +218,7 @@ public struct PresenceTracker: Sendable {
     /// Channels in interval mode (the only ones with interval boundaries).
     private var intervalChannels: Set<ChannelKey> = []
     private var generation: UInt64 = 0
+    private var memberTotal = 0
 
     /// Creates a tracker; keysets without an entry use `defaultConfiguration`.
     public init(defaultConfiguration: PresenceConfiguration = .init(),
@@ -155,7 +233,11 @@ public struct PresenceTracker: Sendable {
     }
 
     /// Number of (uuid, channel) memberships.
-    public var membershipCount: Int { channels.values.reduce(0) { $0 + $1.members.count } }
+    public var membershipCount: Int { memberTotal }
+
+    /// Entries in the deadline heap, stale ones included: about one per membership however often
+    /// members heartbeat, and never more than twice the memberships plus a fixed slack.
+    package var pendingDeadlineCount: Int { heap.count }
 
     /// Records a heartbeat of `uuid` on `channels` (presence names must already be removed).
     /// `state`, when given, is a JSON object keyed by channel name whose values become that
@@ -165,42 +247,53 @@ public struct PresenceTracker: Sendable {
         states: [String: String] = [:], now: Duration
     ) -> [PresenceEvent] {
         var events: [PresenceEvent] = []
+        let config = configuration(for: subscribeKey)
+        let deadline = now + timeout
         for name in Set(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
-            var channel = channels[key] ?? Channel()
-            generation += 1
-            let member = Member(deadline: now + timeout, timeout: timeout, generation: generation)
-            let isNew = channel.members.updateValue(member, forKey: uuid) == nil
-            heap.push(PresenceDeadline(at: member.deadline, channel: key, uuid: uuid, generation: generation))
+            let candidate = generation + 1
+            // In place: no copy of the channel's member dictionary.
+            let pushed = channels[key]?.members[uuid]?.extend(to: deadline, generation: candidate)
+            let isNew = pushed == nil
+            if isNew {
+                channels[key, default: Channel()].members[uuid] = Member(deadline: deadline, queuedAt: deadline, queuedGeneration: candidate)
+                memberTotal += 1
+            }
+            if isNew || pushed == true {
+                generation = candidate
+                heap.push(PresenceDeadline(at: deadline, channel: key, uuid: uuid, generation: candidate))
+            }
             var stateChanged = false
-            if let state = states[name], channel.states[uuid] != state {
-                channel.states[uuid] = state
+            if let state = states[name], channels[key]?.states[uuid] != state {
+                channels[key, default: Channel()].states[uuid] = state
                 stateChanged = true
             }
             if isNew {
                 channelsByUUID[subscribeKey, default: [:]][uuid, default: []].insert(name)
-                events += announce(.join, uuid: uuid, in: &channel, key: key, now: now)
+                events += channels[key, default: Channel()].announce(.join, uuid: uuid, key: key, config: config, now: now)
+                settle(key)
             }
-            if stateChanged {
+            if stateChanged, let channel = channels[key] {
                 events.append(PresenceEvent(channel: key, action: .stateChange, uuid: uuid, occupancy: channel.members.count,
                                             state: channel.states[uuid]))
             }
-            store(channel, at: key)
         }
+        compactIfNeeded()
         return events
     }
 
     /// Extends the deadline of `uuid` where it is still present; never joins. Used when a
     /// long-poll ends: the connection was alive, but a leave during the poll must stand.
     public mutating func refresh(subscribeKey: String, uuid: String, channels names: [String], timeout: Duration, now: Duration) {
+        let deadline = now + timeout
         for name in Set(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
-            guard var channel = channels[key], channel.members[uuid] != nil else { continue }
-            generation += 1
-            channel.members[uuid] = Member(deadline: now + timeout, timeout: timeout, generation: generation)
-            heap.push(PresenceDeadline(at: now + timeout, channel: key, uuid: uuid, generation: generation))
-            store(channel, at: key)
+            let candidate = generation + 1
+            guard channels[key]?.members[uuid]?.extend(to: deadline, generation: candidate) == true else { continue }
+            generation = candidate
+            heap.push(PresenceDeadline(at: deadline, channel: key, uuid: uuid, generation: candidate))
         }
+        compactIfNeeded()
     }
 
     /// Removes `uuid` from `channels` at once (an explicit leave).
@@ -219,12 +312,10 @@ public struct PresenceTracker: Sendable {
         var events: [PresenceEvent] = []
         for name in Set(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
-            var channel = channels[key] ?? Channel()
-            let changed = channel.states.updateValue(state, forKey: uuid) != state
-            if changed, channel.members[uuid] != nil {
-                events.append(PresenceEvent(channel: key, action: .stateChange, uuid: uuid, occupancy: channel.members.count, state: state))
+            let changed = channels[key, default: Channel()].states.updateValue(state, forKey: uuid) != state
+            if changed, let occupancy = channels[key]?.members.count, channels[key]?.members[uuid] != nil {
+                events.append(PresenceEvent(channel: key, action: .stateChange, uuid: uuid, occupancy: occupancy, state: state))
             }
-            store(channel, at: key)
         }
         return events
     }
@@ -252,7 +343,8 @@ public struct PresenceTracker: Sendable {
         (channelsByUUID[subscribeKey]?[uuid] ?? []).sorted()
     }
 
-    /// The next moment ``tick(now:)`` has work: the earliest deadline or interval boundary.
+    /// The next moment ``tick(now:)`` has work: the earliest queued deadline or interval boundary.
+    /// A queued deadline may be earlier than the member's true one (it then only requeues it).
     public var nextWakeUp: Duration? {
         var next = heap.first?.at
         for key in intervalChannels {
@@ -266,80 +358,60 @@ public struct PresenceTracker: Sendable {
         var events: [PresenceEvent] = []
         while let top = heap.first, top.at <= now {
             heap.popMin()
-            guard let member = channels[top.channel]?.members[top.uuid], member.generation == top.generation else { continue }
+            guard let member = channels[top.channel]?.members[top.uuid], member.queuedGeneration == top.generation else { continue }
+            if member.deadline > top.at {
+                // Heartbeats moved the deadline later since this entry was queued: queue the true one.
+                generation += 1
+                channels[top.channel]?.members[top.uuid]?.queuedAt = member.deadline
+                channels[top.channel]?.members[top.uuid]?.queuedGeneration = generation
+                heap.push(PresenceDeadline(at: member.deadline, channel: top.channel, uuid: top.uuid, generation: generation))
+                continue
+            }
             events += remove(top.uuid, from: top.channel, action: .timeout, now: now)
         }
-        for key in intervalChannels {
-            guard let due = channels[key]?.nextInterval, due <= now else { continue }
-            var channel = channels[key]!
-            let total = channel.joined.count + channel.left.count + channel.timedOut.count
+        let due = intervalChannels.filter { key in channels[key]?.nextInterval.map { $0 <= now } ?? false }
+        for key in due {
             let config = configuration(for: key.subscribeKey)
-            if total > 0 || channel.inIntervalMode {
-                let refresh = total > config.maximumIntervalDelta
-                events.append(PresenceEvent(channel: key, action: .interval(join: channel.joined, leave: channel.left,
-                                                                             timeout: channel.timedOut, hereNowRefresh: refresh),
-                                            uuid: nil, occupancy: channel.members.count, state: nil))
+            if let event = channels[key]?.endInterval(key: key, config: config, now: now) {
+                events.append(event)
             }
-            channel.joined = []
-            channel.left = []
-            channel.timedOut = []
-            if channel.members.count > config.announceMax {
-                channel.nextInterval = now + config.interval
-            } else {
-                channel.nextInterval = nil
-                channel.inIntervalMode = false
-            }
-            store(channel, at: key)
+            settle(key)
         }
         return events
     }
 
     private mutating func remove(_ uuid: String, from key: ChannelKey, action: PresenceEvent.Action, now: Duration) -> [PresenceEvent] {
-        guard var channel = channels[key], channel.members.removeValue(forKey: uuid) != nil else { return [] }
-        let state = channel.states.removeValue(forKey: uuid)
+        let config = configuration(for: key.subscribeKey)
+        guard let events = channels[key]?.remove(uuid, action: action, key: key, config: config, now: now) else { return [] }
+        memberTotal -= 1
         channelsByUUID[key.subscribeKey]?[uuid]?.remove(key.channel)
         if channelsByUUID[key.subscribeKey]?[uuid]?.isEmpty == true { channelsByUUID[key.subscribeKey]?[uuid] = nil }
-        var events = announce(action, uuid: uuid, in: &channel, key: key, now: now)
-        if !channel.inIntervalMode, events.first != nil, state != nil {
-            events[0].state = state
-        }
-        store(channel, at: key)
+        settle(key)
         return events
     }
 
-    /// Emits `action` directly, or records it as an interval delta when the channel is (or just
-    /// went) above announce-max.
-    private func announce(_ action: PresenceEvent.Action, uuid: String, in channel: inout Channel, key: ChannelKey, now: Duration)
-        -> [PresenceEvent]
-    {
-        let config = configuration(for: key.subscribeKey)
-        if !channel.inIntervalMode, channel.members.count > config.announceMax {
-            channel.inIntervalMode = true
-            channel.nextInterval = now + config.interval
+    /// Keeps `intervalChannels` in step with a channel's interval boundary and drops the channel
+    /// once nothing is left in it.
+    private mutating func settle(_ key: ChannelKey) {
+        guard let channel = channels[key] else {
+            intervalChannels.remove(key)
+            return
         }
-        guard channel.inIntervalMode else {
-            return [PresenceEvent(channel: key, action: action, uuid: uuid, occupancy: channel.members.count, state: nil)]
-        }
-        switch action {
-        case .join: channel.joined.append(uuid)
-        case .leave: channel.left.append(uuid)
-        case .timeout: channel.timedOut.append(uuid)
-        case .stateChange, .interval: break
-        }
-        return []
+        if channel.nextInterval != nil { intervalChannels.insert(key) } else { intervalChannels.remove(key) }
+        if channel.isUnused { channels[key] = nil }
     }
 
-    private mutating func store(_ channel: Channel, at key: ChannelKey) {
-        if channel.nextInterval != nil { intervalChannels.insert(key) } else { intervalChannels.remove(key) }
-        if channel.members.isEmpty && channel.states.isEmpty && channel.nextInterval == nil {
-            channels[key] = nil
-        } else {
-            channels[key] = channel
-        }
+    /// Drops stale heap entries (of members that left, or superseded by an earlier deadline)
+    /// once they outnumber the members by more than ``staleEntrySlack``. Amortised O(1) per push.
+    private mutating func compactIfNeeded() {
+        guard heap.count > 2 * memberTotal + Self.staleEntrySlack else { return }
+        let channels = self.channels
+        heap.rebuild { entry in channels[entry.channel]?.members[entry.uuid]?.queuedGeneration == entry.generation }
     }
 }
 
-/// A presence deadline: `uuid` on `channel` expires at `at` unless a newer generation replaced it.
+/// A presence deadline: `uuid` on `channel` comes due at `at`, unless the member's entry has
+/// another generation (the entry is then stale and skipped).
 struct PresenceDeadline: Sendable {
     var at: Duration
     var channel: ChannelKey
@@ -347,8 +419,8 @@ struct PresenceDeadline: Sendable {
     var generation: UInt64
 }
 
-/// A binary min-heap of deadlines ordered by `at`. Stale entries (superseded by a later heartbeat)
-/// are skipped when popped, so a heartbeat costs `O(log n)` and nothing is ever searched.
+/// A binary min-heap of deadlines ordered by `at`. Stale entries are skipped when popped (or
+/// dropped by ``rebuild(keeping:)``), so a push costs `O(log n)` and nothing is ever searched.
 struct DeadlineHeap: Sendable {
     private var items: [PresenceDeadline] = []
 
@@ -370,7 +442,21 @@ struct DeadlineHeap: Sendable {
         guard !items.isEmpty else { return }
         items.swapAt(0, items.count - 1)
         items.removeLast()
-        var parent = 0
+        siftDown(from: 0)
+    }
+
+    /// Keeps only the entries `isLive` accepts and restores the heap order in `O(n)`.
+    mutating func rebuild(keeping isLive: (PresenceDeadline) -> Bool) {
+        items.removeAll { !isLive($0) }
+        var index = items.count / 2
+        while index > 0 {
+            index -= 1
+            siftDown(from: index)
+        }
+    }
+
+    private mutating func siftDown(from start: Int) {
+        var parent = start
         while true {
             let left = 2 * parent + 1
             let right = left + 1

@@ -123,6 +123,104 @@ import TetherServerCore
         #expect(refresh.first?.payload(timestamp: 1).contains("\"join\"") == false)
     }
 
+    @Test func tenThousandHeartbeatsOfOneUUIDKeepOneQueuedDeadline() {
+        var tracker = PresenceTracker()
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .zero)
+        for i in 1...10_000 {
+            let now = Duration.milliseconds(i)
+            if i.isMultiple(of: 2) {
+                _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: now)
+            } else {
+                tracker.refresh(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: now)
+            }
+        }
+        #expect(tracker.membershipCount == 1)
+        #expect(tracker.pendingDeadlineCount == 1)
+        // The one entry is still at the first deadline; reaching it requeues the true one (30 s).
+        #expect(tracker.tick(now: .seconds(20)).isEmpty)
+        #expect(tracker.pendingDeadlineCount == 1)
+        #expect(tracker.nextWakeUp == .seconds(30))
+        #expect(actions(tracker.tick(now: .seconds(30))) == ["timeout:u1@a=0"])
+        #expect(tracker.pendingDeadlineCount == 0)
+    }
+
+    @Test func heartbeatsOfManyMembersKeepAtMostOneQueuedDeadlineEach() {
+        var tracker = PresenceTracker()
+        for round in 0..<20 {
+            for i in 0..<500 {
+                let now = Duration.seconds(round) + .milliseconds(i)
+                _ = tracker.heartbeat(subscribeKey: "k", uuid: "u\(i)", channels: ["c\(i % 7)", "big"], timeout: .seconds(300), now: now)
+                tracker.refresh(subscribeKey: "k", uuid: "u\(i)", channels: ["big"], timeout: .seconds(300), now: now)
+            }
+        }
+        #expect(tracker.membershipCount == 1_000)
+        #expect(tracker.pendingDeadlineCount <= tracker.membershipCount)
+    }
+
+    @Test func aLaterDeadlineTimesOutThenAndNotAtTheEarlierOne() {
+        var tracker = PresenceTracker()
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: .seconds(20), now: .zero)
+        tracker.refresh(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: .seconds(60), now: .seconds(10))  // → 70 s
+        #expect(tracker.nextWakeUp == .seconds(20))
+        #expect(tracker.tick(now: .seconds(20)).isEmpty)
+        #expect(tracker.nextWakeUp == .seconds(70))
+        #expect(tracker.tick(now: .milliseconds(69_999)).isEmpty)
+        #expect(tracker.occupants(subscribeKey: "k", channel: "a").map(\.uuid) == ["u1"])
+        #expect(actions(tracker.tick(now: .seconds(70))) == ["timeout:u1@a=0"])
+        #expect(tracker.tick(now: .seconds(200)).isEmpty)
+        #expect(tracker.nextWakeUp == nil)
+    }
+
+    @Test func aLateTickStillTimesOutOnceAtTheTrueDeadline() {
+        var tracker = PresenceTracker()
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: .seconds(20), now: .zero)
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: .seconds(20), now: .seconds(15))  // → 35 s
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u2", channels: ["a"], timeout: .seconds(30), now: .zero)  // → 30 s
+        // One tick long after both deadlines: both time out, in deadline order, once each.
+        #expect(actions(tracker.tick(now: .seconds(100))) == ["timeout:u2@a=1", "timeout:u1@a=0"])
+        #expect(tracker.tick(now: .seconds(200)).isEmpty)
+        #expect(tracker.pendingDeadlineCount == 0)
+    }
+
+    @Test func aShorterTimeoutAfterALongerOneTimesOutAtTheShorterDeadline() {
+        var tracker = PresenceTracker()
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: .seconds(3600), now: .zero)
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: .seconds(20), now: .seconds(10))
+        #expect(tracker.nextWakeUp == .seconds(30))
+        #expect(tracker.tick(now: .milliseconds(29_999)).isEmpty)
+        #expect(actions(tracker.tick(now: .seconds(30))) == ["timeout:u1@a=0"])
+        // The superseded hour-long entry comes due later and is skipped.
+        #expect(tracker.tick(now: .seconds(3600)).isEmpty)
+        #expect(tracker.pendingDeadlineCount == 0)
+        #expect(tracker.nextWakeUp == nil)
+    }
+
+    @Test func leaveAndRejoinChurnDoesNotGrowTheDeadlineHeap() {
+        var tracker = PresenceTracker()
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "stays", channels: ["a"], timeout: .seconds(300), now: .zero)
+        var all: [PresenceEvent] = []
+        for i in 0..<10_000 {
+            let now = Duration.milliseconds(i)
+            all += tracker.heartbeat(subscribeKey: "k", uuid: "churn", channels: ["a"], timeout: .seconds(300), now: now)
+            all += tracker.leave(subscribeKey: "k", uuid: "churn", channels: ["a"], now: now)
+        }
+        #expect(all.count == 20_000)
+        #expect(tracker.membershipCount == 1)
+        #expect(tracker.pendingDeadlineCount < 2_000)
+        // Deadlines that only ever move earlier leave stale entries behind; those are bounded too.
+        for i in 0..<10_000 {
+            _ = tracker.heartbeat(subscribeKey: "k", uuid: "stays", channels: ["a"], timeout: .seconds(300) - .milliseconds(2 * i),
+                                  now: .milliseconds(i))
+        }
+        #expect(tracker.pendingDeadlineCount < 2_000)
+        // The member that stayed still times out exactly once, at its last (earliest) deadline.
+        let last = Duration.milliseconds(9_999) + .seconds(300) - .milliseconds(19_998)
+        #expect(tracker.tick(now: last - .milliseconds(1)).isEmpty)
+        #expect(actions(tracker.tick(now: last)) == ["timeout:stays@a=0"])
+        #expect(tracker.tick(now: .seconds(400)).isEmpty)
+        #expect(tracker.pendingDeadlineCount == 0)
+    }
+
     @Test func timeoutsAreClampedToTheConfiguredRange() {
         let config = PresenceConfiguration()
         #expect(config.timeout(requestedSeconds: nil) == .seconds(300))

@@ -47,6 +47,31 @@ import TetherServer
         await server.stop()
     }
 
+    @Test func aLongerHeartbeatMovesTheTimeoutAndAShorterOneBringsItForward() async throws {
+        let clock = TestClock()
+        let server = try await TestServer.start(clock: ServerClock(clock))
+        var cursor = try await server.handshake("desk-pnpres")
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/desk/heartbeat?heartbeat=20&uuid=carol")
+        #expect(try await events(server, "desk-pnpres", from: &cursor, count: 1) == ["join:carol=1"])
+        await clock.advance(by: .seconds(10))
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/desk/heartbeat?heartbeat=60&uuid=carol")  // until 70 s
+        await clock.advance(by: .seconds(59))
+        let present = try await server.object("/v2/presence/sub-key/demo/channel/desk?uuid=x")
+        #expect(present["uuids"] as? [String] == ["carol"])
+        await clock.advance(by: .seconds(1))
+        #expect(try await events(server, "desk-pnpres", from: &cursor, count: 1) == ["timeout:carol=0"])
+
+        // An hour-long timeout, then a 20 s one: the uuid times out 20 s after the second.
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/desk/heartbeat?heartbeat=3600&uuid=dave")
+        await clock.advance(by: .seconds(5))
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/desk/heartbeat?heartbeat=20&uuid=dave")
+        await clock.advance(by: .seconds(20))
+        #expect(try await events(server, "desk-pnpres", from: &cursor, count: 2) == ["join:dave=1", "timeout:dave=0"])
+        let empty = try await server.object("/v2/presence/sub-key/demo/channel/desk?uuid=x")
+        #expect(empty["occupancy"] as? Int == 0)
+        await server.stop()
+    }
+
     @Test func subscribeCountsAsAHeartbeatAndComingBackDoesNotFlap() async throws {
         let clock = TestClock()
         let server = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 1), clock: ServerClock(clock))
