@@ -1,0 +1,37 @@
+"""`tether bench` still runs, at a toy size: each scenario spawns its own server, drives it over
+loopback and checks what it measured (every message delivered exactly once, here-now occupancy).
+The figures themselves are for docs/benchmarks.md, measured on a quiet machine, not here."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from helpers import TETHER_BIN
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def bench(*args: str) -> str:
+    proc = subprocess.run([TETHER_BIN, "bench", *args], capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_fanout_delivers_every_message_exactly_once_in_order():
+    out = bench("--scenario", "fanout", "--duration", "2", "--subscribers", "5", "--publishers", "2")
+    row = next(line for line in out.splitlines() if re.match(r"^\s+5\s", line))
+    # subscribers, publishes/s, deliveries/s, while publishing, msgs/response, drain, missing, dup, out-of-order, errors
+    fields = row.split()
+    assert fields[6:10] == ["0", "0", "0", "0"], row
+
+
+def test_presence_scenario_checks_occupancy_and_reports_idle_cpu():
+    out = bench("--scenario", "presence", "--uuids", "300", "--channels", "30", "--here-now-occupancy", "50",
+                "--here-now-requests", "20", "--idle-seconds", "2")
+    assert "occupancy 50 checked" in out
+    assert "300 present on 30 channels (checked)" in out
+    assert re.search(r"bytes per present uuid", out)
+    assert re.search(r"target: idle CPU under 2% of a core", out)
