@@ -58,7 +58,9 @@ final class ChaosServerProcess: Sendable {
                              "--config", configPath, "--log-level", "warning"]
         let out = Pipe()
         process.standardOutput = out
-        if !FileManager.default.fileExists(atPath: logPath) { FileManager.default.createFile(atPath: logPath, contents: nil) }
+        if !FileManager.default.fileExists(atPath: logPath), !FileManager.default.createFile(atPath: logPath, contents: nil) {
+            throw ChaosError("cannot create \(logPath)")
+        }
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()
         process.standardError = log
@@ -134,7 +136,7 @@ final class ProbeProcess: Sendable {
         let output = Pipe()
         process.standardInput = input
         process.standardOutput = output
-        FileManager.default.createFile(atPath: stderrPath, contents: nil)
+        guard FileManager.default.createFile(atPath: stderrPath, contents: nil) else { throw ChaosError("cannot create \(stderrPath)") }
         process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: stderrPath))
         try process.run()
         let reader = Thread { [self] in

@@ -161,9 +161,16 @@ extension TetherResponder {
             w.raw("]")
         }
 
+        // The occupancy, and the sorted occupant list only when the answer shows it.
+        func lookUp(_ channel: String) -> (occupancy: Int, occupants: [(uuid: String, state: String?)]) {
+            guard includeUUIDs else { return (presence.read { $0.occupancy(subscribeKey: key, channel: channel) }, []) }
+            let occupants = presence.read { $0.occupants(subscribeKey: key, channel: channel) }
+            return (occupants.count, occupants)
+        }
+
         // One channel and no groups: the top-level shape (pubnub-wire §7.3).
         if let requested, requested.count == 1, groups.isEmpty {
-            let occupants = presence.read { $0.occupants(subscribeKey: key, channel: requested[0]) }
+            let (occupancy, occupants) = lookUp(requested[0])
             var w = JSONWriter()
             w.raw("{\"status\":200,\"message\":\"OK\",\"service\":\"Presence\"")
             if includeUUIDs {
@@ -171,7 +178,7 @@ extension TetherResponder {
                 occupantsJSON(&w, occupants)
             }
             w.raw(",\"occupancy\":")
-            w.number(occupants.count)
+            w.number(occupancy)
             w.raw("}")
             return Reply.json(.ok, w.bytes)
         }
@@ -188,11 +195,11 @@ extension TetherResponder {
         var totalChannels = 0
         var totalOccupancy = 0
         for name in names {
-            let occupants = presence.read { $0.occupants(subscribeKey: key, channel: name) }
-            if occupants.isEmpty { continue }
+            let (occupancy, occupants) = lookUp(name)
+            if occupancy == 0 { continue }
             if totalChannels > 0 { w.raw(",") }
             totalChannels += 1
-            totalOccupancy += occupants.count
+            totalOccupancy += occupancy
             w.string(name)
             w.raw(":{")
             if includeUUIDs {
@@ -201,7 +208,7 @@ extension TetherResponder {
                 w.raw(",")
             }
             w.raw("\"occupancy\":")
-            w.number(occupants.count)
+            w.number(occupancy)
             w.raw("}")
         }
         w.raw("},\"total_channels\":")

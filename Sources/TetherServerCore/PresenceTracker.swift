@@ -331,6 +331,11 @@ public struct PresenceTracker: Sendable {
         return c.members.keys.sorted().map { ($0, c.states[$0]) }
     }
 
+    /// How many uuids are present on a channel (here-now with `disable_uuids=1`: no list built).
+    public func occupancy(subscribeKey: String, channel: String) -> Int {
+        channels[ChannelKey(subscribeKey: subscribeKey, channel: channel)]?.members.count ?? 0
+    }
+
     /// Every channel of a keyset with at least one occupant, sorted.
     public func occupiedChannels(subscribeKey: String) -> [String] {
         channels.compactMap { key, channel in
