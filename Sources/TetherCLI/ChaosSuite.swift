@@ -292,6 +292,8 @@ struct ChaosScenarioRunner: Sendable {
                 reconnectCategories: ["reconnected", "connected", "PNReconnectedCategory", "PNConnectedCategory"])
             if result.notConnected == probe.clients, !probe.isRunning {
                 result.note = "the probe exited: \(probe.errorTail)"
+            } else if expected.count < 10 {
+                result.note = "the run itself failed: only \(expected.count) publishes were acknowledged"
             }
             results.append(result)
         }

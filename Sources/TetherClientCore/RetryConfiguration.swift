@@ -33,6 +33,12 @@ public struct RetryConfiguration: Sendable, Hashable {
         case backOff(increment: Duration, maximumDelay: Duration, giveUpAfter: Duration?)
         /// The app decides (see ``ReconnectionStrategy``).
         case custom(CustomReconnectionStrategy)
+
+        /// Whether the app's strategy decides (``custom(_:)``): then nothing overrides it.
+        public var isCustom: Bool {
+            if case .custom = self { return true }
+            return false
+        }
     }
 
     /// Groups of endpoints that can be excluded from automatic retry.
@@ -56,7 +62,8 @@ public struct RetryConfiguration: Sendable, Hashable {
     /// The delay curve.
     public var policy: Policy
     /// The smallest delay between two attempts, whatever the policy says (not applied to
-    /// ``Policy/custom(_:)``).
+    /// ``Policy/custom(_:)``, to ``fastReconnect``'s quick attempts, nor to a server's
+    /// `Retry-After`, which is followed as given with a 1 s floor).
     public var minimumInterval: Duration
     /// Bounds of the random jitter added to each delay (not applied to ``Policy/custom(_:)``).
     public var jitter: ClosedRange<Duration>
@@ -67,7 +74,9 @@ public struct RetryConfiguration: Sendable, Hashable {
     /// knocking again costs the server nothing, so the subscribe loop tries again within
     /// ``FastReconnect/interval`` instead of waiting out the policy's back-off, and is back
     /// within about a second of the path. Answers from a server (5xx, 403, timeouts) follow the
-    /// policy. `nil` (every preset reproducing another system) follows the policy alone.
+    /// policy, and so does a ``Policy/custom(_:)`` strategy (the app decides). `nil` (every preset
+    /// reproducing another system) follows the policy alone. Quick attempts start once an outage
+    /// is under way (or at once for "connection refused"), and never outlast a policy's give-up.
     public var fastReconnect: FastReconnect?
     /// How many times the subscribe loop retries after Access Manager denied it (seed 002: grants
     /// can take a moment to propagate, but a revoked grant never comes back). Default 3.

@@ -279,6 +279,7 @@ struct SubscribeMachineBehaviourTests {
         #expect(h.categories == [.connected, .unexpectedDisconnect, .reconnected])
 
         // After the window (5 minutes into an outage) the policy alone decides.
+        h.now += .seconds(60)
         h.fail(.networkIssues, error: TransportFailure.connectionRefused)
         let start = h.now
         while h.now - start < .seconds(300) {
@@ -287,10 +288,11 @@ struct SubscribeMachineBehaviourTests {
         }
         #expect(h.timers[.retry] == h.now + .seconds(2))
 
-        // A connection cut before any answer and a captive portal's 200 page are quick too; a
-        // server's own error is not.
+        // A connection cut before its answer and a captive portal's 200 page are quick too; a
+        // server's own error is not. (The outage starts long after the last recovery.)
         h.fire(.retry)
         h.succeed(300)
+        h.now += .seconds(60)
         h.fail(.networkIssues, error: TransportFailure.connectionClosed("reset"))
         #expect(h.timers[.retry] == h.now + .milliseconds(500))
         h.fire(.retry)
@@ -298,7 +300,26 @@ struct SubscribeMachineBehaviourTests {
         #expect(h.timers[.retry] == h.now + .milliseconds(500))
         h.fire(.retry)
         h.fail(.unknown, statusCode: 502)
+        #expect(h.timers[.retry] == h.now + .seconds(2))           // the policy's first retry
+        // A relapse soon after recovering (the same page cut again) waits the policy's delay, so
+        // a request that fails after every reconnect cannot loop every second.
+        h.fire(.retry)
+        h.succeed(400)
+        h.fail(.networkIssues, error: TransportFailure.connectionClosed("reset"))
         #expect(h.timers[.retry] == h.now + .seconds(2))
+        h.fire(.retry)
+        h.fail(.networkIssues, error: TransportFailure.connectionClosed("reset"))   // then quick again
+        #expect(h.timers[.retry] == h.now + .milliseconds(500))
+
+        // A custom strategy decides alone.
+        var custom = Harness(.init(retry: RetryConfiguration(policy: .custom(CustomReconnectionStrategy(id: "i3", Immediate3())))))
+        custom.subscribe(["a"])
+        custom.succeed(100)
+        custom.fail(.networkIssues, error: TransportFailure.connectionRefused)
+        #expect(custom.timers[.retry] == custom.now + .milliseconds(100))
+        custom.fire(.retry)
+        custom.fail(.networkIssues, error: TransportFailure.connectionRefused)
+        #expect(custom.timers[.retry] == custom.now + .milliseconds(200))
 
         // Presets that reproduce other systems keep their exact schedules.
         var sendBird = Harness(.init(retry: .sendBird))
@@ -308,6 +329,72 @@ struct SubscribeMachineBehaviourTests {
         sendBird.fire(.retry)
         sendBird.fail(.networkIssues, error: TransportFailure.connectionRefused)
         #expect(sendBird.timers[.retry] == sendBird.now + .seconds(3))
+    }
+
+    @Test func accessReChecksStayQuietWhateverEndsTheRetries() {
+        // The policy runs out before the access-denied limit: still one final status, then quiet.
+        var h = Harness(.init(retry: RetryConfiguration(policy: .linear(delay: .seconds(2), maximumRetries: 1), jitter: .zero ... .zero)))
+        h.subscribe(["a"]); h.succeed(100)
+        h.fail(.accessDenied, statusCode: 403, denied: ["a"])
+        h.fireNextTimer(); h.fail(.accessDenied, statusCode: 403, denied: ["a"])
+        #expect(h.categories == [.connected, .accessDenied, .accessDenied])
+        #expect(h.machine.connectionState == .failed(.accessDenied))
+        for _ in 0..<3 {
+            #expect(h.fireNextTimer() == .timeProbe)
+            let actions = h.machine.timeProbeSucceeded(now: h.now)
+            h.record(actions)
+            h.fail(.accessDenied, statusCode: 403, denied: ["a"])
+        }
+        #expect(h.categories == [.connected, .accessDenied, .accessDenied])
+        #expect(h.changes.compactMap(\.reconnectEvent) == [.started, .failed])
+        // Network down and up in the middle: the re-check goes on, just as quietly.
+        var actions = h.machine.networkUp(now: h.now)
+        h.record(actions)
+        actions = h.machine.networkDown(now: h.now)
+        h.record(actions)
+        actions = h.machine.networkUp(now: h.now)
+        h.record(actions)
+        h.fail(.accessDenied, statusCode: 403, denied: ["a"])
+        #expect(h.categories == [.connected, .accessDenied, .accessDenied, .networkDown, .networkUp])
+        #expect(h.machine.connectionState == .failed(.accessDenied))
+        // The grant comes back: `reconnected`, from the cursor.
+        #expect(h.fireNextTimer() == .timeProbe)
+        actions = h.machine.timeProbeSucceeded(now: h.now)
+        h.record(actions)
+        h.succeed(200)
+        #expect(h.categories.last == .reconnected)
+        #expect(h.machine.cursor?.timetoken == Timetoken(100))
+
+        // Never connected: the re-check that succeeds says `connected`.
+        var fresh = Harness()
+        fresh.subscribe(["a"])
+        for _ in 0...3 { fresh.fail(.accessDenied, statusCode: 403, denied: ["a"]); fresh.fireNextTimer() }
+        #expect(fresh.categories == [.accessDenied, .accessDenied, .accessDenied, .accessDenied])
+        let probed = fresh.machine.timeProbeSucceeded(now: fresh.now)
+        fresh.record(probed)
+        fresh.succeed(300)
+        #expect(fresh.categories.last == .connected)
+    }
+
+    @Test func retryAfterZeroIsFlooredAndAPathChangeKeepsIt() {
+        var h = Harness()
+        h.subscribe(["a"]); h.succeed(100)
+        h.fail(.unknown, statusCode: 503, retryAfter: .zero)
+        #expect(h.timers[.retry] == h.now + .seconds(1))
+        var actions = h.machine.networkUp(now: h.now)
+        h.record(actions)
+        actions = h.machine.networkChanged(now: h.now)               // the server's wait still holds
+        h.record(actions)
+        #expect(h.timers[.retry] == h.now + .seconds(1))
+        h.fire(.retry)
+        h.fail(.networkIssues)                                         // an ordinary back-off...
+        actions = h.machine.networkChanged(now: h.now)                 // ...is cut short by a path change
+        h.record(actions)
+        #expect(h.timers[.retry] == nil)
+        h.fail(.networkIssues)
+        actions = h.machine.networkChanged(now: h.now)                 // but at most once a second
+        h.record(actions)
+        #expect(h.timers[.retry] != nil)
     }
 
     @Test func retryAfterDecidesTheNextAttempt() {

@@ -191,6 +191,10 @@ public struct SubscribeMachine: Sendable {
         var episode: Int
         /// Every attempt scheduled in this outage (what `reconnecting(attempt:)` shows).
         var attempts = 0
+        /// Access-denied retries ran out and the app was told; later denials are quiet re-checks.
+        var accessDeniedReported = false
+        /// The scheduled retry waits for the server's `Retry-After` (a path change keeps it).
+        var honoringRetryAfter = false
     }
 
     private struct Handshaking: Sendable {
@@ -263,6 +267,10 @@ public struct SubscribeMachine: Sendable {
     private var channels: [String] = []
     private var groups: [String] = []
     private var network: NetworkPath = .unknown
+    /// When a path change last cut a retry's wait short.
+    private var lastPathChangeAttempt: Duration?
+    /// When the loop last came back from an outage (`reconnected`).
+    private var lastRecovery: Duration?
     private var nextRequest = 0
     private var nextEpisode = 0
     /// Newest delivered timetoken per event channel: nothing at or below it is delivered again.
@@ -285,7 +293,7 @@ public struct SubscribeMachine: Sendable {
         switch state {
         case .idle: return .idle
         case .handshaking(let h):
-            if let outage = h.outage { return .reconnecting(attempt: outage.retries) }
+            if let outage = h.outage { return .reconnecting(attempt: outage.attempts) }
             switch h.purpose {
             case .connect: return .connecting
             case .restore: return .reconnecting(attempt: 0)
@@ -508,6 +516,7 @@ public struct SubscribeMachine: Sendable {
                 actions.append(emit(.reconnected, channels: channels, groups: groups, last: h.last?.timetoken,
                                     current: resumeCursor.timetoken))
                 event = .succeeded
+                lastRecovery = now
             case .listChange:
                 break
             }
@@ -638,10 +647,7 @@ public struct SubscribeMachine: Sendable {
     public mutating func timeProbeSucceeded(now: Duration) -> [Action] {
         let before = connectionState
         guard case .stopped(let s) = state, s.probing else { return [] }
-        let actions = startHandshake(purpose: s.connectedBefore ? .restore : .connect,
-                                     resume: resumePoint(s.cursor, connectedBefore: s.connectedBefore), last: s.cursor,
-                                     outage: s.reason == .accessDenied ? s.outage : nil)
-        return actions + connectionChange(from: before)
+        return resume(from: s) + connectionChange(from: before)
     }
 
     /// A Time API probe failed: probe again later.
@@ -703,7 +709,8 @@ public struct SubscribeMachine: Sendable {
         case .stopped(let s):
             guard s.probing else { return actions }
             actions.append(.cancelTimer(.timeProbe))
-            state = .waitingForNetwork(Paused(cursor: s.cursor, connectedBefore: true, outage: nil))
+            state = .waitingForNetwork(Paused(cursor: s.cursor, connectedBefore: s.connectedBefore,
+                                              outage: s.reason == .accessDenied ? s.outage : nil))
             return actions + connectionChange(from: before)
         case .handshaking, .receiving, .retrying:
             let saved = cursor
@@ -735,7 +742,7 @@ public struct SubscribeMachine: Sendable {
                                       resume: resumePoint(r.cursor, connectedBefore: r.connectedBefore), last: r.cursor, outage: r.outage)
         case .stopped(let s) where s.probing:
             actions.append(.cancelTimer(.timeProbe))
-            actions += startHandshake(purpose: .restore, resume: resumePoint(s.cursor, connectedBefore: true), last: s.cursor, outage: nil)
+            actions += resume(from: s)
         case .idle, .handshaking, .receiving, .stopped, .disconnected:
             break
         }
@@ -761,14 +768,17 @@ public struct SubscribeMachine: Sendable {
             return [.cancelSubscribe, .cancelTimer(.longPollWatchdog)]
                 + startHandshake(purpose: h.purpose, resume: h.resume, last: h.last, outage: h.outage) + connectionChange(from: before)
         case .retrying(let r):
+            // The server's Retry-After still holds on the new path; and a flapping interface
+            // list must not turn back-off into a tight loop (one early attempt per second at most).
+            if r.outage.honoringRetryAfter { return [] }
+            if let last = lastPathChangeAttempt, now - last < .seconds(1) { return [] }
+            lastPathChangeAttempt = now
             return [.cancelTimer(.retry)]
                 + startHandshake(purpose: r.connectedBefore ? .restore : .connect,
                                  resume: resumePoint(r.cursor, connectedBefore: r.connectedBefore), last: r.cursor, outage: r.outage)
                 + connectionChange(from: before)
         case .stopped(let s) where s.probing:
-            return [.cancelTimer(.timeProbe)]
-                + startHandshake(purpose: .restore, resume: resumePoint(s.cursor, connectedBefore: true), last: s.cursor, outage: nil)
-                + connectionChange(from: before)
+            return [.cancelTimer(.timeProbe)] + resume(from: s) + connectionChange(from: before)
         case .idle, .stopped, .waitingForNetwork, .disconnected:
             return []
         }
@@ -785,6 +795,15 @@ public struct SubscribeMachine: Sendable {
     }
 
     // MARK: Transition helpers
+
+    /// Leaves a probing `stopped` state with a handshake: `connected` or `reconnected` as the
+    /// client had connected before or not, and an access-denied outage carried on, so a
+    /// re-check that is still denied stays quiet.
+    private mutating func resume(from s: Stopped) -> [Action] {
+        startHandshake(purpose: s.connectedBefore ? .restore : .connect,
+                       resume: resumePoint(s.cursor, connectedBefore: s.connectedBefore), last: s.cursor,
+                       outage: s.reason == .accessDenied ? s.outage : nil)
+    }
 
     private var wasConnected: Bool {
         switch state {
@@ -917,7 +936,8 @@ public struct SubscribeMachine: Sendable {
                 // Retries are used up: report it once, then re-check quietly every
                 // `timeProbeInterval` so a restored grant resumes the subscription (`reconnected`)
                 // without the app having to notice. A re-check still denied says nothing new.
-                let recheck = outage.accessDenied > configuration.retry.accessDeniedRetryLimit + 1
+                let recheck = outage.accessDeniedReported
+                outage.accessDeniedReported = true
                 var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
                 if !recheck { actions.append(emit(.accessDenied, from: status, last: last, current: last, retryEpisode: nil)) }
                 let probing = configuration.retry.retries(.subscribe)
@@ -943,8 +963,12 @@ public struct SubscribeMachine: Sendable {
             // so try within about a second instead of waiting out the back-off; these quick
             // attempts do not use up the policy's retries.
             var quick: Duration?
-            if let fast = configuration.retry.fastReconnect, configuration.retry.retries(.subscribe), now - outage.start < fast.window,
-               Self.neverReachedAServer(status) {
+            // An outage that starts within 30 s of recovering from the last one waits the policy's
+            // first delay: a request that fails the same way after every reconnect (a middlebox
+            // cutting one page) must not loop every second.
+            let relapse = isNewOutage && lastRecovery.map { now - $0 < .seconds(30) } == true
+            if let fast = configuration.retry.fastReconnect, configuration.retry.retries(.subscribe), !configuration.retry.policy.isCustom,
+               now - outage.start < fast.window, Self.neverReachedAServer(status), !relapse {
                 quick = fast.delay(randomness: randomness)
             }
             // A server shedding load (429/503) that says when to come back is taken at its word:
@@ -952,10 +976,14 @@ public struct SubscribeMachine: Sendable {
             // the same instant) — never sooner, and not later than it asked either. These waits do
             // not use up the policy's retries: the server is alive and talking.
             if let retryAfter = status.retryAfter, configuration.retry.retries(.subscribe) {
-                quick = retryAfter + .milliseconds(Int64(min(max(randomness, 0), 1) * 1000))
+                // At least 1 s: a `Retry-After: 0` must not turn into a tight loop.
+                quick = max(retryAfter, .seconds(1)) + .milliseconds(Int64(min(max(randomness, 0), 1) * 1000))
+                outage.honoringRetryAfter = true
+            } else {
+                outage.honoringRetryAfter = false
             }
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
-            guard let delay = status.retryAfter != nil ? quick : quick.map({ quick in delay.map { min($0, quick) } ?? quick }) ?? delay else {
+            guard let delay = status.retryAfter != nil ? quick : quick.map({ quick in delay.map { min($0, quick) } }) ?? delay else {
                 actions += giveUp(cursor: cursor, connectedBefore: connectedBefore, reason: status, status: status)
                 return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage ? .failed : nil)
             }
