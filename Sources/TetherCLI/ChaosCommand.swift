@@ -8,7 +8,7 @@ import TetherTesting
 struct ChaosCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "chaos",
-        abstract: "Inject network faults between clients and a server.",
+        abstract: "Inject network faults between clients and a server; run the resilience suite.",
         subcommands: [ChaosProxy.self, ChaosSuite.self, ChaosProbe.self]
     )
 }
@@ -21,7 +21,7 @@ struct ChaosProxy: AsyncParsableCommand {
         discussion: """
             Forwards --listen to --upstream and injects faults: pass, refuse, reset, blackhole, \
             latency <base> [<jitter>], bandwidth <bytes/s>, drop <bytes>, captive-portal, \
-            truncated-json, fail-tls. Each --fault may carry its own timing ("blackhole after 5s \
+            truncated-json, overloaded [<retry-after s>], fail-tls. Each --fault may carry its own timing ("blackhole after 5s \
             for 30s"); otherwise the n-th --after/--for goes with the n-th --fault. Steps run one \
             after another.
 
