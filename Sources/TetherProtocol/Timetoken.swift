@@ -26,7 +26,29 @@ public struct Timetoken: RawRepresentable, Hashable, Comparable, Sendable, Custo
     public init(unixNanoseconds: UInt64) { self.rawValue = unixNanoseconds / 100 }
 
     /// Creates a timetoken for a moment given in (fractional) seconds since the Unix epoch.
-    public init(unixSeconds: Double) { self.rawValue = UInt64(max(0, unixSeconds) * 10_000_000) }
+    /// Negative and non-finite inputs give zero; values past ``maximumStorable`` saturate there.
+    public init(unixSeconds: Double) {
+        let units = unixSeconds * 10_000_000
+        guard units.isFinite, units > 0 else { self.rawValue = 0; return }
+        self.rawValue = units >= Double(Self.maximumStorable.rawValue) ? Self.maximumStorable.rawValue : UInt64(units)
+    }
+
+    /// The largest timetoken a store can hold (stores keep timetokens as signed 64-bit
+    /// integers). Arithmetic on timetokens saturates here instead of trapping.
+    public static let maximumStorable = Timetoken(UInt64(Int64.max))
+
+    /// This timetoken moved forward by `seconds` (fractions allowed), saturating at
+    /// ``maximumStorable``; negative or non-finite amounts are treated as zero.
+    public func adding(seconds: Double) -> Timetoken {
+        let units = seconds * 10_000_000
+        guard units.isFinite, units > 0 else { return self }
+        let room = Self.maximumStorable.rawValue - min(rawValue, Self.maximumStorable.rawValue)
+        if units >= Double(room) { return Self.maximumStorable }
+        return Timetoken(rawValue + UInt64(units))
+    }
+
+    /// The raw value as a signed 64-bit integer, saturating at `Int64.max` (what stores keep).
+    public var storageValue: Int64 { rawValue > UInt64(Int64.max) ? Int64.max : Int64(rawValue) }
 
     /// Whole seconds since the Unix epoch (what presence `timestamp` fields carry).
     public var unixSeconds: Int64 { Int64(rawValue / 10_000_000) }

@@ -223,7 +223,11 @@ public final class AccessManager: Sendable {
             }
             return result
         }
-        let expiresAt = Timetoken(UInt64(max(0, issued + ttl * 60)) * 10_000_000)
+        // Saturating: the token is signed by this server, but its numbers are still input.
+        // Clamped so the arithmetic cannot overflow (at most ~9.6e18, within UInt64).
+        let issuedSeconds = UInt64(min(max(issued, 0), 900_000_000_000))
+        let ttlMinutes = UInt64(min(max(ttl, 0), 1_000_000_000))
+        let expiresAt = Timetoken((issuedSeconds + ttlMinutes * 60) * 10_000_000)
         let grant = TokenGrant(channels: permissions("res", "chan"), groups: permissions("res", "grp"),
                                channelPatterns: permissions("pat", "chan"), groupPatterns: permissions("pat", "grp"),
                                authorizedUUID: root["uuid"]?.string, expiresAt: expiresAt)

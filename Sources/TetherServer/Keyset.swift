@@ -16,17 +16,58 @@ public struct Limits: Sendable, Codable, Equatable {
     /// Channels in one channel group (PubNub: 2,000).
     public var maxChannelsPerGroup: Int = 2000
     /// Publishes and signals per second per client (its `uuid`, else its address); 0 = no
-    /// limit (the default, as PubNub documents none). Over it → 429 with `Retry-After`.
-    public var publishRatePerSecond: Double = 0
-    /// Publishes a client may send at once before the rate applies.
-    public var publishBurst: Double = 100
-    /// Other non-subscribe requests per second per client; 0 = no limit (default).
-    public var requestRatePerSecond: Double = 0
-    /// Non-subscribe requests a client may send at once before the rate applies.
-    public var requestBurst: Double = 100
+    /// limit. Over it → 429 with `Retry-After`. Default 100 (Ably's default is 50 per connection).
+    public var publishRatePerSecond: Double = 100
+    /// Publishes a client may send at once before the rate applies (default 500).
+    public var publishBurst: Double = 500
+    /// Other non-subscribe requests per second per client; 0 = no limit (default 100).
+    public var requestRatePerSecond: Double = 100
+    /// Non-subscribe requests a client may send at once before the rate applies (default 500).
+    public var requestBurst: Double = 500
+    /// Publishes and signals per second from one address, whatever uuids it uses; 0 = no limit
+    /// (default 1,000).
+    public var publishRatePerAddress: Double = 1_000
+    /// Publishes one address may send at once (default 5,000).
+    public var publishBurstPerAddress: Double = 5_000
+    /// Other non-subscribe requests per second from one address; 0 = no limit (default 1,000).
+    public var requestRatePerAddress: Double = 1_000
+    /// Non-subscribe requests one address may send at once (default 5,000).
+    public var requestBurstPerAddress: Double = 5_000
+    /// Channel groups in one subscribe, heartbeat or presence request (PubNub: 10).
+    public var maxGroupsPerRequest: Int = 10
 
     /// Creates the default limits.
     public init() {}
+
+    /// Checks every limit against its documented range (docs/configuration.md), so no
+    /// configured value can overflow the arithmetic that uses it.
+    func validate(_ context: String) throws(ConfigurationError) {
+        func check(_ name: String, _ value: Int, _ range: ClosedRange<Int>) throws(ConfigurationError) {
+            guard range.contains(value) else {
+                throw ConfigurationError("\(context): \(name) must be between \(range.lowerBound) and \(range.upperBound)")
+            }
+        }
+        func check(_ name: String, _ value: Double, _ range: ClosedRange<Double>) throws(ConfigurationError) {
+            guard value.isFinite, range.contains(value) else {
+                throw ConfigurationError("\(context): \(name) must be between \(range.lowerBound) and \(range.upperBound)")
+            }
+        }
+        try check("maxMessageBytes", maxMessageBytes, 64...(4 * 1024 * 1024))
+        try check("maxSignalBytes", maxSignalBytes, 1...(64 * 1024))
+        try check("maxURIBytes", maxURIBytes, 1024...(1024 * 1024))
+        try check("maxChannelsPerSubscribe", maxChannelsPerSubscribe, 1...10_000)
+        try check("maxEnvelopesPerResponse", maxEnvelopesPerResponse, 1...10_000)
+        try check("maxChannelsPerGroup", maxChannelsPerGroup, 1...100_000)
+        try check("publishRatePerSecond", publishRatePerSecond, 0...1_000_000)
+        try check("publishBurst", publishBurst, 1...1_000_000)
+        try check("requestRatePerSecond", requestRatePerSecond, 0...1_000_000)
+        try check("requestBurst", requestBurst, 1...1_000_000)
+        try check("publishRatePerAddress", publishRatePerAddress, 0...1_000_000)
+        try check("publishBurstPerAddress", publishBurstPerAddress, 1...1_000_000)
+        try check("requestRatePerAddress", requestRatePerAddress, 0...1_000_000)
+        try check("requestBurstPerAddress", requestBurstPerAddress, 1...1_000_000)
+        try check("maxGroupsPerRequest", maxGroupsPerRequest, 1...1_000)
+    }
 
     /// Decodes limits, keeping defaults for absent keys.
     public init(from decoder: any Decoder) throws {
@@ -42,6 +83,11 @@ public struct Limits: Sendable, Codable, Equatable {
         publishBurst = try c.decodeIfPresent(Double.self, forKey: .publishBurst) ?? d.publishBurst
         requestRatePerSecond = try c.decodeIfPresent(Double.self, forKey: .requestRatePerSecond) ?? d.requestRatePerSecond
         requestBurst = try c.decodeIfPresent(Double.self, forKey: .requestBurst) ?? d.requestBurst
+        publishRatePerAddress = try c.decodeIfPresent(Double.self, forKey: .publishRatePerAddress) ?? d.publishRatePerAddress
+        publishBurstPerAddress = try c.decodeIfPresent(Double.self, forKey: .publishBurstPerAddress) ?? d.publishBurstPerAddress
+        requestRatePerAddress = try c.decodeIfPresent(Double.self, forKey: .requestRatePerAddress) ?? d.requestRatePerAddress
+        requestBurstPerAddress = try c.decodeIfPresent(Double.self, forKey: .requestBurstPerAddress) ?? d.requestBurstPerAddress
+        maxGroupsPerRequest = try c.decodeIfPresent(Int.self, forKey: .maxGroupsPerRequest) ?? d.maxGroupsPerRequest
     }
 }
 
@@ -135,6 +181,9 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     /// messages are always recoverable from the store; events that are not stored (`store=0`,
     /// signals, presence) live only here, so a larger window lets slower subscribers catch up.
     public var window: Window?
+    /// Whether per-client and per-address rate limits apply (default `true`). `false` turns
+    /// every rate limit off, for load tests and trusted networks (`tether serve --rate-limits off`).
+    public var rateLimiting: Bool?
 
     /// In-memory window settings.
     public struct Window: Sendable, Codable, Equatable {
@@ -142,6 +191,12 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         public var capacity: Int?
         /// Seconds an event stays in the window.
         public var maximumAgeSeconds: Int?
+        /// Bytes all windows together may hold (default 256 MiB). Over it, the oldest events
+        /// leave their windows early: stored ones stay recoverable from the store, others are
+        /// reported to subscribers behind them as a gap.
+        public var memoryBudgetBytes: Int?
+        /// Channels with a window (default 100,000). Idle, empty windows are dropped first.
+        public var maxChannels: Int?
 
         /// Creates window settings.
         public init(capacity: Int? = nil, maximumAgeSeconds: Int? = nil) {
@@ -159,7 +214,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window
+        case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window, rateLimiting
     }
 
     /// Decodes a configuration; every key is optional (`keysets` defaults to none).
@@ -170,6 +225,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         limits = try c.decodeIfPresent(Limits.self, forKey: .limits)
         subscribeTimeoutSeconds = try c.decodeIfPresent(Double.self, forKey: .subscribeTimeoutSeconds)
         window = try c.decodeIfPresent(Window.self, forKey: .window)
+        rateLimiting = try c.decodeIfPresent(Bool.self, forKey: .rateLimiting)
     }
 
     /// Reads and validates a configuration file, with errors that name the problem.
@@ -199,15 +255,33 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
             if !seen.insert(keyset.subscribeKey).inserted {
                 throw ConfigurationError("subscribe key \"\(keyset.subscribeKey)\" is configured twice")
             }
-            if keyset.historyRetentionHours < 0 {
-                throw ConfigurationError("historyRetentionHours must be 0 (forever) or positive")
+            let owner = "keyset \"\(keyset.subscribeKey)\""
+            if !ParameterBounds.publishTTLHours.contains(keyset.historyRetentionHours) {
+                throw ConfigurationError("\(owner): historyRetentionHours must be 0 (forever) or up to 876000 (100 years)")
+            }
+            try keyset.limits?.validate(owner + " limits")
+            if let value = keyset.presenceAnnounceMax, !(0...100_000).contains(value) {
+                throw ConfigurationError("\(owner): presenceAnnounceMax must be between 0 and 100000")
+            }
+            if let value = keyset.presenceIntervalSeconds, !(1...3_600).contains(value) {
+                throw ConfigurationError("\(owner): presenceIntervalSeconds must be between 1 and 3600")
+            }
+            if let value = keyset.presenceMinimumTimeoutSeconds, !(1...3_600).contains(value) {
+                throw ConfigurationError("\(owner): presenceMinimumTimeoutSeconds must be between 1 and 3600")
             }
         }
+        try limits?.validate("limits")
         if let capacity = window?.capacity, !(1...100_000).contains(capacity) {
             throw ConfigurationError("window.capacity must be between 1 and 100000 events")
         }
         if let age = window?.maximumAgeSeconds, !(1...86_400).contains(age) {
             throw ConfigurationError("window.maximumAgeSeconds must be between 1 and 86400")
+        }
+        if let budget = window?.memoryBudgetBytes, !((1 << 20)...(1 << 40)).contains(budget) {
+            throw ConfigurationError("window.memoryBudgetBytes must be between 1048576 (1 MiB) and 1099511627776 (1 TiB)")
+        }
+        if let channels = window?.maxChannels, !(100...100_000_000).contains(channels) {
+            throw ConfigurationError("window.maxChannels must be between 100 and 100000000")
         }
         if let timeout = subscribeTimeoutSeconds, !(1...300).contains(timeout) {
             throw ConfigurationError("subscribeTimeoutSeconds must be between 1 and 300 (clients give up at 310)")
@@ -216,7 +290,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
 }
 
 /// A configuration problem, reported to the operator before the server starts.
-public struct ConfigurationError: Error, CustomStringConvertible {
+public struct ConfigurationError: Error, CustomStringConvertible, Sendable {
     /// What is wrong.
     public var description: String
     init(_ description: String) { self.description = description }

@@ -144,19 +144,16 @@ public final class LongPollHub: Sendable {
     ) async throws -> SubscribePage {
         // The subscriber's filter: meta and payload parsed per event (a missing or unparsable
         // field makes its comparisons false, pubnub-wire §10).
-        let include: ((SubscribeEnvelope) -> Bool)? = filter.map { expression in
-            { envelope in
-                let meta = envelope.meta.flatMap { try? JSONValue(parsing: $0) }
-                let data = try? JSONValue(parsing: envelope.payload)
-                return expression.matches(meta: meta, data: data)
-            }
+        let include: ((JSONValue?, JSONValue?) -> Bool)? = filter.map { expression in
+            { meta, data in expression.matches(meta: meta, data: data) }
         }
         let responseDeadline = NIODeadline.now() + timeout
         var validUntil = access?.validUntil
         func waitDeadline() -> NIODeadline {
             guard let validUntil else { return responseDeadline }
-            let remaining = Int64(validUntil.rawValue) - Int64(clock().rawValue)
-            return min(responseDeadline, NIODeadline.now() + .nanoseconds(max(0, remaining) * 100))
+            // Both are non-negative, so the difference cannot overflow; the product is clamped.
+            let remaining = min(max(0, validUntil.storageValue - clock().storageValue), Int64.max / 200)
+            return min(responseDeadline, NIODeadline.now() + .nanoseconds(remaining * 100))
         }
         let deadline = responseDeadline
         var after = after

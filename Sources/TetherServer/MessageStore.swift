@@ -214,7 +214,7 @@ public final class MessageStore: Sendable {
                         INSERT OR REPLACE INTO pam_grant (sub_key, target_kind, target, auth_key, permissions, ttl, expires_at)
                         VALUES (?, ?, ?, ?, ?, ?, ?)
                         """, arguments: [grant.subscribeKey, kind, name, grant.authKey ?? "", grant.permissions.rawValue, grant.ttlMinutes,
-                                         grant.expiresAt.map { Int64($0.rawValue) }])
+                                         grant.expiresAt.map { $0.storageValue }])
                 }
             }
         }
@@ -235,7 +235,7 @@ public final class MessageStore: Sendable {
     public func saveRevocation(signature: String, expiresAt: Timetoken) async throws {
         try await pool.write { db in
             try db.execute(sql: "INSERT OR REPLACE INTO pam_revoked (signature, expires_at) VALUES (?, ?)",
-                           arguments: [signature, Int64(expiresAt.rawValue)])
+                           arguments: [signature, expiresAt.storageValue])
         }
     }
 
@@ -312,11 +312,11 @@ public final class MessageStore: Sendable {
                             """)
                         var highest: Int64 = 0
                         for m in messages {
-                            let tt = Int64(m.timetoken.rawValue)
+                            let tt = m.timetoken.storageValue
                             highest = max(highest, tt)
                             try statement.execute(arguments: [
                                 m.subscribeKey, m.channel, tt, m.kind.rawValue, m.publisher, m.payload, m.meta,
-                                m.customMessageType, m.sequence, m.expiresAt.map { Int64($0.rawValue) },
+                                m.customMessageType, m.sequence, m.expiresAt.map { $0.storageValue },
                             ])
                         }
                         try db.execute(sql: """
@@ -349,8 +349,8 @@ public final class MessageStore: Sendable {
     public func read(_ range: StoreRange, limit: Int) async throws -> StoreRangeResult {
         let started = ContinuousClock.now
         let rows: [StoredMessage] = try await pool.read { db in
-            let after = Int64(range.after.rawValue)
-            let through = Int64(range.through.rawValue)
+            let after = range.after.storageValue
+            let through = range.through.storageValue
             switch range.selector {
             case .channel(let channel):
                 return try Row.fetchAll(db, sql: """
@@ -378,7 +378,7 @@ public final class MessageStore: Sendable {
     {
         try await pool.read { db in
             var gaps: [RetentionGap] = []
-            let afterValue = Int64(after.rawValue)
+            let afterValue = after.storageValue
             for channel in channels {
                 if let through = try Int64.fetchOne(db, sql: """
                     SELECT pruned_through FROM retention_floor WHERE sub_key = ? AND channel = ? AND pruned_through > ?
@@ -406,7 +406,7 @@ public final class MessageStore: Sendable {
     @discardableResult
     public func pruneExpired(now: Timetoken) async throws -> Int {
         try await pool.write { db in
-            let nowValue = Int64(now.rawValue)
+            let nowValue = now.storageValue
             try db.execute(sql: """
                 INSERT INTO retention_floor (sub_key, channel, pruned_through)
                 SELECT sub_key, channel, MAX(timetoken) FROM message
@@ -435,14 +435,14 @@ public final class MessageStore: Sendable {
                     conditions.append("timetoken > ?")
                     conditions.append("timetoken <= ?")
                 }
-                arguments.append(Int64(s.rawValue))
-                arguments.append(Int64(e.rawValue))
+                arguments.append(s.storageValue)
+                arguments.append(e.storageValue)
             case (let s?, nil):
                 conditions.append("timetoken < ?")
-                arguments.append(Int64(s.rawValue))
+                arguments.append(s.storageValue)
             case (nil, let e?):
                 conditions.append("timetoken >= ?")
-                arguments.append(Int64(e.rawValue))
+                arguments.append(e.storageValue)
             case (nil, nil):
                 break
             }
@@ -463,7 +463,7 @@ public final class MessageStore: Sendable {
             for (channel, after) in channels {
                 counts[channel] = try Int.fetchOne(db, sql: """
                     SELECT COUNT(*) FROM (SELECT 1 FROM message WHERE sub_key = ? AND channel = ? AND timetoken > ? LIMIT 10000)
-                    """, arguments: [subscribeKey, channel, Int64(after.rawValue)]) ?? 0
+                    """, arguments: [subscribeKey, channel, after.storageValue]) ?? 0
             }
             return counts
         }
@@ -482,16 +482,16 @@ public final class MessageStore: Sendable {
             switch (start, end) {
             case (let s?, let e?) where s > e:
                 sql += " AND timetoken < ? AND timetoken >= ?"
-                arguments += [Int64(s.rawValue), Int64(e.rawValue)]
+                arguments += [s.storageValue, e.storageValue]
             case (let s?, let e?):
                 sql += " AND timetoken > ? AND timetoken <= ?"
-                arguments += [Int64(s.rawValue), Int64(e.rawValue)]
+                arguments += [s.storageValue, e.storageValue]
             case (let s?, nil):
                 sql += " AND timetoken > ?"
-                arguments.append(Int64(s.rawValue))
+                arguments.append(s.storageValue)
             case (nil, let e?):
                 sql += " AND timetoken <= ?"
-                arguments.append(Int64(e.rawValue))
+                arguments.append(e.storageValue)
             case (nil, nil):
                 break
             }

@@ -9,6 +9,11 @@ enum Reply {
     static let malformedFilterExpression = HTTPResponse.Status(code: 481, reasonPhrase: "Malformed Filter Expression")
 
     static func json(_ status: HTTPResponse.Status, _ body: [UInt8], extraHeaders: HTTPFields = [:]) -> Response {
+        json(status, body: .init(byteBuffer: ByteBuffer(bytes: body)), extraHeaders: extraHeaders)
+    }
+
+    /// A JSON response whose body is written as it is produced (streamed, chunked).
+    static func json(_ status: HTTPResponse.Status, body: ResponseBody, extraHeaders: HTTPFields = [:]) -> Response {
         var headers: HTTPFields = [
             .contentType: "text/javascript; charset=\"UTF-8\"",
             .cacheControl: "no-cache",
@@ -16,7 +21,7 @@ enum Reply {
             .accessControlAllowMethods: "GET, POST, DELETE, OPTIONS",
         ]
         headers.append(contentsOf: extraHeaders)
-        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: body)))
+        return Response(status: status, headers: headers, body: body)
     }
 
     static func json(_ status: HTTPResponse.Status, _ text: String) -> Response {

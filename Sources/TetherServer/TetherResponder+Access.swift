@@ -79,16 +79,10 @@ extension TetherResponder {
             }
             return Reply.json(.ok, Self.grantPayload(keyset: keyset, grants: grants, ttl: grants.first?.ttlMinutes ?? 0))
         }
-        var ttl = 1440
-        if let text = wire.query["ttl"], !text.isEmpty {
-            guard let value = Int(text), (0...525_600).contains(value) else {
-                return Reply.json(.badRequest, ErrorBody.service(status: 400, service: "Access Manager", message: "Invalid ttl"))
-            }
-            ttl = value
-        }
+        let ttl = try wire.integer("ttl", in: ParameterBounds.grantTTLMinutes) ?? 1440
         let permissions = Permissions(r: wire.bool("r"), w: wire.bool("w"), m: wire.bool("m"), d: wire.bool("d"),
                                       g: wire.bool("g"), u: wire.bool("u"), j: wire.bool("j"))
-        let expiresAt = ttl == 0 ? nil : Timetoken(state.hub.currentCursor.rawValue + UInt64(ttl) * 600_000_000)
+        let expiresAt = ttl == 0 ? nil : state.hub.currentCursor.adding(seconds: Double(ttl) * 60)
         var targets: [GrantTarget] = channels.map { .channel($0) } + groups.map { .group($0) } + uuids.map { .uuid($0) }
         if targets.isEmpty { targets = [.keyset] }
         let authKeys: [String?] = auths.isEmpty ? [nil] : auths.map { $0 }

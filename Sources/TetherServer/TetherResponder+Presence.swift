@@ -9,8 +9,9 @@ extension TetherResponder {
 
     /// Channels from a path segment and groups from `channel-group`, validated; presence names
     /// are kept here and ignored by the presence model.
-    func presenceTargets(_ channels: [String], _ wire: WireRequest) throws(RequestError) -> (channels: [String], groups: [String]) {
+    func presenceTargets(_ channels: [String], _ wire: WireRequest, limits: Limits) throws(RequestError) -> (channels: [String], groups: [String]) {
         let groups = wire.queryNames("channel-group")
+        try checkCounts(channels: channels, groups: groups, limits: limits, service: "Presence")
         for channel in channels {
             do { try NameRules.validateChannel(channel) } catch {
                 throw RequestError(response: Reply.error(.badRequest, service: "Presence", "Invalid channel \(String(reflecting: channel)): \(error)"))
@@ -35,12 +36,8 @@ extension TetherResponder {
     }
 
     /// `heartbeat=<seconds>`.
-    func heartbeatSeconds(_ wire: WireRequest, service: String) throws(RequestError) -> Int? {
-        guard let text = wire.query["heartbeat"], !text.isEmpty else { return nil }
-        guard let value = Int(text), value >= 0, value <= 1_000_000 else {
-            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid heartbeat: expected seconds"))
-        }
-        return value
+    func heartbeatSeconds(_ wire: WireRequest, service: String) throws(ParameterError) -> Int? {
+        try wire.integer("heartbeat", in: ParameterBounds.heartbeatSeconds)
     }
 
     /// `state=` as sent on subscribe and heartbeat: a JSON object keyed by channel
@@ -62,85 +59,97 @@ extension TetherResponder {
 
     // MARK: - Endpoints
 
-    func presence(_ wire: WireRequest) async throws -> (String, Response) {
+    func presence(_ route: Route, _ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         // /v2/presence/sub-key/{sub}[/channel/{chs}[/heartbeat|/leave|/uuid/{uuid}[/data]]] or /uuid/{uuid}
-        guard s.count >= 4, s[2] == "sub-key" else {
-            return ("unknown", Reply.error(.notFound, service: "Presence", "Not found: '/\(s.joined(separator: "/"))'"))
-        }
         let keyset = try keyset(subscribeKey: s[3], service: "Presence", uriLength: wire.uriLength)
         let key = keyset.subscribeKey
-        switch s.count {
-        case 4:
-            let groups = wire.queryNames("channel-group")
-            if groups.isEmpty, keyset.secretKey != nil { try requireAdmin(keyset, wire, method: "GET") }
+        let limits = state.keysets.limits(for: keyset)
+        switch route {
+        case .hereNowGlobal:
+            if keyset.secretKey != nil { try requireAdmin(keyset, wire, method: "GET") }
+            return try hereNow(key: key, channels: nil, groups: [], wire)
+        case .hereNow where s.count == 4:
+            let groups = try presenceTargets([], wire, limits: limits).groups
             try authorize(keyset, wire, channels: [], groups: groups, permission: .read)
-            return ("here-now", try hereNow(key: key, channels: nil, groups: groups, wire))
-        case 6 where s[4] == "channel":
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
+            return try hereNow(key: key, channels: nil, groups: groups, wire)
+        case .hereNow:
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
             try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
-            return ("here-now", try hereNow(key: key, channels: channels, groups: groups, wire))
-        case 6 where s[4] == "uuid":
+            return try hereNow(key: key, channels: channels, groups: groups, wire)
+        case .whereNow:
+            // No permission, as PubNub has it: where-now names channels, not their content.
             let uuid = s[5]
             do { try NameRules.validateUserId(uuid) } catch {
-                return ("where-now", Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)"))
+                return Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)")
             }
             let channels = state.presence.read { $0.channels(subscribeKey: key, uuid: uuid) }
             var w = JSONWriter()
             w.raw("{\"status\":200,\"message\":\"OK\",\"payload\":{\"channels\":")
             w.stringArray(channels)
             w.raw("},\"service\":\"Presence\"}")
-            return ("where-now", Reply.json(.ok, w.bytes))
-        case 7 where s[4] == "channel" && s[6] == "heartbeat":
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
+            return Reply.json(.ok, w.bytes)
+        case .heartbeat:
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
             let uuid = try requireUserId(wire, service: "Presence")
             try authorize(keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
                           groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
             let timeout = try heartbeatSeconds(wire, service: "Presence")
             let states = try channelStates(wire, service: "Presence", channels: channels)
             state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
-            return ("heartbeat", Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#))
-        case 7 where s[4] == "channel" && s[6] == "leave":
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
+            return Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#)
+        case .leave:
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
             let uuid = try requireUserId(wire, service: "Presence")
+            // Tether deviation (docs/compatibility.md): on an access-controlled keyset a leave
+            // must come from a subscriber of those channels acting for itself, so nobody forges
+            // leave events for other users.
+            try authorize(keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
+                          groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
             state.presence.leave(subscribeKey: key, uuid: uuid, channels: channels, groups: groups)
-            return ("leave", Reply.json(.ok, #"{"status":200,"action":"leave","message":"OK","service":"Presence"}"#))
-        case 8 where s[4] == "channel" && s[6] == "uuid":
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
+            return Reply.json(.ok, #"{"status":200,"action":"leave","message":"OK","service":"Presence"}"#)
+        case .getState:
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
             try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
-            return ("get-state", getState(key: key, uuid: s[7], channels: channels, groups: groups))
-        case 9 where s[4] == "channel" && s[6] == "uuid" && s[8] == "data":
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire)
-            try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
+            return getState(key: key, uuid: s[7], channels: channels, groups: groups)
+        case .setState:
+            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
             let uuid = s[7]
             do { try NameRules.validateUserId(uuid) } catch {
-                return ("set-state", Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)"))
+                return Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)")
             }
+            if keyset.secretKey != nil, wire.query["uuid"] != uuid,
+               state.access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: []) != .valid {
+                // Tether deviation: state is set by the uuid itself (or a signed server), never
+                // by another client.
+                return Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager",
+                                                                 message: "Forbidden: state can only be set by its own uuid"),
+                                  extraHeaders: [.pnCause: "9500"])
+            }
+            try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
             guard let text = wire.query["state"], !text.isEmpty else {
-                return ("set-state", Reply.json(.badRequest, #"{"status":400,"error":1,"message":"No state specified.","service":"Presence"}"#))
+                return Reply.json(.badRequest, #"{"status":400,"error":1,"message":"No state specified.","service":"Presence"}"#)
             }
             guard (try? JSONText.validate(text)) == .object else {
-                return ("set-state", Reply.error(.badRequest, service: "Presence", "Invalid state: expected a JSON object"))
+                return Reply.error(.badRequest, service: "Presence", "Invalid state: expected a JSON object")
             }
             state.presence.setState(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, state: text)
             var w = JSONWriter()
             w.raw("{\"status\":200,\"message\":\"OK\",\"payload\":")
             w.raw(text.utf8)
             w.raw(",\"service\":\"Presence\"}")
-            return ("set-state", Reply.json(.ok, w.bytes))
+            return Reply.json(.ok, w.bytes)
         default:
-            return ("unknown", Reply.error(.notFound, service: "Presence", "Not found: '/\(s.joined(separator: "/"))'"))
+            return Reply.error(.notFound, service: "Presence", "Not found: '/\(s.joined(separator: "/"))'")
         }
     }
 
-    private func hereNow(key: String, channels requested: [String]?, groups: [String], _ wire: WireRequest) throws(RequestError) -> Response {
+    private func hereNow(key: String, channels requested: [String]?, groups: [String], _ wire: WireRequest) throws(ParameterError) -> Response {
         let includeState = wire.bool("state")
         let includeUUIDs = !wire.bool("disable_uuids")
         let presence = state.presence
-        var limit = 1000
-        if let text = wire.query["limit"], let value = Int(text), value >= 0 { limit = min(value, 1000) }
-        var offset = 0
-        if let text = wire.query["offset"], let value = Int(text), value >= 0 { offset = value }
+        let limit = min(try wire.integer("limit", in: ParameterBounds.hereNowLimit) ?? 1000, 1000)
+        let offset = try wire.integer("offset", in: ParameterBounds.hereNowOffset) ?? 0
 
         func occupantsJSON(_ w: inout JSONWriter, _ occupants: [(uuid: String, state: String?)]) {
             w.raw("[")
@@ -252,11 +261,11 @@ extension TetherResponder {
 
     // MARK: - Channel groups (§16)
 
-    func channelGroups(_ wire: WireRequest) async throws -> (String, Response) {
+    func channelGroups(_ route: Route, _ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         // /v1/channel-registration/sub-key/{sub}/channel-group[/{cg}[/remove]]
         guard s.count >= 5, s[2] == "sub-key", s[4] == "channel-group" else {
-            return ("unknown", Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'"))
+            return Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'")
         }
         let keyset = try keyset(subscribeKey: s[3], service: "channel-registry", uriLength: wire.uriLength)
         let key = keyset.subscribeKey
@@ -275,20 +284,20 @@ extension TetherResponder {
             w.raw("{\"status\":200,\"payload\":{\"namespace\":\"\",\"groups\":")
             w.stringArray(groups)
             w.raw("},\"service\":\"channel-registry\",\"error\":false}")
-            return ("group-list", Reply.json(.ok, w.bytes))
+            return Reply.json(.ok, w.bytes)
         }
         let group = s[5]
         do { try NameRules.validateGroup(group) } catch {
-            return ("group", registryError("Reserved character in input parameters."))
+            return registryError("Reserved character in input parameters.")
         }
         try authorize(keyset, wire, channels: [], groups: [group], permission: .manage)
         if s.count == 7, s[6] == "remove" {
             try await state.store.deleteGroup(subscribeKey: key, group: group)
             state.hub.setGroup(subscribeKey: key, group: group, channels: [])
-            return ("group-delete", ok)
+            return ok
         }
         guard s.count == 6 else {
-            return ("unknown", Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'"))
+            return Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'")
         }
         let add = wire.queryNames("add")
         let remove = wire.queryNames("remove")
@@ -300,21 +309,21 @@ extension TetherResponder {
             w.raw(",\"group\":")
             w.string(group)
             w.raw("},\"service\":\"channel-registry\",\"error\":false}")
-            return ("group-channels", Reply.json(.ok, w.bytes))
+            return Reply.json(.ok, w.bytes)
         }
         for channel in add + remove {
             do { try NameRules.validateChannel(channel) } catch {
-                return ("group-update", registryError("Reserved character in input parameters."))
+                return registryError("Reserved character in input parameters.")
             }
-            if NameRules.isPresence(channel) { return ("group-update", registryError("Reserved character in input parameters.")) }
+            if NameRules.isPresence(channel) { return registryError("Reserved character in input parameters.") }
         }
         let maximum = state.keysets.limits(for: keyset).maxChannelsPerGroup
         let current = state.hub.channels(subscribeKey: key, group: group)
         if current.union(add).subtracting(remove).count > maximum {
-            return ("group-update", registryError("Maximum channel count exceeded."))
+            return registryError("Maximum channel count exceeded.")
         }
         let channels = try await state.store.updateGroup(subscribeKey: key, group: group, add: add, remove: remove)
         state.hub.setGroup(subscribeKey: key, group: group, channels: channels)
-        return ("group-update", ok)
+        return ok
     }
 }

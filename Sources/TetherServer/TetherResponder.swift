@@ -1,5 +1,6 @@
 import Foundation
 import HTTPTypes
+import Synchronization
 public import Hummingbird
 public import Logging
 public import NIOCore
@@ -21,6 +22,8 @@ public struct ServerState: Sendable {
     public var access: AccessManager
     /// Per-client request rate limits.
     var rateLimits: RateLimits
+    /// Parsed filter expressions, so a subscriber's filter is parsed once, not every long-poll.
+    var filters = FilterCache()
     /// Metrics.
     public var metrics: ServerMetrics
     /// Registry exposed at `/metrics`, if any.
@@ -62,7 +65,7 @@ public struct TetherResponder: HTTPResponder {
             return ("uri", Reply.json(.uriTooLong, ErrorBody.service(status: 414, service: "Balancer", message: "Request URI Too Long")))
         }
         if request.method == .options {
-            return ("options", Reply.json(.ok, "{}"))
+            return (Route.options.rawValue, Reply.json(.ok, "{}"))
         }
         var wire: WireRequest
         do {
@@ -72,45 +75,41 @@ public struct TetherResponder: HTTPResponder {
             return ("invalid", Reply.error(.badRequest, service: "Balancer", "Could Not Parse Request"))
         }
         let s = wire.segments
+        guard let route = Route.classify(request.method, s, wire) else {
+            let service = s.first == "v2" && s.count > 1 && s[1] == "presence" ? "Presence" : "Tether"
+            return ("unknown", Reply.error(.notFound, service: service, "Not found: '\(request.uri.path)'"))
+        }
         if let limited = rateLimit(wire, context: context) { return ("rate-limited", limited) }
         do {
-            switch (request.method, s.first) {
-            case (.get, "time") where s.count == 2 && s[1] == "0":
-                return ("time", Reply.json(.ok, "[\(state.hub.currentCursor.rawValue)]"))
-            case (.get, "publish") where s.count == 7, (.post, "publish") where s.count == 6:
-                return ("publish", try await publish(request, wire, kind: .message))
-            case (.get, "signal") where s.count == 7, (.post, "signal") where s.count == 6:
-                return ("signal", try await publish(request, wire, kind: .signal))
-            case (.get, "v2") where s.count >= 4 && s[1] == "subscribe":
-                return ("subscribe", try await subscribe(wire, context: context))
-            case (.get, "v2") where s.count == 6 && s[1] == "history" && s[2] == "sub-key" && s[4] == "channel":
-                return ("history", try await historyV2(wire))
-            case (.get, "v3") where s.count == 6 && (s[1] == "history" || s[1] == "history-with-actions") && s[2] == "sub-key" && s[4] == "channel":
-                return ("fetch", try await fetchV3(wire, withActions: s[1] == "history-with-actions"))
-            case (.delete, "v3") where s.count == 6 && s[1] == "history" && s[2] == "sub-key" && s[4] == "channel":
-                return ("delete", try await deleteMessages(wire))
-            case (.get, "v3") where s.count == 6 && s[1] == "history" && s[2] == "sub-key" && s[4] == "message-counts":
-                return ("message-counts", try await messageCounts(wire))
-            case (.get, "v2") where s.count >= 2 && s[1] == "presence":
-                return try await presence(wire)
-            case (.get, "v1") where s.count >= 2 && s[1] == "channel-registration":
-                return try await channelGroups(wire)
-            case (.get, "v2") where s.count >= 3 && s[1] == "auth" && (s[2] == "grant" || s[2] == "audit"):
-                return (s[2], try await grantV2(wire, audit: s[2] == "audit"))
-            case (.post, "v3") where s.count == 4 && s[1] == "pam" && s[3] == "grant":
-                return ("grant-token", try await grantToken(request, wire))
-            case (.delete, "v3") where s.count == 5 && s[1] == "pam" && s[3] == "grant":
-                return ("revoke-token", try await revokeToken(wire))
-            case (.get, "health") where s.count == 1:
-                return ("health", await health())
-            case (.get, "metrics") where s.count == 1:
-                return ("metrics", metrics())
-            default:
-                let service = s.first == "v2" && s.count > 1 && s[1] == "presence" ? "Presence" : "Tether"
-                return ("unknown", Reply.error(.notFound, service: service, "Not found: '\(request.uri.path)'"))
+            let response: Response
+            // Exhaustive: a new route is dispatched here and needs a row in AccessTableTests.
+            switch route {
+            case .options: response = Reply.json(.ok, "{}")
+            case .time: response = Reply.json(.ok, "[\(state.hub.currentCursor.rawValue)]")
+            case .publish: response = try await publish(request, wire, kind: .message)
+            case .signal: response = try await publish(request, wire, kind: .signal)
+            case .subscribe: response = try await subscribe(wire, context: context)
+            case .history: response = try await historyV2(wire)
+            case .fetch: response = try await fetchV3(wire, withActions: false)
+            case .historyWithActions: response = try await fetchV3(wire, withActions: true)
+            case .deleteMessages: response = try await deleteMessages(wire)
+            case .messageCounts: response = try await messageCounts(wire)
+            case .hereNowGlobal, .hereNow, .whereNow, .heartbeat, .leave, .getState, .setState:
+                response = try await presence(route, wire)
+            case .groupList, .groupChannels, .groupUpdate, .groupDelete:
+                response = try await channelGroups(route, wire)
+            case .grant: response = try await grantV2(wire, audit: false)
+            case .audit: response = try await grantV2(wire, audit: true)
+            case .grantToken: response = try await grantToken(request, wire)
+            case .revokeToken: response = try await revokeToken(wire)
+            case .health: response = await health()
+            case .metrics: response = metrics()
             }
+            return (route.rawValue, response)
         } catch let error as RequestError {
             return ("invalid", error.response)
+        } catch let error as ParameterError {
+            return ("invalid", Self.invalidParameter(error, segments: s, now: state.hub.currentCursor))
         } catch let error as AccessDeniedError {
             if case .denied(let channels, let groups, let message) = error.check.decision {
                 return ("subscribe", Self.forbidden(channels: channels, groups: groups, message: message))
@@ -122,6 +121,32 @@ public struct TetherResponder: HTTPResponder {
         } catch {
             state.logger.error("internal error", metadata: ["error": "\(error)"])
             return ("error", Reply.error(.internalServerError, service: "Tether", "Internal Server Error"))
+        }
+    }
+
+    /// The 400 for a malformed or out-of-range parameter, in the body of the route's family
+    /// (pubnub-wire §3): the publish array, the v3 history object, or the service object.
+    static func invalidParameter(_ error: ParameterError, segments s: [String], now: Timetoken) -> Response {
+        let message = error.description
+        switch s.first {
+        case "publish", "signal":
+            return Reply.publishError(.badRequest, message, timetoken: now)
+        case "v3" where s.count > 1 && (s[1] == "history" || s[1] == "history-with-actions"):
+            return Reply.historyError(.badRequest, message)
+        default:
+            return Reply.error(.badRequest, service: serviceName(segments: s), message)
+        }
+    }
+
+    /// The `service` a route's JSON errors name.
+    static func serviceName(segments s: [String]) -> String {
+        switch (s.first, s.count > 1 ? s[1] : nil) {
+        case ("v2", "subscribe"): "Subscribe"
+        case ("v2", "presence"): "Presence"
+        case ("v2", "history"), ("v3", "history"), ("v3", "history-with-actions"): "Storage"
+        case ("v1", "channel-registration"): "channel-registry"
+        case ("v2", "auth"), ("v3", "pam"): "Access Manager"
+        default: "Tether"
         }
     }
 
@@ -143,9 +168,9 @@ public struct TetherResponder: HTTPResponder {
         default: return nil
         }
         guard s.count > subscribeKeyIndex, let keyset = state.keysets.keyset(subscribeKey: s[subscribeKeyIndex]) else { return nil }
-        let client = wire.query["uuid"].flatMap { $0.isEmpty ? nil : "u:" + $0 }
-            ?? "a:" + (context.channel.remoteAddress?.ipAddress ?? "unknown")
-        guard let wait = state.rateLimits.take(kind, client: client, subscribeKey: keyset.subscribeKey,
+        let uuid = wire.query["uuid"].flatMap { $0.isEmpty ? nil : $0 }
+        let address = context.channel.remoteAddress?.ipAddress ?? "unknown"
+        guard let wait = state.rateLimits.take(kind, uuid: uuid, address: address, subscribeKey: keyset.subscribeKey,
                                                limits: state.keysets.limits(for: keyset)) else { return nil }
         return Reply.json(.tooManyRequests, ErrorBody.service(status: 429, service: "Balancer", message: "Too Many Requests"),
                           extraHeaders: [.retryAfter: String(max(1, Int(wait.rounded(.up))))])
@@ -156,6 +181,18 @@ public struct TetherResponder: HTTPResponder {
     /// A client error that already knows its response.
     struct RequestError: Error {
         var response: Response
+    }
+
+    /// The keyset's per-request bounds on channels and groups (docs/operations.md, "Bounds"):
+    /// too many names in total answer PubNub's 414, too many groups a 400 naming the limit.
+    func checkCounts(channels: [String], groups: [String], limits: Limits, service: String) throws(RequestError) {
+        if channels.count + groups.count > limits.maxChannelsPerSubscribe {
+            throw RequestError(response: Self.uriTooLong)
+        }
+        if groups.count > limits.maxGroupsPerRequest {
+            throw RequestError(response: Reply.error(.badRequest, service: service,
+                                                     "Too many channel groups: at most \(limits.maxGroupsPerRequest) per request"))
+        }
     }
 
     func keyset(subscribeKey: String, service: String, uriLength: Int = 0) throws(RequestError) -> Keyset {
@@ -178,13 +215,6 @@ public struct TetherResponder: HTTPResponder {
         }
     }
 
-    func timetoken(_ wire: WireRequest, _ name: String, service: String) throws(RequestError) -> Timetoken? {
-        guard let text = wire.query[name], !text.isEmpty else { return nil }
-        guard let value = Timetoken(parsing: text) else {
-            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid \(name): expected a timetoken of up to 17 digits"))
-        }
-        return value
-    }
 
     // MARK: - Publish and signal (pubnub-wire §5)
 
@@ -263,18 +293,8 @@ public struct TetherResponder: HTTPResponder {
             }
             customType = cmt
         }
-        var sequence: Int?
-        if let seqn = wire.query["seqn"], !seqn.isEmpty {
-            guard let value = Int(seqn) else { return Reply.publishError(.badRequest, "Invalid seqn", timetoken: now) }
-            sequence = value
-        }
-        var ttlHours: Double?
-        if let ttl = wire.query["ttl"], !ttl.isEmpty {
-            guard let value = Double(ttl), value >= 0, value.isFinite else {
-                return Reply.publishError(.badRequest, "Invalid ttl: expected hours", timetoken: now)
-            }
-            ttlHours = value
-        }
+        let sequence = try wire.integer("seqn", in: ParameterBounds.sequence)
+        let ttlHours = try wire.decimal("ttl", in: ParameterBounds.publishTTLHours)
         let storeFlag = wire.query["store"] ?? "1"
         guard storeFlag == "0" || storeFlag == "1" || storeFlag == "true" || storeFlag == "false" else {
             return Reply.publishError(.badRequest, "Invalid store: expected 0 or 1", timetoken: now)
@@ -298,7 +318,7 @@ public struct TetherResponder: HTTPResponder {
         }, store: store ? { tt in
             StoredMessage(subscribeKey: subscribeKey, channel: channel, timetoken: tt, kind: .message, publisher: publisher,
                           payload: payload, meta: meta, customMessageType: customType, sequence: sequence,
-                          expiresAt: retentionHours > 0 ? Timetoken(tt.rawValue + UInt64(retentionHours * 36_000_000_000)) : nil)
+                          expiresAt: retentionHours > 0 ? tt.adding(seconds: retentionHours * 3600) : nil)
         } : nil)
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : "message")
         return Reply.json(.ok, "[1,\"Sent\",\"\(timetoken.rawValue)\"]")
@@ -313,9 +333,7 @@ public struct TetherResponder: HTTPResponder {
         try validateUserId(wire, service: "Subscribe")
         let names = wire.pathNames(3)
         let groups = wire.queryNames("channel-group")
-        if names.count + groups.count > limits.maxChannelsPerSubscribe {
-            return Reply.json(.uriTooLong, ErrorBody.service(status: 414, service: "Balancer", message: "Request URI Too Long"))
-        }
+        try checkCounts(channels: names, groups: groups, limits: limits, service: "Subscribe")
         if names.isEmpty && groups.isEmpty {
             return Reply.error(.badRequest, service: "Subscribe", "No channels or channel groups given")
         }
@@ -332,17 +350,15 @@ public struct TetherResponder: HTTPResponder {
         var filter: FilterExpression?
         if let text = wire.query["filter-expr"], !text.isEmpty {
             do {
-                filter = try FilterExpression(parsing: text)
+                filter = try state.filters.expression(text)
             } catch {
                 return Reply.json(Reply.malformedFilterExpression, ErrorBody.service(
                     status: 481, service: "Subscribe", message: "Invalid filter expression: \(error.reason) at position \(error.position)"))
             }
         }
         let check = try authorize(keyset, wire, channels: names, groups: groups, permission: .read)
-        let requested = try timetoken(wire, "tt", service: "Subscribe") ?? .zero
-        if let region = wire.query["tr"], !region.isEmpty, Int(region) == nil {
-            return Reply.error(.badRequest, service: "Subscribe", "Invalid tr: expected a region number")
-        }
+        let requested = try wire.timetoken("tt") ?? .zero
+        _ = try wire.integer("tr", in: ParameterBounds.region)
         // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
         let heartbeat = try heartbeatSeconds(wire, service: "Subscribe")
         let states = try channelStates(wire, service: "Subscribe", channels: names)
@@ -403,13 +419,9 @@ public struct TetherResponder: HTTPResponder {
         let channels = try historyChannels(wire.pathNames(5)) { Reply.error(.init(code: $0), service: "Storage", $1) }
         guard channels.count == 1 else { return Reply.error(.badRequest, service: "Storage", "History v2 takes exactly one channel") }
         try authorize(keyset, wire, channels: channels, groups: [], permission: .read)
-        var count = 100
-        if let text = wire.query["count"], !text.isEmpty {
-            guard let value = Int(text), value > 0 else { return Reply.error(.badRequest, service: "Storage", "Invalid count") }
-            count = min(value, 100)
-        }
-        let start = try timetoken(wire, "start", service: "Storage")
-        let end = try timetoken(wire, "end", service: "Storage")
+        let count = min(try wire.integer("count", in: ParameterBounds.historyCount) ?? 100, 100)
+        let start = try wire.timetoken("start")
+        let end = try wire.timetoken("end")
         let messages = try await state.store.history(subscribeKey: keyset.subscribeKey, channel: channels[0], start: start, end: end,
                                                      count: count, reverse: wire.bool("reverse"))
         let includeToken = wire.bool("include_token")
@@ -453,28 +465,22 @@ public struct TetherResponder: HTTPResponder {
         if channels.count > 500 { return Reply.historyError(.badRequest, "Too many channels (at most 500)") }
         try authorize(keyset, wire, channels: channels, groups: [], permission: .read)
         let ceiling = channels.count == 1 && !withActions ? 100 : 25
-        var max = ceiling
-        if let text = wire.query["max"], !text.isEmpty {
-            guard let value = Int(text), value > 0 else { return Reply.historyError(.badRequest, "Invalid Arguments") }
-            max = Swift.min(value, ceiling)
-        }
-        let start = try timetoken(wire, "start", service: "Storage")
-        let end = try timetoken(wire, "end", service: "Storage")
+        let max = Swift.min(try wire.integer("max", in: ParameterBounds.fetchMax) ?? ceiling, ceiling)
+        let start = try wire.timetoken("start")
+        let end = try wire.timetoken("end")
         let includeMeta = wire.bool("include_meta")
         let includeUUID = wire.bool("include_uuid")
         let includeType = wire.bool("include_message_type")
         let includeCustomType = wire.bool("include_custom_message_type")
-        var w = JSONWriter(capacity: 1024)
-        w.raw("{\"status\":200,\"error\":false,\"error_message\":\"\",\"channels\":{")
-        var firstChannel = true
-        var more: (String, Timetoken)?
-        for channel in channels {
-            let messages = try await state.store.history(subscribeKey: keyset.subscribeKey, channel: channel, start: start, end: end,
-                                                         count: max, reverse: false)
-            guard !messages.isEmpty else { continue }
-            if withActions, messages.count == max, let oldest = messages.first { more = (channel, oldest.timetoken) }
-            if !firstChannel { w.raw(",") }
-            firstChannel = false
+        // One channel's messages as `"name":[…]` (or nothing when it has none).
+        let store = state.store
+        let subscribeKey = keyset.subscribeKey
+        @Sendable func channelEntry(_ channel: String, first: Bool) async throws -> (bytes: [UInt8], oldest: Timetoken?, full: Bool) {
+            let messages = try await store.history(subscribeKey: subscribeKey, channel: channel, start: start, end: end,
+                                                   count: max, reverse: false)
+            guard !messages.isEmpty else { return ([], nil, false) }
+            var w = JSONWriter(capacity: 64 + messages.reduce(0) { $0 + $1.payload.utf8.count + ($1.meta?.utf8.count ?? 0) + 96 })
+            if !first { w.raw(",") }
             w.string(channel)
             w.raw(":[")
             for (i, m) in messages.enumerated() {
@@ -503,19 +509,43 @@ public struct TetherResponder: HTTPResponder {
                 w.raw("}")
             }
             w.raw("]")
+            return (w.bytes, messages.first?.timetoken, messages.count == max)
         }
-        w.raw("}")
-        if let (channel, oldest) = more {
-            w.raw(",\"more\":{\"url\":")
-            w.string("/v3/history-with-actions/sub-key/\(keyset.subscribeKey)/channel/\(PercentCoding.encode(channel))?start=\(oldest.rawValue)&max=\(max)")
-            w.raw(",\"start\":")
-            w.timetokenString(oldest)
-            w.raw(",\"max\":")
-            w.number(max)
+        let head = Array("{\"status\":200,\"error\":false,\"error_message\":\"\",\"channels\":{".utf8)
+        if channels.count == 1 {
+            let entry = try await channelEntry(channels[0], first: true)
+            var w = JSONWriter(capacity: head.count + entry.bytes.count + 256)
+            w.raw(head)
+            w.raw(entry.bytes)
             w.raw("}")
+            if withActions, entry.full, let oldest = entry.oldest {
+                w.raw(",\"more\":{\"url\":")
+                w.string("/v3/history-with-actions/sub-key/\(keyset.subscribeKey)/channel/\(PercentCoding.encode(channels[0]))?start=\(oldest.rawValue)&max=\(max)")
+                w.raw(",\"start\":")
+                w.timetokenString(oldest)
+                w.raw(",\"max\":")
+                w.number(max)
+                w.raw("}")
+            }
+            w.raw("}")
+            return Reply.json(.ok, w.bytes)
         }
-        w.raw("}")
-        return Reply.json(.ok, w.bytes)
+        // Several channels (up to 500 × 25 messages of up to 32 KiB): streamed one channel at a
+        // time, so the response never sits whole in memory. A store failure mid-way aborts the
+        // connection (the client sees a truncated response and retries), never a wrong body.
+        let body = ResponseBody { writer in
+            try await writer.write(ByteBuffer(bytes: head))
+            var first = true
+            for channel in channels {
+                let entry = try await channelEntry(channel, first: first)
+                guard !entry.bytes.isEmpty else { continue }
+                first = false
+                try await writer.write(ByteBuffer(bytes: entry.bytes))
+            }
+            try await writer.write(ByteBuffer(string: "}}"))
+            try await writer.finish(nil)
+        }
+        return Reply.json(.ok, body: body)
     }
 
     private func deleteMessages(_ wire: WireRequest) async throws -> Response {
@@ -524,8 +554,8 @@ public struct TetherResponder: HTTPResponder {
         let channels = try historyChannels(wire.pathNames(5)) { Reply.historyError(.init(code: $0), $1) }
         guard channels.count == 1 else { return Reply.historyError(.badRequest, "Delete takes exactly one channel") }
         try authorize(keyset, wire, method: "DELETE", channels: channels, groups: [], permission: .delete)
-        let start = try timetoken(wire, "start", service: "Storage")
-        let end = try timetoken(wire, "end", service: "Storage")
+        let start = try wire.timetoken("start")
+        let end = try wire.timetoken("end")
         try await state.store.delete(subscribeKey: keyset.subscribeKey, channel: channels[0], start: start, end: end)
         return Reply.json(.ok, "{\"status\":200,\"error\":false,\"error_message\":\"\"}")
     }
@@ -543,7 +573,7 @@ public struct TetherResponder: HTTPResponder {
                 return Reply.historyError(.badRequest, "Invalid Arguments")
             }
             pairs = zip(channels, tokens.compactMap { $0 }).map { ($0, $1) }
-        } else if let single = wire.query["timetoken"], let tt = Timetoken(parsing: single) {
+        } else if let tt = try wire.timetoken("timetoken") {
             pairs = channels.map { ($0, tt) }
         } else {
             return Reply.historyError(.badRequest, "Invalid Arguments")
@@ -589,5 +619,24 @@ public struct TetherResponder: HTTPResponder {
         registry.emit(into: &bytes)
         return Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                         body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+}
+
+/// Parsed filter expressions by their text, shared by every subscriber sending the same filter.
+/// Bounded: when full it starts over (a subscriber's next long-poll parses its filter again).
+final class FilterCache: Sendable {
+    private let entries = Mutex<[String: FilterExpression]>([:])
+    /// Filters kept at most.
+    static let capacity = 4096
+
+    /// The parsed expression for `text`, parsed on first use.
+    func expression(_ text: String) throws(FilterExpressionError) -> FilterExpression {
+        if let cached = entries.withLock({ $0[text] }) { return cached }
+        let parsed = try FilterExpression(parsing: text)
+        entries.withLock { entries in
+            if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+            entries[text] = parsed
+        }
+        return parsed
     }
 }

@@ -69,8 +69,12 @@ public struct TetherServer: Sendable {
             metrics = ServerMetrics()
         }
         let store = try MessageStore(directory: configuration.dataDirectory, logger: logger, metrics: metrics)
-        let window = DeliveryHubConfiguration(bufferCapacity: configuration.file.window?.capacity ?? 100,
-                                              bufferMaximumAgeSeconds: UInt64(configuration.file.window?.maximumAgeSeconds ?? 20 * 60))
+        let defaults = DeliveryHubConfiguration()
+        let window = DeliveryHubConfiguration(
+            bufferCapacity: configuration.file.window?.capacity ?? defaults.bufferCapacity,
+            bufferMaximumAgeSeconds: UInt64(configuration.file.window?.maximumAgeSeconds ?? 20 * 60),
+            memoryBudgetBytes: configuration.file.window?.memoryBudgetBytes ?? defaults.memoryBudgetBytes,
+            maxChannels: configuration.file.window?.maxChannels ?? defaults.maxChannels)
         let hub = try LongPollHub(store: store, metrics: metrics, logger: logger, configuration: window)
         var groups: [String: [String: Set<String>]] = [:]
         for (subscribeKey, group, channel) in try store.allGroupMemberships() {
@@ -85,7 +89,8 @@ public struct TetherServer: Sendable {
             configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
                                                     uniquingKeysWith: { first, _ in first }))
         let access = try AccessManager(store: store, logger: logger)
-        state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access, rateLimits: RateLimits(),
+        state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access,
+                            rateLimits: RateLimits(enabled: configuration.file.rateLimiting ?? true),
                             metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
                             startedAt: .now)

@@ -1,4 +1,5 @@
 public import TetherProtocol
+import Synchronization
 
 /// One event held in memory for live and catching-up subscribers.
 public struct BufferedEvent: Sendable {
@@ -9,6 +10,12 @@ public struct BufferedEvent: Sendable {
     /// Whether the event is also in the durable store (stored publishes). Events that are not
     /// (store=0 publishes, signals, presence events) live only in this window.
     public var isStored: Bool
+    /// Bytes this event holds in memory (payload, meta, the encoded copy and bookkeeping), for
+    /// the windows' memory budget.
+    public var cost: Int
+    /// The event's meta and payload parsed for filter expressions, once per event (not once
+    /// per subscriber), on first use.
+    public let filterInputs: FilterInputs
 
     /// The event's timetoken.
     public var timetoken: Timetoken { envelope.timetoken }
@@ -18,7 +25,13 @@ public struct BufferedEvent: Sendable {
         self.envelope = envelope
         self.encoded = envelope.encoded()
         self.isStored = isStored
+        self.cost = Self.overhead + encoded.count + envelope.payload.utf8.count + (envelope.meta?.utf8.count ?? 0)
+            + envelope.channel.utf8.count + (envelope.publisher?.utf8.count ?? 0)
+        self.filterInputs = FilterInputs(meta: envelope.meta, payload: envelope.payload)
     }
+
+    /// Fixed per-event bookkeeping, estimated (array slot, strings' headers, the inputs box).
+    static let overhead = 256
 }
 
 /// The in-memory window of one channel: PubNub's 100 events / 20 minutes (configurable), plus
@@ -36,11 +49,23 @@ public struct ChannelBuffer: Sendable {
     /// events that exist nowhere else (reported as a gap, never skipped silently).
     public private(set) var unstoredEvictedThrough: Timetoken?
 
-    /// Creates an empty buffer covering everything after `coverage`.
-    public init(coverage: Timetoken) { self.coverage = coverage }
+    /// Bytes held by ``events`` (the sum of their costs).
+    public private(set) var bytes = 0
+    /// The newest timetoken reserved on this channel: the window may be dropped only once no
+    /// reservation at or below it is still in flight.
+    public var lastReserved: Timetoken
+
+    /// Creates an empty buffer covering everything after `coverage`; `unstoredEvictedThrough`
+    /// carries the loss record of an earlier window of the same channel.
+    public init(coverage: Timetoken, unstoredEvictedThrough: Timetoken? = nil) {
+        self.coverage = coverage
+        self.unstoredEvictedThrough = unstoredEvictedThrough
+        self.lastReserved = coverage
+    }
 
     /// Inserts an event in timetoken order (commits may arrive slightly out of order).
     public mutating func insert(_ event: BufferedEvent) {
+        bytes += event.cost
         if let last = events.last, last.timetoken > event.timetoken {
             let index = events.firstIndex { $0.timetoken > event.timetoken } ?? events.endIndex
             events.insert(event, at: index)
@@ -55,17 +80,36 @@ public struct ChannelBuffer: Sendable {
     /// Events above `visibleThrough` are never evicted: no subscriber has been allowed to see
     /// them yet (they wait behind an earlier publish still being made durable), so dropping them
     /// would lose them for everyone.
-    public mutating func evict(capacity: Int, maximumAge: UInt64, now: Timetoken, visibleThrough: Timetoken) {
+    /// - Returns: the bytes freed.
+    @discardableResult
+    public mutating func evict(capacity: Int, maximumAge: UInt64, now: Timetoken, visibleThrough: Timetoken) -> Int {
         var drop = max(0, events.count - capacity)
         let oldest = now.rawValue > maximumAge ? now.rawValue - maximumAge : 0
         while drop < events.count, events[drop].timetoken.rawValue < oldest { drop += 1 }
+        return evictFirst(drop, visibleThrough: visibleThrough)
+    }
+
+    /// Evicts every event at or below `through` (and never one above `visibleThrough`).
+    /// - Returns: the bytes freed.
+    @discardableResult
+    public mutating func evict(through: Timetoken, visibleThrough: Timetoken) -> Int {
+        var drop = 0
+        while drop < events.count, events[drop].timetoken <= through { drop += 1 }
+        return evictFirst(drop, visibleThrough: visibleThrough)
+    }
+
+    private mutating func evictFirst(_ count: Int, visibleThrough: Timetoken) -> Int {
+        var drop = count
         while drop > 0, events[drop - 1].timetoken > visibleThrough { drop -= 1 }
-        guard drop > 0 else { return }
+        guard drop > 0 else { return 0 }
         coverage = max(coverage, events[drop - 1].timetoken)
         if let newestUnstored = events[..<drop].last(where: { !$0.isStored })?.timetoken {
             unstoredEvictedThrough = max(unstoredEvictedThrough ?? newestUnstored, newestUnstored)
         }
+        let freed = events[..<drop].reduce(0) { $0 + $1.cost }
+        bytes -= freed
         events.removeFirst(drop)
+        return freed
     }
 
     /// Events with `after < timetoken <= through`, oldest first.
@@ -74,5 +118,27 @@ public struct ChannelBuffer: Sendable {
         var end = events.endIndex
         while end > start, events[end - 1].timetoken > through { end -= 1 }
         return events[start..<end]
+    }
+}
+
+/// An event's meta and payload parsed for filter evaluation, computed on first use and shared
+/// by every subscriber that evaluates a filter against the event.
+public final class FilterInputs: Sendable {
+    private let meta: String?
+    private let payload: String
+    private let parsed = Mutex<(meta: JSONValue?, data: JSONValue?)?>(nil)
+
+    init(meta: String?, payload: String) {
+        self.meta = meta
+        self.payload = payload
+    }
+
+    /// The parsed meta and payload (`nil` where missing or not JSON).
+    public var values: (meta: JSONValue?, data: JSONValue?) {
+        if let done = parsed.withLock({ $0 }) { return done }
+        // Parsed outside the lock; two first users may both parse, and either result is equal.
+        let value = (meta: meta.flatMap { try? JSONValue(parsing: $0) }, data: try? JSONValue(parsing: payload))
+        parsed.withLock { $0 = value }
+        return value
     }
 }

@@ -84,10 +84,11 @@ public struct ReadPlan: Sendable {
     /// Merges the store results into one response page of at most `limit` envelopes, applying
     /// the cursor rule: the returned cursor is such that no event at or below it can be missing.
     ///
-    /// `include` is the subscriber's filter: events it rejects are skipped but still covered by
-    /// the cursor (they are never delivered to this subscriber).
+    /// `include` is the subscriber's filter, given an event's parsed meta and payload: events
+    /// it rejects are skipped but still covered by the cursor (they are never delivered to this
+    /// subscriber). In-memory events are parsed once for every subscriber.
     public func merge(storeResults: [StoreRangeResult], limit: Int,
-                      include: ((SubscribeEnvelope) -> Bool)? = nil) -> (cursor: Timetoken, envelopes: [[UInt8]]) {
+                      include: ((_ meta: JSONValue?, _ data: JSONValue?) -> Bool)? = nil) -> (cursor: Timetoken, envelopes: [[UInt8]]) {
         var cap = visibleThrough
         var limited = false
         for result in storeResults where result.reachedLimit {
@@ -99,12 +100,16 @@ public struct ReadPlan: Sendable {
         var candidates: [(Timetoken, [UInt8])] = []
         candidates.reserveCapacity(bufferEvents.count + storeResults.reduce(0) { $0 + $1.envelopes.count })
         for (event, match) in bufferEvents where event.timetoken <= cap {
-            if let include, !include(event.envelope) { continue }
+            if let include {
+                let inputs = event.filterInputs.values
+                if !include(inputs.meta, inputs.data) { continue }
+            }
             candidates.append((event.timetoken, SubscribeEnvelope.encodedWithMatch(event.encoded, match: match)))
         }
         for result in storeResults {
             for envelope in result.envelopes where envelope.timetoken <= cap {
-                if let include, !include(envelope) { continue }
+                if let include,
+                   !include(envelope.meta.flatMap { try? JSONValue(parsing: $0) }, try? JSONValue(parsing: envelope.payload)) { continue }
                 candidates.append((envelope.timetoken, SubscribeEnvelope.encodedWithMatch(envelope.encoded(), match: result.range.match)))
             }
         }
@@ -133,11 +138,25 @@ public struct DeliveryHubConfiguration: Sendable {
     public var bufferCapacity: Int
     /// How long an event stays in the in-memory window, in timetoken units (PubNub: 20 minutes).
     public var bufferMaximumAge: UInt64
+    /// Bytes all windows together may hold. Over it, the oldest events leave their windows
+    /// early (down to 90 % of the budget): stored ones remain in the store, the others are
+    /// reported as a gap to subscribers behind them.
+    public var memoryBudgetBytes: Int
+    /// Channels with a window. Over it, empty windows are dropped, then the least recently
+    /// used ones.
+    public var maxChannels: Int
+    /// Loss records kept for dropped windows (channels whose non-stored events left memory);
+    /// beyond it they fold into one conservative floor per keyset.
+    public var maxLossRecords: Int
 
     /// Creates a configuration.
-    public init(bufferCapacity: Int = 100, bufferMaximumAgeSeconds: UInt64 = 20 * 60) {
+    public init(bufferCapacity: Int = 100, bufferMaximumAgeSeconds: UInt64 = 20 * 60, memoryBudgetBytes: Int = 256 << 20,
+                maxChannels: Int = 100_000, maxLossRecords: Int = 100_000) {
         self.bufferCapacity = bufferCapacity
-        self.bufferMaximumAge = bufferMaximumAgeSeconds * 10_000_000
+        self.bufferMaximumAge = min(bufferMaximumAgeSeconds, 365 * 86_400) * 10_000_000
+        self.memoryBudgetBytes = memoryBudgetBytes
+        self.maxChannels = max(1, maxChannels)
+        self.maxLossRecords = max(1, maxLossRecords)
     }
 }
 
@@ -162,6 +181,21 @@ public struct DeliveryHub: Sendable {
     private var invisible: [(Timetoken, ChannelKey)] = []
     /// Per-keyset, per-channel windows.
     private var buffers: [String: [String: ChannelBuffer]] = [:]
+    /// Number of windows (channels in ``buffers``).
+    private var windowCount = 0
+    /// Bytes held by every window together.
+    public private(set) var bufferedBytes = 0
+    /// Wildcard index: `(keyset, "a.")` → windowed channels starting with `a.`, so a wildcard
+    /// subscribe visits its matches only, never every window.
+    private var channelsByPrefix: [ChannelKey: Set<String>] = [:]
+    /// Per keyset: the highest coverage of a dropped window. A channel without a window has no
+    /// event above it, so its stored messages are read from the store up to here.
+    private var droppedCoverage: [String: Timetoken] = [:]
+    /// Dropped windows' loss records: non-stored events up to the timetoken left memory.
+    private var lossRecords: [ChannelKey: Timetoken] = [:]
+    /// Per keyset: loss records folded when ``lossRecords`` overflowed (a conservative bound
+    /// reported for any channel without a window or a record).
+    private var foldedLoss: [String: Timetoken] = [:]
     /// Waiting long-polls.
     private var waiters: [WaiterID: SubscriptionSpec] = [:]
     private var waitersByChannel: [ChannelKey: Set<WaiterID>] = [:]
@@ -197,7 +231,7 @@ public struct DeliveryHub: Sendable {
     public var waiterCount: Int { waiters.count }
 
     /// The number of channels with an in-memory window.
-    public var bufferedChannelCount: Int { buffers.values.reduce(0) { $0 + $1.count } }
+    public var bufferedChannelCount: Int { windowCount }
 
     /// Replaces the channels of a group (an empty set deletes the group). A long-poll waiting on
     /// the group receives events of newly added channels without a new handshake.
@@ -224,9 +258,16 @@ public struct DeliveryHub: Sendable {
     /// failed. The channel's window is created here so its coverage is below the reservation.
     public mutating func reserve(_ channel: ChannelKey, now: Timetoken) -> Timetoken {
         if buffers[channel.subscribeKey]?[channel.channel] == nil {
-            buffers[channel.subscribeKey, default: [:]][channel.channel] = ChannelBuffer(coverage: sequencer.last)
+            if windowCount >= configuration.maxChannels { shedWindows(now: now) }
+            let buffer = ChannelBuffer(coverage: sequencer.last, unstoredEvictedThrough: lossRecords.removeValue(forKey: channel))
+            buffers[channel.subscribeKey, default: [:]][channel.channel] = buffer
+            windowCount += 1
+            for prefix in WildcardPattern.candidatePrefixes(of: channel.channel) {
+                channelsByPrefix[ChannelKey(subscribeKey: channel.subscribeKey, channel: prefix), default: []].insert(channel.channel)
+            }
         }
         let timetoken = sequencer.next(now: now)
+        buffers[channel.subscribeKey]?[channel.channel]?.lastReserved = timetoken
         inFlight.append(timetoken)
         return timetoken
     }
@@ -242,12 +283,17 @@ public struct DeliveryHub: Sendable {
     /// reservation has committed. Returns the waiting long-polls to wake.
     public mutating func commit(_ event: BufferedEvent, now: Timetoken) -> [WaiterID] {
         let key = ChannelKey(subscribeKey: event.envelope.subscribeKey, channel: event.envelope.channel)
-        var buffer = buffers[key.subscribeKey]?[key.channel] ?? ChannelBuffer(coverage: startCursor)
-        buffer.insert(event)
-        buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge, now: now,
-                         visibleThrough: visibleThrough)
-        buffers[key.subscribeKey, default: [:]][key.channel] = buffer
+        // The window exists: it was created by the reservation and is never dropped while one
+        // of its reservations is in flight.
+        if var buffer = buffers[key.subscribeKey]?.removeValue(forKey: key.channel) {
+            buffer.insert(event)
+            bufferedBytes += event.cost
+            bufferedBytes -= buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge,
+                                          now: now, visibleThrough: visibleThrough)
+            buffers[key.subscribeKey]?[key.channel] = buffer
+        }
         removeInFlight(event.timetoken)
+        if bufferedBytes > configuration.memoryBudgetBytes { enforceBudget() }
         let index = invisible.firstIndex { $0.0 > event.timetoken } ?? invisible.endIndex
         invisible.insert((event.timetoken, key), at: index)
         return advanceVisibility()
@@ -261,12 +307,17 @@ public struct DeliveryHub: Sendable {
         var plan = ReadPlan(visibleThrough: visible, bufferEvents: [], storeRanges: [])
         guard after < visible else { return plan }
         let keyBuffers = buffers[spec.subscribeKey] ?? [:]
+        let unwindowedThrough = max(startCursor, droppedCoverage[spec.subscribeKey] ?? .zero)
 
         func addChannel(_ channel: String, match: String?, storeFloor: Timetoken) {
             guard let buffer = keyBuffers[channel] else {
-                if storeFloor < startCursor, !NameRules.isPresence(channel) {
+                if storeFloor < unwindowedThrough, !NameRules.isPresence(channel) {
                     plan.storeRanges.append(StoreRange(subscribeKey: spec.subscribeKey, selector: .channel(channel),
-                                                       after: storeFloor, through: startCursor, match: match))
+                                                       after: storeFloor, through: unwindowedThrough, match: match))
+                }
+                let key = ChannelKey(subscribeKey: spec.subscribeKey, channel: channel)
+                if let lost = lossRecords[key] ?? foldedLoss[spec.subscribeKey], after < lost {
+                    plan.windowGaps.append((channel, lost))
                 }
                 return
             }
@@ -300,7 +351,8 @@ public struct DeliveryHub: Sendable {
                 plan.storeRanges.append(StoreRange(subscribeKey: spec.subscribeKey, selector: .prefix(prefix),
                                                    after: after, through: startCursor, match: pattern))
             }
-            for channel in keyBuffers.keys where WildcardPattern.matches(pattern: pattern, channel: channel) {
+            let indexed = channelsByPrefix[ChannelKey(subscribeKey: spec.subscribeKey, channel: prefix)] ?? []
+            for channel in indexed.sorted() where WildcardPattern.matches(pattern: pattern, channel: channel) {
                 if spec.channels.contains(channel) { continue }
                 addChannel(channel, match: pattern, storeFloor: max(after, startCursor))
             }
@@ -358,11 +410,99 @@ public struct DeliveryHub: Sendable {
     /// An emptied window is kept (a few bytes): its coverage records that stored messages up to
     /// it live in the store, so a subscriber behind it is served from there. Dropping it would
     /// make the channel look covered from ``startCursor`` and skip those messages.
+    /// Windows left empty are dropped once none of their reservations is in flight; the
+    /// keyset's ``droppedCoverage`` and the channel's loss record keep catch-up exact.
     public mutating func sweep(now: Timetoken) {
+        let visible = visibleThrough
+        var empty: [ChannelKey] = []
         for (subscribeKey, channels) in buffers {
-            for (channel, var buffer) in channels {
-                buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge, now: now,
-                         visibleThrough: visibleThrough)
+            for channel in channels.keys {
+                guard var buffer = buffers[subscribeKey]?.removeValue(forKey: channel) else { continue }
+                bufferedBytes -= buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge,
+                                              now: now, visibleThrough: visible)
+                if buffer.events.isEmpty { empty.append(ChannelKey(subscribeKey: subscribeKey, channel: channel)) }
+                buffers[subscribeKey]?[channel] = buffer
+            }
+        }
+        for key in empty { dropWindow(key) }
+    }
+
+    /// Drops a window that holds no event and has no reservation in flight. Returns whether
+    /// it was dropped.
+    @discardableResult
+    private mutating func dropWindow(_ key: ChannelKey) -> Bool {
+        guard let buffer = buffers[key.subscribeKey]?[key.channel], buffer.events.isEmpty else { return false }
+        if let oldest = inFlight.first, oldest <= buffer.lastReserved { return false }
+        buffers[key.subscribeKey]?[key.channel] = nil
+        if buffers[key.subscribeKey]?.isEmpty == true { buffers[key.subscribeKey] = nil }
+        windowCount -= 1
+        droppedCoverage[key.subscribeKey] = max(droppedCoverage[key.subscribeKey] ?? .zero, buffer.coverage)
+        for prefix in WildcardPattern.candidatePrefixes(of: key.channel) {
+            let prefixKey = ChannelKey(subscribeKey: key.subscribeKey, channel: prefix)
+            channelsByPrefix[prefixKey]?.remove(key.channel)
+            if channelsByPrefix[prefixKey]?.isEmpty == true { channelsByPrefix[prefixKey] = nil }
+        }
+        if let lost = buffer.unstoredEvictedThrough {
+            if lossRecords.count >= configuration.maxLossRecords {
+                // Fold every record into its keyset's conservative floor: gaps may then be
+                // reported where nothing was lost, never the other way round.
+                for (recorded, through) in lossRecords {
+                    foldedLoss[recorded.subscribeKey] = max(foldedLoss[recorded.subscribeKey] ?? .zero, through)
+                }
+                lossRecords.removeAll()
+            }
+            lossRecords[key] = lost
+        }
+        return true
+    }
+
+    /// Over ``DeliveryHubConfiguration/maxChannels``: drops every empty window, then, if still
+    /// over, the least recently reserved tenth of the windows (their events leave memory as
+    /// they would by age).
+    private mutating func shedWindows(now: Timetoken) {
+        let visible = visibleThrough
+        var byActivity: [(Timetoken, ChannelKey)] = []
+        byActivity.reserveCapacity(windowCount)
+        for (subscribeKey, channels) in buffers {
+            for (channel, buffer) in channels {
+                byActivity.append((buffer.lastReserved, ChannelKey(subscribeKey: subscribeKey, channel: channel)))
+            }
+        }
+        for (_, key) in byActivity { dropWindow(key) }
+        guard windowCount >= configuration.maxChannels else { return }
+        byActivity.sort { $0.0 < $1.0 }
+        var toDrop = max(1, configuration.maxChannels / 10)
+        for (_, key) in byActivity where toDrop > 0 {
+            guard var buffer = buffers[key.subscribeKey]?.removeValue(forKey: key.channel) else { continue }
+            bufferedBytes -= buffer.evict(through: visible, visibleThrough: visible)
+            buffers[key.subscribeKey]?[key.channel] = buffer
+            if dropWindow(key) { toDrop -= 1 }
+        }
+    }
+
+    /// Over the memory budget: evicts the oldest visible events across all windows until the
+    /// windows hold at most 90 % of the budget.
+    private mutating func enforceBudget() {
+        let visible = visibleThrough
+        var events: [(timetoken: Timetoken, cost: Int)] = []
+        for channels in buffers.values {
+            for buffer in channels.values {
+                for event in buffer.events where event.timetoken <= visible { events.append((event.timetoken, event.cost)) }
+            }
+        }
+        events.sort { $0.timetoken < $1.timetoken }
+        let target = configuration.memoryBudgetBytes / 10 * 9
+        var excess = bufferedBytes - target
+        var cutoff: Timetoken?
+        for event in events where excess > 0 {
+            excess -= event.cost
+            cutoff = event.timetoken
+        }
+        guard let cutoff else { return }
+        for (subscribeKey, channels) in buffers {
+            for channel in channels.keys {
+                guard var buffer = buffers[subscribeKey]?.removeValue(forKey: channel) else { continue }
+                bufferedBytes -= buffer.evict(through: cutoff, visibleThrough: visible)
                 buffers[subscribeKey]?[channel] = buffer
             }
         }

@@ -1,0 +1,107 @@
+import HTTPTypes
+public import TetherServerCore
+
+/// Every route of the REST wire.
+///
+/// The router classifies each request into exactly one route and dispatches with an exhaustive
+/// `switch`, so a new endpoint needs a case here, and the access table test
+/// (`AccessTableTests`) fails until that case has a row. The raw value is the endpoint label of
+/// logs and metrics.
+public enum Route: String, CaseIterable, Sendable {
+    case options, time, publish, signal, subscribe
+    case history, fetch
+    case historyWithActions = "history-with-actions"
+    case messageCounts = "message-counts"
+    case deleteMessages = "delete"
+    case hereNowGlobal = "here-now-global"
+    case hereNow = "here-now"
+    case whereNow = "where-now"
+    case heartbeat, leave
+    case getState = "get-state"
+    case setState = "set-state"
+    case groupList = "group-list"
+    case groupChannels = "group-channels"
+    case groupUpdate = "group-update"
+    case groupDelete = "group-delete"
+    case grant, audit
+    case grantToken = "grant-token"
+    case revokeToken = "revoke-token"
+    case health, metrics
+
+    /// What a route requires on a keyset with Access Manager on (one with a secret key).
+    public enum Access: Sendable, Equatable {
+        /// Not tied to a keyset: answered for anybody (time, health, metrics, CORS preflight).
+        case open
+        /// No permission, as PubNub has it (where-now).
+        case none
+        /// These permissions on every channel and group the request names.
+        case permission(Permissions)
+        /// Read on every channel and group named, and proof that the request acts for the uuid
+        /// it names: a token bound to that uuid, or for auth keys the uuid of the request
+        /// itself (a Tether deviation from PubNub: nobody leaves or sets state for another).
+        case actingAs(Permissions)
+        /// A request signed with the keyset's secret key (server-side admin).
+        case admin
+    }
+
+    /// PubNub's operation-to-permission mapping for this route (docs/security.md, "Access
+    /// Manager").
+    public var access: Access {
+        switch self {
+        case .options, .time, .health, .metrics: .open
+        case .whereNow: .none
+        case .publish, .signal: .permission(.write)
+        case .subscribe, .history, .fetch, .historyWithActions, .messageCounts, .hereNow, .heartbeat, .getState:
+            .permission(.read)
+        case .deleteMessages: .permission(.delete)
+        case .leave, .setState: .actingAs(.read)
+        case .groupChannels, .groupUpdate, .groupDelete: .permission(.manage)
+        case .hereNowGlobal, .groupList, .grant, .audit, .grantToken, .revokeToken: .admin
+        }
+    }
+
+    /// Classifies a request by its method and decoded path segments (and, for channel groups,
+    /// whether it adds or removes channels); `nil` when no route matches (404).
+    static func classify(_ method: HTTPRequest.Method, _ s: [String], _ wire: WireRequest) -> Route? {
+        func at(_ i: Int) -> String? { i < s.count ? s[i] : nil }
+        switch (method, s.first) {
+        case (.options, _): return .options
+        case (.get, "time") where s.count == 2 && s[1] == "0": return .time
+        case (.get, "publish") where s.count == 7, (.post, "publish") where s.count == 6: return .publish
+        case (.get, "signal") where s.count == 7, (.post, "signal") where s.count == 6: return .signal
+        case (.get, "v2") where s.count >= 4 && s[1] == "subscribe": return .subscribe
+        case (.get, "v2") where s.count == 6 && s[1] == "history" && s[2] == "sub-key" && s[4] == "channel": return .history
+        case (.get, "v3") where s.count == 6 && s[1] == "history" && s[2] == "sub-key" && s[4] == "channel": return .fetch
+        case (.get, "v3") where s.count == 6 && s[1] == "history-with-actions" && s[2] == "sub-key" && s[4] == "channel":
+            return .historyWithActions
+        case (.delete, "v3") where s.count == 6 && s[1] == "history" && s[2] == "sub-key" && s[4] == "channel": return .deleteMessages
+        case (.get, "v3") where s.count == 6 && s[1] == "history" && s[2] == "sub-key" && s[4] == "message-counts":
+            return .messageCounts
+        case (.get, "v2") where s.count >= 4 && s[1] == "presence" && s[2] == "sub-key":
+            switch (s.count, at(4), at(6), at(8)) {
+            case (4, _, _, _): return wire.queryNames("channel-group").isEmpty ? .hereNowGlobal : .hereNow
+            case (6, "channel", _, _): return .hereNow
+            case (6, "uuid", _, _): return .whereNow
+            case (7, "channel", "heartbeat", _): return .heartbeat
+            case (7, "channel", "leave", _): return .leave
+            case (8, "channel", "uuid", _): return .getState
+            case (9, "channel", "uuid", "data"): return .setState
+            default: return nil
+            }
+        case (.get, "v1") where s.count >= 5 && s[1] == "channel-registration" && s[2] == "sub-key" && s[4] == "channel-group":
+            switch s.count {
+            case 5: return .groupList
+            case 6: return wire.queryNames("add").isEmpty && wire.queryNames("remove").isEmpty ? .groupChannels : .groupUpdate
+            case 7 where s[6] == "remove": return .groupDelete
+            default: return nil
+            }
+        case (.get, "v2") where s.count == 5 && s[1] == "auth" && s[2] == "grant" && s[3] == "sub-key": return .grant
+        case (.get, "v2") where s.count == 5 && s[1] == "auth" && s[2] == "audit" && s[3] == "sub-key": return .audit
+        case (.post, "v3") where s.count == 4 && s[1] == "pam" && s[3] == "grant": return .grantToken
+        case (.delete, "v3") where s.count == 5 && s[1] == "pam" && s[3] == "grant": return .revokeToken
+        case (.get, "health") where s.count == 1: return .health
+        case (.get, "metrics") where s.count == 1: return .metrics
+        default: return nil
+        }
+    }
+}
