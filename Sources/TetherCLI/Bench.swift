@@ -38,7 +38,11 @@ struct Bench: AsyncParsableCommand {
             --idle-seconds with everyone present and no requests. RSS and CPU need a spawned server.
 
             The client and a spawned server share the machine's CPUs; see docs/benchmarks.md.
-            """
+
+            `tether bench soak` runs mixed legitimate and hostile load for minutes and reports the \
+            server's peak memory (see its --help).
+            """,
+        subcommands: [BenchSoak.self]
     )
 
     /// Which measurement to run.

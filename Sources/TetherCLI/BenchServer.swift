@@ -25,7 +25,7 @@ final class SpawnedServer {
     }
 
     /// Starts `tether serve --port 0` and waits for its "listening" line.
-    init(subscribeTimeout: Int = 300) async throws {
+    init(subscribeTimeout: Int = 300, extraArguments: [String] = []) async throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-bench-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let logPath = directory.appendingPathComponent("server.log").path
@@ -37,7 +37,9 @@ final class SpawnedServer {
         process.arguments = [
             "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", directory.appendingPathComponent("data").path,
             "--log-level", "warning", "--subscribe-timeout", String(subscribeTimeout),
-        ]
+            // Throughput is measured from one address; the default rate limits would cap it.
+            "--rate-limits", "off",
+        ] + extraArguments
         let pipe = Pipe()
         process.standardOutput = pipe
         process.standardError = FileHandle(forWritingAtPath: logPath)

@@ -48,7 +48,14 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .customLong("subscribe-timeout"), help: "Seconds a subscribe long-poll waits before answering empty. [env: TETHER_SUBSCRIBE_TIMEOUT] (default: 280)")
     var subscribeTimeout: Double?
 
+    @Option(name: .customLong("rate-limits"), help: """
+        on or off: per-client and per-address request rate limits (docs/operations.md, "Bounds"). \
+        Off is for load tests and trusted networks. [env: TETHER_RATE_LIMITS] (default: on)
+        """)
+    var rateLimits: String?
+
     func validate() throws {
+        if let rateLimits, Self.switchValue(rateLimits) == nil { throw ValidationError("--rate-limits must be on or off") }
         if let port, !(0...65535).contains(port) { throw ValidationError("--port must be between 0 and 65535") }
         if let logLevel, Logger.Level(rawValue: logLevel) == nil {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
@@ -71,6 +78,10 @@ struct Serve: AsyncParsableCommand {
         if let timeout = subscribeTimeout ?? env["TETHER_SUBSCRIBE_TIMEOUT"].flatMap(Double.init) {
             file.subscribeTimeoutSeconds = timeout
             try file.validate()
+        }
+        if let text = rateLimits ?? env["TETHER_RATE_LIMITS"] {
+            guard let enabled = Self.switchValue(text) else { throw ValidationError("TETHER_RATE_LIMITS must be on or off") }
+            file.rateLimiting = enabled
         }
         var resolvedPort = port ?? 8090
         if port == nil, let text = env["TETHER_PORT"] {
@@ -99,6 +110,17 @@ struct Serve: AsyncParsableCommand {
             readyLogger.info("server ready", metadata: ["url": "\(url)", "data-dir": "\(configuration.dataDirectory)", "keysets": "\(keysets)"])
             // One line on stdout, flushed at once, so scripts can wait for it.
             FileHandle.standardOutput.write(Data("Tether listening on \(url)\n".utf8))
+        }
+    }
+}
+
+extension Serve {
+    /// `on`/`off` (also `true`/`false`, `1`/`0`).
+    static func switchValue(_ text: String) -> Bool? {
+        switch text.lowercased() {
+        case "on", "true", "1": true
+        case "off", "false", "0": false
+        default: nil
         }
     }
 }

@@ -184,6 +184,10 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     /// Whether per-client and per-address rate limits apply (default `true`). `false` turns
     /// every rate limit off, for load tests and trusted networks (`tether serve --rate-limits off`).
     public var rateLimiting: Bool?
+    /// (uuid, channel) presence memberships the server holds across every keyset (default
+    /// 1,000,000, about 1.3 GiB at most). Beyond it new joins are not recorded — the request is
+    /// still served — until memberships time out or leave.
+    public var maxPresenceMemberships: Int?
 
     /// In-memory window settings.
     public struct Window: Sendable, Codable, Equatable {
@@ -206,7 +210,9 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     }
 
     /// Creates an empty configuration.
-    public init(demoKeyset: Bool? = nil, keysets: [Keyset] = [], limits: Limits? = nil, subscribeTimeoutSeconds: Double? = nil) {
+    public init(demoKeyset: Bool? = nil, keysets: [Keyset] = [], limits: Limits? = nil, subscribeTimeoutSeconds: Double? = nil,
+                rateLimiting: Bool? = nil) {
+        self.rateLimiting = rateLimiting
         self.demoKeyset = demoKeyset
         self.keysets = keysets
         self.limits = limits
@@ -214,7 +220,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window, rateLimiting
+        case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window, rateLimiting, maxPresenceMemberships
     }
 
     /// Decodes a configuration; every key is optional (`keysets` defaults to none).
@@ -226,6 +232,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         subscribeTimeoutSeconds = try c.decodeIfPresent(Double.self, forKey: .subscribeTimeoutSeconds)
         window = try c.decodeIfPresent(Window.self, forKey: .window)
         rateLimiting = try c.decodeIfPresent(Bool.self, forKey: .rateLimiting)
+        maxPresenceMemberships = try c.decodeIfPresent(Int.self, forKey: .maxPresenceMemberships)
     }
 
     /// Reads and validates a configuration file, with errors that name the problem.
@@ -282,6 +289,9 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         }
         if let channels = window?.maxChannels, !(100...100_000_000).contains(channels) {
             throw ConfigurationError("window.maxChannels must be between 100 and 100000000")
+        }
+        if let memberships = maxPresenceMemberships, !(100...100_000_000).contains(memberships) {
+            throw ConfigurationError("maxPresenceMemberships must be between 100 and 100000000")
         }
         if let timeout = subscribeTimeoutSeconds, !(1...300).contains(timeout) {
             throw ConfigurationError("subscribeTimeoutSeconds must be between 1 and 300 (clients give up at 310)")

@@ -13,8 +13,10 @@ public final class PresenceService: Sendable {
     private let logger: Logger
 
     /// Creates the service.
-    public init(hub: LongPollHub, clock: ServerClock, logger: Logger, configurationBySubscribeKey: [String: PresenceConfiguration]) {
-        self.tracker = Mutex(PresenceTracker(configurationBySubscribeKey: configurationBySubscribeKey))
+    public init(hub: LongPollHub, clock: ServerClock, logger: Logger, configurationBySubscribeKey: [String: PresenceConfiguration],
+                maximumMemberships: Int = 1_000_000) {
+        self.tracker = Mutex(PresenceTracker(configurationBySubscribeKey: configurationBySubscribeKey,
+                                             maximumMemberships: maximumMemberships))
         self.hub = hub
         self.clock = clock
         self.logger = logger

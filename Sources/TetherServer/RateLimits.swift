@@ -27,19 +27,22 @@ final class RateLimits: Sendable {
     }
 
     private let limiters: Mutex<[String: Limiters]>
-    private let start = ContinuousClock.now
+    /// Seconds on a monotonic clock (injectable for tests).
+    private let clock: @Sendable () -> Double
     /// Whether any limit applies (`rateLimiting: false` in the configuration turns every one off).
     let enabled: Bool
 
-    init(enabled: Bool = true) {
+    init(enabled: Bool = true, clock: (@Sendable () -> Double)? = nil) {
         limiters = Mutex([:])
         self.enabled = enabled
+        let start = ContinuousClock.now
+        self.clock = clock ?? {
+            let elapsed = ContinuousClock.now - start
+            return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        }
     }
 
-    private var now: Double {
-        let elapsed = ContinuousClock.now - start
-        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-    }
+    private var now: Double { clock() }
 
     /// Takes one request for the client (`uuid`, else its address) and for its address; returns
     /// seconds to wait (for `Retry-After`) when either is over its limit.

@@ -25,6 +25,34 @@ extension TetherResponder {
         return check
     }
 
+    /// Like ``authorize(_:_:method:channels:groups:permission:body:)`` for requests that act on
+    /// behalf of `uuid` (leave, set-state): besides `permission` on every channel and group, the
+    /// request must prove it speaks for that uuid — a request signed with the secret key, a v3
+    /// token whose authorized uuid is `uuid`, or (v2 auth keys, which bind no uuid) the request's
+    /// own `uuid`. A Tether deviation from PubNub, which lets anybody send a leave for anybody
+    /// (docs/compatibility.md).
+    func authorizeActing(as uuid: String, _ keyset: Keyset, _ wire: WireRequest, channels: [String], groups: [String],
+                         permission: Permissions) throws(RequestError) {
+        guard keyset.secretKey != nil else { return }
+        let verdict = state.access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: [])
+        switch verdict {
+        case .valid: return
+        case .invalid(let reason):
+            throw RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: reason)))
+        case .absent: break
+        }
+        func refuse(_ message: String) -> RequestError {
+            RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: message),
+                                              extraHeaders: [.pnCause: "9500"]))
+        }
+        guard wire.query["uuid"] == uuid else { throw refuse("Forbidden: a client can only act for its own uuid") }
+        if let auth = wire.query["auth"], !auth.isEmpty, let token = try? state.access.verifiedToken(auth, keyset: keyset),
+           token.grant.authorizedUUID != uuid {
+            throw refuse("Forbidden: the token is not authorized for this uuid")
+        }
+        try authorize(keyset, wire, channels: channels, groups: groups, permission: permission)
+    }
+
     /// The 403 body of §3, with `X-Pn-Cause`. A revoked token gets the recorded body, which
     /// has no resource list.
     static func forbidden(channels: [String], groups: [String], message: String) -> Response {

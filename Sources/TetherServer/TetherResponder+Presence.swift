@@ -104,8 +104,8 @@ extension TetherResponder {
             // Tether deviation (docs/compatibility.md): on an access-controlled keyset a leave
             // must come from a subscriber of those channels acting for itself, so nobody forges
             // leave events for other users.
-            try authorize(keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
-                          groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
+            try authorizeActing(as: uuid, keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
+                                groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
             state.presence.leave(subscribeKey: key, uuid: uuid, channels: channels, groups: groups)
             return Reply.json(.ok, #"{"status":200,"action":"leave","message":"OK","service":"Presence"}"#)
         case .getState:
@@ -118,15 +118,9 @@ extension TetherResponder {
             do { try NameRules.validateUserId(uuid) } catch {
                 return Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)")
             }
-            if keyset.secretKey != nil, wire.query["uuid"] != uuid,
-               state.access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: []) != .valid {
-                // Tether deviation: state is set by the uuid itself (or a signed server), never
-                // by another client.
-                return Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager",
-                                                                 message: "Forbidden: state can only be set by its own uuid"),
-                                  extraHeaders: [.pnCause: "9500"])
-            }
-            try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
+            // Tether deviation (docs/compatibility.md): state is set by its own uuid (or a
+            // signed server), never by another client.
+            try authorizeActing(as: uuid, keyset, wire, channels: channels, groups: groups, permission: .read)
             guard let text = wire.query["state"], !text.isEmpty else {
                 return Reply.json(.badRequest, #"{"status":400,"error":1,"message":"No state specified.","service":"Presence"}"#)
             }

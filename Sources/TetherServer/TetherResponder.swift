@@ -161,7 +161,11 @@ public struct TetherResponder: HTTPResponder {
         let subscribeKeyIndex: Int
         switch first {
         case "publish", "signal": (kind, subscribeKeyIndex) = (.publish, 2)
-        case "v2" where s.count > 1 && s[1] == "subscribe": return nil
+        case "v2" where s.count > 1 && s[1] == "subscribe":
+            // A long-poll that follows its cursor is never limited (one request per answer);
+            // a handshake (no `tt`, or 0) is, since each one can join its uuid to 200 channels.
+            guard (wire.query["tt"] ?? "0").allSatisfy({ $0 == "0" }) else { return nil }
+            (kind, subscribeKeyIndex) = (.request, 2)
         case "v2" where s.count > 1 && s[1] == "auth": (kind, subscribeKeyIndex) = (.request, 4)
         case "v3" where s.count > 1 && s[1] == "pam": (kind, subscribeKeyIndex) = (.request, 2)
         case "v1", "v2", "v3": (kind, subscribeKeyIndex) = (.request, 3)

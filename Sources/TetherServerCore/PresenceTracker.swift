@@ -219,12 +219,18 @@ public struct PresenceTracker: Sendable {
     private var intervalChannels: Set<ChannelKey> = []
     private var generation: UInt64 = 0
     private var memberTotal = 0
+    /// The most (uuid, channel) memberships held across every keyset: presence memory is
+    /// bounded by configuration, not by how many fresh uuids and channels clients invent.
+    public let maximumMemberships: Int
+    /// Joins not recorded because ``maximumMemberships`` was reached (for metrics and logs).
+    public private(set) var refusedJoins = 0
 
     /// Creates a tracker; keysets without an entry use `defaultConfiguration`.
     public init(defaultConfiguration: PresenceConfiguration = .init(),
-                configurationBySubscribeKey: [String: PresenceConfiguration] = [:]) {
+                configurationBySubscribeKey: [String: PresenceConfiguration] = [:], maximumMemberships: Int = 1_000_000) {
         self.defaultConfiguration = defaultConfiguration
         self.configurationBySubscribeKey = configurationBySubscribeKey
+        self.maximumMemberships = max(1, maximumMemberships)
     }
 
     /// The configuration of a keyset.
@@ -255,6 +261,12 @@ public struct PresenceTracker: Sendable {
             // In place: no copy of the channel's member dictionary.
             let pushed = channels[key]?.members[uuid]?.extend(to: deadline, generation: candidate)
             let isNew = pushed == nil
+            if isNew && memberTotal >= maximumMemberships {
+                // Full: the request is still served, but this uuid is not present here (no
+                // join event, not in here-now) until memberships time out or leave.
+                refusedJoins += 1
+                continue
+            }
             if isNew {
                 channels[key, default: Channel()].members[uuid] = Member(deadline: deadline, queuedAt: deadline, queuedGeneration: candidate)
                 memberTotal += 1

@@ -87,10 +87,17 @@ class TetherServer:
                "--log-level", self.log_level, *self.args]
         env = dict(os.environ)
         for k in ("TETHER_HOST", "TETHER_PORT", "TETHER_DATA_DIR", "TETHER_CONFIG", "TETHER_LOG_LEVEL",
-                  "TETHER_SUBSCRIBE_TIMEOUT"):
+                  "TETHER_SUBSCRIBE_TIMEOUT", "TETHER_RATE_LIMITS"):
             env.pop(k, None)
+        # Rate limits are on by default; tests publish in bulk from one address, so servers run
+        # without them unless a test asks: `--rate-limits on` in args, or
+        # env={"TETHER_RATE_LIMITS": ""} for the server's own default (test_limits_tls.py).
+        if "--rate-limits" not in self.args:
+            env["TETHER_RATE_LIMITS"] = "off"
         if self.env:
             env.update(self.env)
+        if env.get("TETHER_RATE_LIMITS") == "":
+            env.pop("TETHER_RATE_LIMITS")
         self._log_file = open(self.log_path, "ab")
         self._log_file.write(f"\n=== start #{self.starts + 1}: {' '.join(cmd)}\n".encode())
         self._log_file.flush()

@@ -284,12 +284,17 @@ def test_threaded_subscriber_with_auth_key(threaded, am):
     # Unsubscribe operation with exactly the denied channel, then unsubscribes everything.
     user.subscribe().channels([no]).execute()
     wait_until(lambda: c.has_category(ACCESS_DENIED), 10, what="AccessDenied status")
-    (denied,) = [s for s in c.statuses if s.category == ACCESS_DENIED]
-    assert (denied.status_code, denied.operation, denied.is_error()) == (
-        403, PNOperationType.PNUnsubscribeOperation, True)
-    assert status_body(denied) == forbidden_body([no])
     wait_until(lambda: user.get_subscribed_channels() == [] and user.get_subscribed_channel_groups() == [], 5,
                what="unsubscribed after the denial")
+    # The unsubscribe sends a leave for every channel, `no` included; Tether refuses a leave
+    # where the client has no read grant (docs/compatibility.md), so the SDK may report the
+    # same denial a second time, for the leave.
+    denied_all = [s for s in c.statuses if s.category == ACCESS_DENIED]
+    assert 1 <= len(denied_all) <= 2
+    for denied in denied_all:
+        assert (denied.status_code, denied.operation, denied.is_error()) == (
+            403, PNOperationType.PNUnsubscribeOperation, True)
+        assert status_body(denied) == forbidden_body([no])
 
 
 @pytest.mark.asyncio

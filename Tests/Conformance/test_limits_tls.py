@@ -49,7 +49,7 @@ TINY_KEYSET = {"name": "tiny", "publishKey": "pub-x", "subscribeKey": "sub-x",
 def lim(module_server_factory, tmp_path_factory):
     config = write_keysets_config(str(tmp_path_factory.mktemp("limits-config")),
                                   [LIMITED_KEYSET, THROTTLED_KEYSET, DEMO_KEYSET, TINY_KEYSET])
-    return module_server_factory.start(args=["--config", config, "--subscribe-timeout", "20"])
+    return module_server_factory.start(args=["--config", config, "--subscribe-timeout", "20", "--rate-limits", "on"])
 
 
 @pytest.fixture

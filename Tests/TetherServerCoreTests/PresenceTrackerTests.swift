@@ -19,6 +19,23 @@ import TetherServerCore
         #expect(tracker.occupants(subscribeKey: "k", channel: "a").map(\.uuid) == ["u1"])
     }
 
+    @Test func membershipsAreCappedByConfigurationNotByClients() {
+        var tracker = PresenceTracker(maximumMemberships: 3)
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a", "b"], timeout: timeout, now: .zero)
+        // Fresh uuids and channels beyond the cap are not recorded: no join, not present.
+        let crowd = tracker.heartbeat(subscribeKey: "k", uuid: "u2", channels: ["c", "d", "e"], timeout: timeout, now: .zero)
+        #expect(actions(crowd) == ["join:u2@c=1"])
+        #expect(tracker.membershipCount == 3)
+        #expect(tracker.refusedJoins == 2)
+        #expect(tracker.occupiedChannels(subscribeKey: "k").count == 3)
+        // Members already present keep heartbeating; room made by a leave is taken again.
+        #expect(tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .seconds(1)).isEmpty)
+        _ = tracker.leave(subscribeKey: "k", uuid: "u1", channels: ["b"], now: .seconds(2))
+        #expect(actions(tracker.heartbeat(subscribeKey: "k", uuid: "u3", channels: ["d"], timeout: timeout, now: .seconds(3)))
+                == ["join:u3@d=1"])
+        #expect(tracker.membershipCount == 3)
+    }
+
     @Test func timeoutFiresExactlyOnceAtTheDeadline() {
         var tracker = PresenceTracker()
         _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .zero)

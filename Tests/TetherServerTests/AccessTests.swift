@@ -21,9 +21,7 @@ import TetherServer
 
     private func signed(_ path: String, _ query: [String: String] = [:], method: String = "GET", body: String = "",
                         keyset: Keyset = AccessTests.keyset, timestamp: Int64? = nil) -> String {
-        let now = timestamp ?? Int64(Date().timeIntervalSince1970)
-        return path + "?" + AccessManager.signedQuery(method: method, publishKey: keyset.publishKey, path: path, query: query,
-                                                       body: body, secret: keyset.secretKey!, timestamp: now)
+        signedPath(path, query, method: method, body: body, keyset: keyset, timestamp: timestamp)
     }
 
     private func json(_ body: String) -> [String: Any] {

@@ -88,6 +88,14 @@ struct TestServer {
     }
 }
 
+/// `path` with a query signed by `keyset`'s secret key (a server-side admin request).
+func signedPath(_ path: String, _ query: [String: String] = [:], method: String = "GET", body: String = "",
+                keyset: Keyset, timestamp: Int64? = nil) -> String {
+    let now = timestamp ?? Int64(Date().timeIntervalSince1970)
+    return path + "?" + AccessManager.signedQuery(method: method, publishKey: keyset.publishKey, path: path, query: query,
+                                                   body: body, secret: keyset.secretKey!, timestamp: now)
+}
+
 struct TestFailure: Error, CustomStringConvertible {
     var description: String
     init(_ description: String) { self.description = description }

@@ -1,0 +1,82 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import TetherServer
+import TetherProtocol
+
+/// Rate limits on by default, per client and per address, and handshakes counted; driven with
+/// a manual clock, never with wall time.
+@Suite struct FairUseTests {
+    /// A clock the test moves by hand.
+    final class ManualClock: Sendable {
+        private let seconds = Mutex(0.0)
+        func advance(_ by: Double) { seconds.withLock { $0 += by } }
+        var now: Double { seconds.withLock { $0 } }
+    }
+
+    @Test func defaultLimitsApplyPerClientAndPerAddress() {
+        let clock = ManualClock()
+        let limits = RateLimits(clock: { clock.now })
+        let defaults = Limits()
+        #expect(defaults.publishRatePerSecond == 100 && defaults.publishBurst == 500)
+        // One uuid: the burst, then 429 with the time to the next token.
+        for _ in 0..<500 { #expect(limits.take(.publish, uuid: "a", address: "10.0.0.1", subscribeKey: "k", limits: defaults) == nil) }
+        let wait = limits.take(.publish, uuid: "a", address: "10.0.0.1", subscribeKey: "k", limits: defaults)
+        #expect(wait.map { abs($0 - 0.01) < 1e-9 } == true)
+        // Another uuid on the same address is not affected by the first one's bucket.
+        #expect(limits.take(.publish, uuid: "b", address: "10.0.0.1", subscribeKey: "k", limits: defaults) == nil)
+        // One second later the rate has refilled 100.
+        clock.advance(1)
+        for _ in 0..<100 { #expect(limits.take(.publish, uuid: "a", address: "10.0.0.1", subscribeKey: "k", limits: defaults) == nil) }
+        #expect(limits.take(.publish, uuid: "a", address: "10.0.0.1", subscribeKey: "k", limits: defaults) != nil)
+    }
+
+    @Test func rotatingUUIDsMeetTheAddressBucket() {
+        let clock = ManualClock()
+        let limits = RateLimits(clock: { clock.now })
+        var tight = Limits()
+        tight.requestRatePerAddress = 10
+        tight.requestBurstPerAddress = 20
+        var refused = 0
+        for i in 0..<30 where limits.take(.request, uuid: "fresh-\(i)", address: "10.0.0.9", subscribeKey: "k", limits: tight) != nil {
+            refused += 1
+        }
+        #expect(refused == 10)
+        // Other addresses are untouched; other keysets have their own buckets.
+        #expect(limits.take(.request, uuid: "fresh-0", address: "10.0.0.10", subscribeKey: "k", limits: tight) == nil)
+        #expect(limits.take(.request, uuid: "fresh-99", address: "10.0.0.9", subscribeKey: "other", limits: tight) == nil)
+    }
+
+    @Test func switchedOffMeansNoLimit() {
+        let limits = RateLimits(enabled: false)
+        for _ in 0..<2_000 { #expect(limits.take(.publish, uuid: "a", address: "x", subscribeKey: "k", limits: Limits()) == nil) }
+        #expect(limits.trackedBuckets == 0)
+    }
+
+    @Test func idleBucketsAreSwept() {
+        let clock = ManualClock()
+        let limits = RateLimits(clock: { clock.now })
+        for i in 0..<1_000 { _ = limits.take(.request, uuid: "u\(i)", address: "a\(i)", subscribeKey: "k", limits: Limits()) }
+        #expect(limits.trackedBuckets == 2_000)
+        clock.advance(60)
+        limits.sweep()
+        #expect(limits.trackedBuckets == 0)
+    }
+
+    /// Handshakes are requests (each may join a uuid to 200 channels); long-polls that follow
+    /// their cursor never are.
+    @Test func handshakesAreRateLimitedLongPollsAreNot() async throws {
+        var limits = Limits()
+        limits.requestRatePerAddress = 0.001
+        limits.requestBurstPerAddress = 3
+        let server = try await TestServer.start(file: .init(limits: limits, subscribeTimeoutSeconds: 1))
+        var statuses: [Int] = []
+        for i in 0..<4 { statuses.append(try await server.get("/v2/subscribe/demo/c\(i)/0?uuid=fresh-\(i)").status) }
+        #expect(statuses == [200, 200, 200, 429])
+        let cursor = server.server.state.hub.currentCursor
+        for i in 0..<5 {
+            #expect(try await server.get("/v2/subscribe/demo/c0/0?uuid=fresh-\(i)&tt=\(cursor.rawValue)").status == 200)
+        }
+        await server.stop()
+    }
+}
