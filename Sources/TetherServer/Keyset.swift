@@ -185,7 +185,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     /// every rate limit off, for load tests and trusted networks (`tether serve --rate-limits off`).
     public var rateLimiting: Bool?
     /// (uuid, channel) presence memberships the server holds across every keyset (default
-    /// 1,000,000, about 1.3 GiB at most). Beyond it new joins are not recorded — the request is
+    /// 250,000, about 330 MiB at most). Beyond it new joins are not recorded — the request is
     /// still served — until memberships time out or leave.
     public var maxPresenceMemberships: Int?
 

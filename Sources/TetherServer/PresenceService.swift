@@ -14,7 +14,7 @@ public final class PresenceService: Sendable {
 
     /// Creates the service.
     public init(hub: LongPollHub, clock: ServerClock, logger: Logger, configurationBySubscribeKey: [String: PresenceConfiguration],
-                maximumMemberships: Int = 1_000_000) {
+                maximumMemberships: Int = PresenceTracker.defaultMaximumMemberships) {
         self.tracker = Mutex(PresenceTracker(configurationBySubscribeKey: configurationBySubscribeKey,
                                              maximumMemberships: maximumMemberships))
         self.hub = hub

@@ -88,7 +88,7 @@ public struct TetherServer: Sendable {
             hub: hub, clock: clock, logger: logger,
             configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
                                                     uniquingKeysWith: { first, _ in first }),
-            maximumMemberships: configuration.file.maxPresenceMemberships ?? 1_000_000)
+            maximumMemberships: configuration.file.maxPresenceMemberships ?? PresenceTracker.defaultMaximumMemberships)
         let access = try AccessManager(store: store, logger: logger)
         state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access,
                             rateLimits: RateLimits(enabled: configuration.file.rateLimiting ?? true),

@@ -222,12 +222,14 @@ public struct PresenceTracker: Sendable {
     /// The most (uuid, channel) memberships held across every keyset: presence memory is
     /// bounded by configuration, not by how many fresh uuids and channels clients invent.
     public let maximumMemberships: Int
+    /// The default cap: 250,000 memberships, about 330 MiB at ~1.3 KiB each (docs/benchmarks.md).
+    public static let defaultMaximumMemberships = 250_000
     /// Joins not recorded because ``maximumMemberships`` was reached (for metrics and logs).
     public private(set) var refusedJoins = 0
 
     /// Creates a tracker; keysets without an entry use `defaultConfiguration`.
     public init(defaultConfiguration: PresenceConfiguration = .init(),
-                configurationBySubscribeKey: [String: PresenceConfiguration] = [:], maximumMemberships: Int = 1_000_000) {
+                configurationBySubscribeKey: [String: PresenceConfiguration] = [:], maximumMemberships: Int = PresenceTracker.defaultMaximumMemberships) {
         self.defaultConfiguration = defaultConfiguration
         self.configurationBySubscribeKey = configurationBySubscribeKey
         self.maximumMemberships = max(1, maximumMemberships)

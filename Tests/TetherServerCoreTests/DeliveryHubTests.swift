@@ -182,6 +182,74 @@ private func decodedTimetokens(_ page: [[UInt8]]) -> [String] {
         #expect(hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c"]), after: tts[1], now: now).windowGaps.isEmpty)
     }
 
+    // MARK: - Memory bounded by configuration
+
+    /// Commits one event of `payload` bytes on `channel`; returns its timetoken.
+    @discardableResult
+    private func put(_ hub: inout DeliveryHub, _ channel: String, stored: Bool, payload: Int = 1_000) -> Timetoken {
+        let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: channel), now: now)
+        _ = hub.commit(BufferedEvent(envelope: envelope(tt, channel, payload: "\"" + String(repeating: "x", count: payload) + "\""),
+                                     isStored: stored), now: now)
+        return tt
+    }
+
+    @Test func theWindowsStayWithinTheirMemoryBudget() {
+        let budget = 200_000
+        var hub = DeliveryHub(floor: .zero, now: now, configuration: .init(bufferCapacity: 100, memoryBudgetBytes: budget))
+        let start = hub.visibleThrough
+        var lastOnC0 = Timetoken.zero
+        for i in 0..<200 {
+            let channel = "c\(i % 20)"
+            let tt = put(&hub, channel, stored: i % 40 != 1 && i % 40 != 20)
+            if channel == "c0" { lastOnC0 = tt }
+            #expect(hub.bufferedBytes <= budget)
+        }
+        #expect(hub.bufferedBytes > budget / 2)
+        // A subscriber from the start: the stored messages evicted early come from the store, the
+        // non-stored ones are reported as a gap, and the newest are still served from memory.
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c0"]), after: start, now: now)
+        #expect(plan.storeRanges.first?.after == start)
+        #expect(plan.windowGaps.count == 1)
+        #expect(plan.bufferEvents.last?.event.timetoken == lastOnC0)
+    }
+
+    @Test func channelsWithAWindowAreCappedAndCatchUpStaysExact() {
+        var hub = DeliveryHub(floor: .zero, now: now, configuration: .init(bufferCapacity: 100, maxChannels: 10))
+        let start = hub.visibleThrough
+        let firstStored = put(&hub, "early-stored", stored: true)
+        let firstUnstored = put(&hub, "early-unstored", stored: false)
+        for i in 0..<50 {
+            put(&hub, "fresh-\(i)", stored: i % 2 == 0)
+            #expect(hub.bufferedChannelCount <= 10)
+        }
+        // The early windows were dropped; a subscriber behind them still finds everything.
+        let stored = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["early-stored"]), after: start, now: now)
+        #expect(stored.bufferEvents.isEmpty)
+        #expect(stored.storeRanges.count == 1)
+        #expect(stored.storeRanges.first.map { $0.after == start && $0.through >= firstStored } == true)
+        let unstored = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["early-unstored"]), after: start, now: now)
+        #expect(unstored.windowGaps.map(\.through) == [firstUnstored])
+        // Past the loss, nothing is reported.
+        #expect(hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["early-unstored"]), after: firstUnstored, now: now)
+            .windowGaps.isEmpty)
+    }
+
+    @Test func emptyWindowsAreDroppedAndTheWildcardIndexFollows() {
+        var hub = DeliveryHub(floor: .zero, now: now, configuration: .init(bufferCapacity: 100, bufferMaximumAgeSeconds: 60))
+        for i in 0..<5 { put(&hub, "a.old\(i)", stored: true) }
+        put(&hub, "b.other", stored: true)
+        #expect(hub.bufferedChannelCount == 6)
+        let later = Timetoken(now.rawValue + 61 * 10_000_000)
+        hub.sweep(now: later)
+        #expect(hub.bufferedChannelCount == 0)
+        let before = hub.visibleThrough
+        let tt = hub.reserve(ChannelKey(subscribeKey: "k", channel: "a.new"), now: later)
+        _ = hub.commit(BufferedEvent(envelope: envelope(tt, "a.new"), isStored: false), now: later)
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", names: ["a.*"]), after: before, now: later)
+        #expect(plan.bufferEvents.map(\.event.envelope.channel) == ["a.new"])
+        #expect(plan.bufferEvents.allSatisfy { $0.match == "a.*" })
+    }
+
     @Test func presenceChannelsAreNeverReadFromTheStore() {
         var hub = DeliveryHub(floor: .zero, now: now)
         let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c-pnpres"]), after: Timetoken(5), now: now)
