@@ -54,8 +54,14 @@ struct Serve: AsyncParsableCommand {
         """)
     var rateLimits: String?
 
+    @Option(help: "full (every acknowledged publish fsynced) or normal (fewer fsyncs; may lose the last commits on power loss). [env: TETHER_DURABILITY] (default: full)")
+    var durability: String?
+
     func validate() throws {
         if let rateLimits, Self.switchValue(rateLimits) == nil { throw ValidationError("--rate-limits must be on or off") }
+        if let durability, StoreOptions.Durability(rawValue: durability) == nil {
+            throw ValidationError("--durability must be full or normal")
+        }
         if let port, !(0...65535).contains(port) { throw ValidationError("--port must be between 0 and 65535") }
         if let logLevel, Logger.Level(rawValue: logLevel) == nil {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
@@ -82,6 +88,13 @@ struct Serve: AsyncParsableCommand {
         if let text = rateLimits ?? env["TETHER_RATE_LIMITS"] {
             guard let enabled = Self.switchValue(text) else { throw ValidationError("TETHER_RATE_LIMITS must be on or off") }
             file.rateLimiting = enabled
+        }
+        if let text = durability ?? env["TETHER_DURABILITY"] {
+            guard let value = StoreOptions.Durability(rawValue: text) else {
+                throw ValidationError("TETHER_DURABILITY must be full or normal")
+            }
+            file.store = file.store ?? .init()
+            file.store?.durability = value
         }
         var resolvedPort = port ?? 8090
         if port == nil, let text = env["TETHER_PORT"] {

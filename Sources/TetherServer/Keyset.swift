@@ -188,6 +188,39 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     /// 250,000, about 330 MiB at most). Beyond it new joins are not recorded — the request is
     /// still served — until memberships time out or leave.
     public var maxPresenceMemberships: Int?
+    /// How the store writes (durability, size cap, write timeout and queue bound).
+    public var store: Store?
+
+    /// Store settings; every key optional.
+    public struct Store: Sendable, Codable, Equatable {
+        /// `full` (default): every acknowledged publish is fsynced. `normal`: fewer fsyncs; the
+        /// last commits before a power loss may be lost (a process crash loses nothing).
+        public var durability: StoreOptions.Durability?
+        /// Size cap of the database file in bytes (default none). At the cap, publishes that
+        /// must be stored fail with 507 until retention or deletes free space.
+        public var maxBytes: Int?
+        /// Seconds a publish waits for its write before it is answered with an error (default 5).
+        public var writeTimeoutSeconds: Double?
+        /// Writes waiting for the writer at most (default 4096); beyond it 503 + Retry-After.
+        public var writeQueueLimit: Int?
+
+        /// Creates store settings.
+        public init(durability: StoreOptions.Durability? = nil, maxBytes: Int? = nil, writeTimeoutSeconds: Double? = nil,
+                    writeQueueLimit: Int? = nil) {
+            self.durability = durability
+            self.maxBytes = maxBytes
+            self.writeTimeoutSeconds = writeTimeoutSeconds
+            self.writeQueueLimit = writeQueueLimit
+        }
+
+        /// The store options these settings give.
+        public var options: StoreOptions {
+            let defaults = StoreOptions()
+            return StoreOptions(durability: durability ?? defaults.durability, maximumBytes: maxBytes,
+                                writeTimeout: writeTimeoutSeconds.map { .milliseconds(Int64($0 * 1000)) } ?? defaults.writeTimeout,
+                                writeQueueLimit: writeQueueLimit ?? defaults.writeQueueLimit)
+        }
+    }
 
     /// In-memory window settings.
     public struct Window: Sendable, Codable, Equatable {
@@ -220,7 +253,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window, rateLimiting, maxPresenceMemberships
+        case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window, rateLimiting, maxPresenceMemberships, store
     }
 
     /// Decodes a configuration; every key is optional (`keysets` defaults to none).
@@ -233,6 +266,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         window = try c.decodeIfPresent(Window.self, forKey: .window)
         rateLimiting = try c.decodeIfPresent(Bool.self, forKey: .rateLimiting)
         maxPresenceMemberships = try c.decodeIfPresent(Int.self, forKey: .maxPresenceMemberships)
+        store = try c.decodeIfPresent(Store.self, forKey: .store)
     }
 
     /// Reads and validates a configuration file, with errors that name the problem.
@@ -292,6 +326,15 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         }
         if let memberships = maxPresenceMemberships, !(100...100_000_000).contains(memberships) {
             throw ConfigurationError("maxPresenceMemberships must be between 100 and 100000000")
+        }
+        if let bytes = store?.maxBytes, !((1 << 20)...(1 << 50)).contains(bytes) {
+            throw ConfigurationError("store.maxBytes must be between 1048576 (1 MiB) and 1125899906842624 (1 PiB)")
+        }
+        if let timeout = store?.writeTimeoutSeconds, !(0.1...60).contains(timeout) {
+            throw ConfigurationError("store.writeTimeoutSeconds must be between 0.1 and 60")
+        }
+        if let limit = store?.writeQueueLimit, !(1...1_000_000).contains(limit) {
+            throw ConfigurationError("store.writeQueueLimit must be between 1 and 1000000")
         }
         if let timeout = subscribeTimeoutSeconds, !(1...300).contains(timeout) {
             throw ConfigurationError("subscribeTimeoutSeconds must be between 1 and 300 (clients give up at 310)")

@@ -76,42 +76,80 @@ public struct RetentionGap: Sendable, Hashable {
     public var through: Timetoken
 }
 
-/// Errors from the store.
-public struct StoreError: Error, CustomStringConvertible {
-    /// What went wrong.
-    public var description: String
-}
-
 /// The embedded durable store: one SQLite file in WAL mode through GRDB.
 ///
-/// Writes go through a group-commit queue: concurrent publishes are written in one transaction
-/// and each is acknowledged only after that transaction is durable (`synchronous=FULL`). Reads
-/// run concurrently on WAL readers.
+/// Writes go through a bounded group-commit queue: concurrent publishes are written in one
+/// transaction and each is acknowledged only after that transaction is durable
+/// (`synchronous=FULL` unless ``StoreOptions/durability`` says `normal`). A write that waits
+/// longer than ``StoreOptions/writeTimeout`` is answered with an error (see ``StoreWriteQueue``
+/// for what is then certain). Reads run concurrently on WAL readers.
 public final class MessageStore: Sendable {
+    private typealias Waiter = CheckedContinuation<Void, any Error>
+    private struct Observation {
+        var condition: StoreCondition
+        var at: ContinuousClock.Instant
+        /// When the health probe in flight started, if one is.
+        var probing: ContinuousClock.Instant?
+    }
+
     private let pool: DatabasePool
+    /// A second connection, used only by the health probe (so a probe never queues behind a
+    /// stalled writer: it waits at most a second for SQLite's write lock).
+    private let probeQueue: DatabaseQueue
     private let logger: Logger
-    private let queue = Mutex<[(StoredMessage, CheckedContinuation<Void, any Error>)]>([])
+    private let queue: Mutex<StoreWriteQueue<CheckedContinuation<Void, any Error>>>
+    private let observation = Mutex(Observation(condition: .writable, at: .now, probing: nil))
     private let doorbell: AsyncStream<Void>
     private let doorbellContinuation: AsyncStream<Void>.Continuation
     private let metrics: ServerMetrics
 
     /// The SQLite file path.
     public let path: String
+    /// How the store writes.
+    public let options: StoreOptions
 
     /// Opens (creating if needed) the store in `directory`.
-    public init(directory: String, logger: Logger, metrics: ServerMetrics) throws {
+    public init(directory: String, options: StoreOptions = .init(), logger: Logger, metrics: ServerMetrics) throws {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         self.path = (directory as NSString).appendingPathComponent("tether.sqlite")
+        self.options = options
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
-        configuration.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = FULL")
-        }
-        self.pool = try DatabasePool(path: path, configuration: configuration)
+        let pool = try DatabasePool(path: path, configuration: configuration)
+        // Not in `prepareDatabase`: GRDB's WAL setup runs after it and sets the writer to
+        // `synchronous = NORMAL`. The writer connection lives as long as the pool, so setting
+        // it once here holds.
+        let synchronous = options.durability == .full ? "FULL" : "NORMAL"
+        try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA synchronous = \(synchronous)") }
+        self.pool = pool
+        var probeConfiguration = Configuration()
+        probeConfiguration.busyMode = .timeout(1)
+        probeConfiguration.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = \(synchronous)") }
+        self.probeQueue = try DatabaseQueue(path: path, configuration: probeConfiguration)
         self.logger = logger
         self.metrics = metrics
+        self.queue = Mutex(StoreWriteQueue(limit: options.writeQueueLimit))
         (doorbell, doorbellContinuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         try migrator.migrate(pool)
+        if let maximumBytes = options.maximumBytes { try setMaximumSize(maximumBytes) }
+    }
+
+    /// The writer connection's `PRAGMA synchronous`: 2 (FULL) or 1 (NORMAL).
+    public func writerSynchronousSetting() throws -> Int {
+        try pool.writeWithoutTransaction { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1 }
+    }
+
+    /// Caps the database file at `bytes` (whole pages, `PRAGMA max_page_count`), or lifts the
+    /// cap (`nil`). A cap below the file's current size holds it at its current size.
+    public func setMaximumSize(_ bytes: Int?) throws {
+        func apply(_ db: Database) throws {
+            let pageSize = try Int.fetchOne(db, sql: "PRAGMA page_size") ?? 4096
+            // Without a cap: SQLite's default limit (1,073,741,823 pages before 3.45).
+            let pages = bytes.map { max(1, $0 / pageSize) } ?? 1_073_741_823
+            try db.execute(sql: "PRAGMA max_page_count = \(pages)")
+        }
+        try pool.writeWithoutTransaction(apply)
+        try probeQueue.writeWithoutTransaction(apply)
     }
 
     private var migrator: DatabaseMigrator {
@@ -285,10 +323,44 @@ public final class MessageStore: Sendable {
     }
 
     /// Appends a message and returns once it is durable.
+    ///
+    /// - Throws: ``StoreError`` with code `queueFull` (nothing queued), `timedOut` (withdrawn
+    ///   before it started: not stored), `outcomeUnknown` (its transaction was running at the
+    ///   deadline), or the classified failure of its transaction (`full`, `busy`, ...).
     public func append(_ message: StoredMessage) async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            queue.withLock { $0.append((message, continuation)) }
-            doorbellContinuation.yield()
+        let id = queue.withLock { $0.makeID() }
+        let timeout = options.writeTimeout
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                self.expire(id)
+            }
+            defer { group.cancelAll() }
+            try await withCheckedThrowingContinuation { (continuation: Waiter) in
+                let accepted = queue.withLock { $0.enqueue(id: id, message, waiter: continuation) }
+                if accepted {
+                    doorbellContinuation.yield()
+                } else {
+                    continuation.resume(throwing: StoreError(.queueFull, "store write queue is full"))
+                }
+            }
+        }
+    }
+
+    /// The deadline of write `id` passed: answers its publisher unless it was already answered.
+    private func expire(_ id: UInt64) {
+        let expiry = queue.withLock { $0.expire(id) }
+        switch expiry {
+        case .withdrawn(let waiter):
+            observe(.stalled)
+            logger.warning("store write timed out before it started; withdrawn")
+            waiter.resume(throwing: StoreError(.timedOut, "store write timed out; not stored"))
+        case .outcomeUnknown(let waiter):
+            observe(.stalled)
+            logger.warning("store write timed out while committing; outcome unknown")
+            waiter.resume(throwing: StoreError(.outcomeUnknown, "store write timed out; outcome unknown"))
+        case .alreadyDone:
+            break
         }
     }
 
@@ -296,22 +368,23 @@ public final class MessageStore: Sendable {
     public func runWriter() async {
         for await _ in doorbell {
             while true {
-                let batch = queue.withLock { pending -> [(StoredMessage, CheckedContinuation<Void, any Error>)] in
-                    let taken = pending
-                    pending.removeAll(keepingCapacity: true)
-                    return taken
-                }
+                let batch = queue.withLock { $0.takeBatch() }
                 if batch.isEmpty { break }
+                let ids = batch.map(\.id)
                 let started = ContinuousClock.now
+                let outcome: Result<Int, StoreError>
                 do {
-                    let messages = batch.map(\.0)
-                    try await pool.write { db in
+                    outcome = .success(try await pool.write { db in
+                        // Claimed inside the transaction: a write withdrawn while the writer
+                        // waited for the lock is never inserted.
+                        let claimed = self.queue.withLock { $0.claim(ids) }
+                        if claimed.isEmpty { return 0 }
                         let statement = try db.cachedStatement(sql: """
                             INSERT INTO message (sub_key, channel, timetoken, kind, publisher, payload, meta, custom_type, seqn, expires_at)
                             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                             """)
                         var highest: Int64 = 0
-                        for m in messages {
+                        for (id, m) in batch where claimed.contains(id) {
                             let tt = m.timetoken.storageValue
                             highest = max(highest, tt)
                             try statement.execute(arguments: [
@@ -323,15 +396,73 @@ public final class MessageStore: Sendable {
                             INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
                             ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
                             """, arguments: [highest])
-                    }
-                    metrics.recordStoreWrite(duration: ContinuousClock.now - started, batchSize: batch.count)
-                    for (_, continuation) in batch { continuation.resume() }
+                        return claimed.count
+                    })
                 } catch {
-                    logger.error("store write failed", metadata: ["error": "\(error)", "batch": "\(batch.count)"])
-                    for (_, continuation) in batch { continuation.resume(throwing: error) }
+                    outcome = .failure(StoreError.classify(error))
+                }
+                let completion = queue.withLock { $0.finish(ids) }
+                switch outcome {
+                case .success(let written):
+                    if written > 0 {
+                        metrics.recordStoreWrite(duration: ContinuousClock.now - started, batchSize: written)
+                        observe(.writable)
+                    }
+                    if completion.late > 0 {
+                        logger.warning("stored messages whose publishers were answered 'outcome unknown'",
+                                       metadata: ["count": "\(completion.late)"])
+                    }
+                    for waiter in completion.waiters { waiter.resume() }
+                case .failure(let error):
+                    observe(StoreCondition(error))
+                    logger.error("store write failed", metadata: [
+                        "error": "\(error)", "code": "\(error.code)", "batch": "\(batch.count)", "late": "\(completion.late)",
+                    ])
+                    for waiter in completion.waiters { waiter.resume(throwing: error) }
                 }
             }
         }
+    }
+
+    /// Records what a write or probe found (for ``condition()``).
+    private func observe(_ condition: StoreCondition) {
+        let now = ContinuousClock.now
+        observation.withLock {
+            $0.condition = condition
+            $0.at = now
+        }
+    }
+
+    /// Whether the store can write, cheaply: the last write's outcome when under a second old,
+    /// otherwise a tiny write probe (two pages inserted and deleted in one transaction on a
+    /// separate connection). A probe that waits over a second for the write lock reports
+    /// `stalled`; only one probe runs at a time.
+    public func condition() async -> StoreCondition {
+        let now = ContinuousClock.now
+        let cached: StoreCondition? = observation.withLock { o in
+            if now - o.at < .seconds(1) { return o.condition }
+            if let since = o.probing { return now - since > .seconds(1) ? .stalled : o.condition }
+            o.probing = now
+            return nil
+        }
+        if let cached { return cached }
+        let result: StoreCondition
+        do {
+            try await probeQueue.write { db in
+                try db.execute(sql: "INSERT OR REPLACE INTO server_state (key, value) VALUES ('health_probe', zeroblob(8192))")
+                try db.execute(sql: "DELETE FROM server_state WHERE key = 'health_probe'")
+            }
+            result = .writable
+        } catch {
+            result = StoreCondition(StoreError.classify(error))
+        }
+        let finished = ContinuousClock.now
+        observation.withLock { o in
+            o.probing = nil
+            o.condition = result
+            o.at = finished
+        }
+        return result
     }
 
     /// Stops the writer after it has written everything queued.
@@ -343,6 +474,7 @@ public final class MessageStore: Sendable {
             try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)")
         }
         try pool.close()
+        try probeQueue.close()
     }
 
     /// Reads stored messages for a subscribe catch-up range, oldest first, at most `limit`.
@@ -402,19 +534,45 @@ public final class MessageStore: Sendable {
     }
 
     /// Removes messages whose retention has ended and records how far each channel was pruned.
+    ///
+    /// Deletes at most `batchSize` messages per transaction, oldest expiry first, and yields
+    /// between transactions, so publishes queued meanwhile are written between batches rather
+    /// than after the whole prune. `afterBatch` receives the running total after each batch.
     /// - Returns: the number of messages removed.
     @discardableResult
-    public func pruneExpired(now: Timetoken) async throws -> Int {
-        try await pool.write { db in
-            let nowValue = now.storageValue
-            try db.execute(sql: """
-                INSERT INTO retention_floor (sub_key, channel, pruned_through)
-                SELECT sub_key, channel, MAX(timetoken) FROM message
-                WHERE expires_at IS NOT NULL AND expires_at <= ? GROUP BY sub_key, channel
-                ON CONFLICT(sub_key, channel) DO UPDATE SET pruned_through = max(pruned_through, excluded.pruned_through)
-                """, arguments: [nowValue])
-            try db.execute(sql: "DELETE FROM message WHERE expires_at IS NOT NULL AND expires_at <= ?", arguments: [nowValue])
-            return db.changesCount
+    public func pruneExpired(
+        now: Timetoken, batchSize: Int = 1000, afterBatch: (@Sendable (Int) async -> Void)? = nil
+    ) async throws -> Int {
+        struct ChannelKey: Hashable { var subscribeKey: String, channel: String }
+        let nowValue = now.storageValue
+        var total = 0
+        while true {
+            let removed = try await pool.write { db -> Int in
+                let rows = try Row.fetchAll(db, sql: """
+                    SELECT sub_key, channel, timetoken FROM message
+                    WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at LIMIT ?
+                    """, arguments: [nowValue, batchSize])
+                let delete = try db.cachedStatement(sql: "DELETE FROM message WHERE sub_key = ? AND channel = ? AND timetoken = ?")
+                var floors: [ChannelKey: Int64] = [:]
+                for row in rows {
+                    let key = ChannelKey(subscribeKey: row["sub_key"], channel: row["channel"])
+                    let timetoken: Int64 = row["timetoken"]
+                    floors[key] = max(floors[key] ?? timetoken, timetoken)
+                    try delete.execute(arguments: [key.subscribeKey, key.channel, timetoken])
+                }
+                let floor = try db.cachedStatement(sql: """
+                    INSERT INTO retention_floor (sub_key, channel, pruned_through) VALUES (?, ?, ?)
+                    ON CONFLICT(sub_key, channel) DO UPDATE SET pruned_through = max(pruned_through, excluded.pruned_through)
+                    """)
+                for (key, through) in floors {
+                    try floor.execute(arguments: [key.subscribeKey, key.channel, through])
+                }
+                return rows.count
+            }
+            total += removed
+            if removed < batchSize { return total }
+            await afterBatch?(total)
+            await Task.yield()
         }
     }
 
@@ -500,7 +658,7 @@ public final class MessageStore: Sendable {
         }
     }
 
-    /// Number of stored messages (for health and tests).
+    /// Number of stored messages (a full scan: for tests and tools, not for health).
     public func messageCount() async throws -> Int {
         try await pool.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM message") ?? 0 }
     }

@@ -115,6 +115,14 @@ public struct TetherResponder: HTTPResponder {
                 return ("subscribe", Self.forbidden(channels: channels, groups: groups, message: message))
             }
             return ("subscribe", Self.forbidden(channels: [], groups: [], message: "Forbidden"))
+        } catch let error where StoreError.storageFailure(error) != nil {
+            // Store writes outside publish (groups, grants, deletes): a status that says what
+            // happened, in the service error body.
+            let storeError = StoreError.storageFailure(error) ?? StoreError.classify(error)
+            state.logger.error("store failure", metadata: ["error": "\(storeError)", "code": "\(storeError.code)"])
+            let (status, text, retryAfter) = Self.storeFailure(storeError)
+            return ("store-failed", Reply.json(status, ErrorBody.service(status: status.code, service: "Tether", message: text),
+                                               extraHeaders: Self.retryAfterHeader(retryAfter)))
         } catch is CancellationError {
             // The client went away (an abandoned long-poll): nothing is written. 499 as nginx names it.
             return ("client-closed", Reply.error(.init(code: 499, reasonPhrase: "Client Closed Request"), service: "Tether", "Client closed request"))
@@ -122,6 +130,33 @@ public struct TetherResponder: HTTPResponder {
             state.logger.error("internal error", metadata: ["error": "\(error)"])
             return ("error", Reply.error(.internalServerError, service: "Tether", "Internal Server Error"))
         }
+    }
+
+    /// How a failed store write is answered (docs/operations.md, "Storage and durability"):
+    /// status, the text of PubNub's error body, and `Retry-After` seconds when retrying is safe.
+    static func storeFailure(_ error: StoreError) -> (HTTPResponse.Status, String, Int?) {
+        switch error.code {
+        case .full:
+            return (.init(code: 507, reasonPhrase: "Insufficient Storage"), "Insufficient Storage: the message store is full", 30)
+        case .queueFull:
+            return (.serviceUnavailable, "Service Unavailable: the store's write queue is full", 1)
+        case .busy:
+            return (.serviceUnavailable, "Service Unavailable: the store is busy", 1)
+        case .timedOut:
+            return (.serviceUnavailable, "Service Unavailable: the store write timed out; the message was not stored", 1)
+        case .outcomeUnknown:
+            return (.gatewayTimeout, "Gateway Timeout: the store write timed out while committing; the message may be stored", nil)
+        case .readonly:
+            return (.serviceUnavailable, "Service Unavailable: the message store is read-only", 30)
+        default:
+            return (.internalServerError, "Internal Server Error: the store write failed", nil)
+        }
+    }
+
+    /// `Retry-After: <seconds>`, or no header.
+    static func retryAfterHeader(_ seconds: Int?) -> HTTPFields {
+        guard let seconds else { return [:] }
+        return [.retryAfter: String(seconds)]
     }
 
     /// The 400 for a malformed or out-of-range parameter, in the body of the route's family
@@ -316,14 +351,24 @@ public struct TetherResponder: HTTPResponder {
 
         let retentionHours = ttlHours.flatMap { $0 > 0 ? $0 : nil } ?? keyset.historyRetentionHours
         let subscribeKey = keyset.subscribeKey
-        let timetoken = try await state.hub.publish({ tt in
-            SubscribeEnvelope(timetoken: tt, subscribeKey: subscribeKey, channel: channel, payload: payload, publisher: publisher,
-                              meta: meta, kind: kind, customMessageType: customType, sequence: sequence)
-        }, store: store ? { tt in
-            StoredMessage(subscribeKey: subscribeKey, channel: channel, timetoken: tt, kind: .message, publisher: publisher,
-                          payload: payload, meta: meta, customMessageType: customType, sequence: sequence,
-                          expiresAt: retentionHours > 0 ? tt.adding(seconds: retentionHours * 3600) : nil)
-        } : nil)
+        let timetoken: Timetoken
+        do {
+            timetoken = try await state.hub.publish({ tt in
+                SubscribeEnvelope(timetoken: tt, subscribeKey: subscribeKey, channel: channel, payload: payload, publisher: publisher,
+                                  meta: meta, kind: kind, customMessageType: customType, sequence: sequence)
+            }, store: store ? { tt in
+                StoredMessage(subscribeKey: subscribeKey, channel: channel, timetoken: tt, kind: .message, publisher: publisher,
+                              payload: payload, meta: meta, customMessageType: customType, sequence: sequence,
+                              expiresAt: retentionHours > 0 ? tt.adding(seconds: retentionHours * 3600) : nil)
+            } : nil)
+        } catch let error as StoreError {
+            // The reservation was abandoned: nothing was delivered, and (unless the outcome is
+            // unknown) nothing stored.
+            state.metrics.recordPublish(kind: "store-failed")
+            let (status, text, retryAfter) = Self.storeFailure(error)
+            return Reply.json(status, ErrorBody.publish(text, timetoken: state.hub.currentCursor),
+                              extraHeaders: Self.retryAfterHeader(retryAfter))
+        }
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : "message")
         return Reply.json(.ok, "[1,\"Sent\",\"\(timetoken.rawValue)\"]")
     }
@@ -598,13 +643,15 @@ public struct TetherResponder: HTTPResponder {
     // MARK: - Operations
 
     private func health() async -> Response {
-        let storeOK = (try? await state.store.messageCount()) != nil
+        // Cheap: the last write's outcome, or a tiny probe at most once a second (never a scan).
+        let condition = await state.store.condition()
+        let healthy = condition == .writable
         let uptime = ContinuousClock.now - state.startedAt
         var w = JSONWriter()
         w.raw("{\"status\":")
-        w.string(storeOK ? "ok" : "degraded")
+        w.string(healthy ? "ok" : "degraded")
         w.raw(",\"store\":")
-        w.string(storeOK ? "ok" : "unavailable")
+        w.string(condition.rawValue)
         w.raw(",\"uptime_seconds\":")
         w.number(uptime.components.seconds)
         w.raw(",\"waiting_long_polls\":")
@@ -612,7 +659,7 @@ public struct TetherResponder: HTTPResponder {
         w.raw(",\"timetoken\":")
         w.timetokenString(state.hub.currentCursor)
         w.raw("}")
-        return Reply.json(storeOK ? .ok : .serviceUnavailable, w.bytes)
+        return Reply.json(healthy ? .ok : .serviceUnavailable, w.bytes)
     }
 
     private func metrics() -> Response {

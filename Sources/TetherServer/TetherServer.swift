@@ -68,7 +68,8 @@ public struct TetherServer: Sendable {
         } else {
             metrics = ServerMetrics()
         }
-        let store = try MessageStore(directory: configuration.dataDirectory, logger: logger, metrics: metrics)
+        let store = try MessageStore(directory: configuration.dataDirectory, options: configuration.file.store?.options ?? .init(),
+                                     logger: logger, metrics: metrics)
         let defaults = DeliveryHubConfiguration()
         let window = DeliveryHubConfiguration(
             bufferCapacity: configuration.file.window?.capacity ?? defaults.bufferCapacity,

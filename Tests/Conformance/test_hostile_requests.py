@@ -348,7 +348,7 @@ def test_every_endpoint_answers_javascript_json(origin):
         assert r.headers.get("cache-control") == "no-cache", (target, r.headers)
         assert r.headers.get("access-control-allow-origin") == "*", (target, r.headers)
     health = get(origin, "/health").json()
-    assert health["status"] == "ok" and health["store"] == "ok"
+    assert health["status"] == "ok" and health["store"] == "writable"
     assert isinstance(health["uptime_seconds"], int) and isinstance(health["waiting_long_polls"], int)
     assert int(health["timetoken"]) >= tt
     # /metrics is Prometheus text, not JSON.
@@ -662,4 +662,4 @@ def test_zz_store_intact(origin, baseline):
     assert fetch_all(origin, "ch") == []
     assert message_count(origin, "ch") == 0
     health = get(origin, "/health").json()
-    assert health["status"] == "ok" and health["store"] == "ok"
+    assert health["status"] == "ok" and health["store"] == "writable"

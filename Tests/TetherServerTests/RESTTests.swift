@@ -114,6 +114,7 @@ import TetherServer
         #expect(later[0].uint64Value > time[0].uint64Value + 100_000)
         let health = try json(try await server.get("/health").body) as! [String: Any]
         #expect(health["status"] as? String == "ok")
+        #expect(health["store"] as? String == "writable")
         await server.stop()
     }
 

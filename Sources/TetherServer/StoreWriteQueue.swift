@@ -1,0 +1,117 @@
+/// The store's bounded write queue: which publishes wait to be written, which the writer has
+/// taken, and which it has claimed inside a transaction. Pure: the shell (``MessageStore``)
+/// holds it under a lock, and resumes the waiters it returns after releasing the lock.
+///
+/// A write moves through three phases:
+///
+/// - **queued**: waiting for the writer. Can transition to: taken, withdrawn.
+/// - **taken**: in the writer's next batch, the writer waiting for SQLite's write lock.
+///   Can transition to: claimed, withdrawn, failed.
+/// - **claimed**: being inserted; its transaction may commit. Can transition to: done, failed,
+///   outcome unknown.
+///
+/// A publisher whose deadline passes *withdraws* a queued or taken write: the writer will never
+/// insert it, so "not stored" is certain. Once claimed, the transaction can no longer be
+/// stopped from committing, so the publisher is told the outcome is unknown and the eventual
+/// result is only logged.
+struct StoreWriteQueue<Waiter> {
+    /// One write request.
+    struct Entry {
+        var id: UInt64
+        var message: StoredMessage
+        var waiter: Waiter
+    }
+
+    /// What a passed deadline did to a write.
+    enum Expiry {
+        /// It had not started: it will never be written. Resume the waiter with "not stored".
+        case withdrawn(Waiter)
+        /// Its transaction was running: it may or may not commit. Resume the waiter with
+        /// "outcome unknown".
+        case outcomeUnknown(Waiter)
+        /// It was already answered.
+        case alreadyDone
+    }
+
+    /// The writes a finished transaction answers.
+    struct Completion {
+        /// Waiters to resume with the transaction's outcome.
+        var waiters: [Waiter]
+        /// Writes whose publisher was already told "outcome unknown" (their result is logged).
+        var late: Int
+    }
+
+    /// Queued writes at most; beyond it ``enqueue(_:waiter:)`` refuses.
+    let limit: Int
+    private var nextID: UInt64 = 0
+    private var queued: [Entry] = []
+    private var taken: [UInt64: Waiter] = [:]
+    private var claimed: [UInt64: Waiter] = [:]
+    /// Claimed writes whose waiter was already answered "outcome unknown".
+    private var orphaned: Set<UInt64> = []
+
+    init(limit: Int) { self.limit = limit }
+
+    /// Writes waiting for the writer.
+    var queuedCount: Int { queued.count }
+
+    /// A fresh write id (taken before queueing, so the publisher's deadline can name it).
+    mutating func makeID() -> UInt64 {
+        nextID += 1
+        return nextID
+    }
+
+    /// Queues write `id`. Returns `false` when the queue is full.
+    mutating func enqueue(id: UInt64, _ message: StoredMessage, waiter: Waiter) -> Bool {
+        guard queued.count < limit else { return false }
+        queued.append(Entry(id: id, message: message, waiter: waiter))
+        return true
+    }
+
+    /// Takes every queued write as the writer's next batch.
+    mutating func takeBatch() -> [(id: UInt64, message: StoredMessage)] {
+        let batch = queued
+        queued.removeAll(keepingCapacity: true)
+        for entry in batch { taken[entry.id] = entry.waiter }
+        return batch.map { ($0.id, $0.message) }
+    }
+
+    /// Called inside the writer's transaction: claims the batch's writes that were not
+    /// withdrawn meanwhile. Returns the ids to insert.
+    mutating func claim(_ ids: [UInt64]) -> Set<UInt64> {
+        var result = Set<UInt64>()
+        for id in ids {
+            if let waiter = taken.removeValue(forKey: id) {
+                claimed[id] = waiter
+                result.insert(id)
+            }
+        }
+        return result
+    }
+
+    /// The deadline of write `id` passed.
+    mutating func expire(_ id: UInt64) -> Expiry {
+        if let index = queued.firstIndex(where: { $0.id == id }) {
+            return .withdrawn(queued.remove(at: index).waiter)
+        }
+        if let waiter = taken.removeValue(forKey: id) { return .withdrawn(waiter) }
+        if let waiter = claimed.removeValue(forKey: id) {
+            orphaned.insert(id)
+            return .outcomeUnknown(waiter)
+        }
+        return .alreadyDone
+    }
+
+    /// The transaction of batch `ids` ended (committed, or failed before or after claiming).
+    mutating func finish(_ ids: [UInt64]) -> Completion {
+        var completion = Completion(waiters: [], late: 0)
+        for id in ids {
+            if let waiter = claimed.removeValue(forKey: id) ?? taken.removeValue(forKey: id) {
+                completion.waiters.append(waiter)
+            } else if orphaned.remove(id) != nil {
+                completion.late += 1
+            }
+        }
+        return completion
+    }
+}

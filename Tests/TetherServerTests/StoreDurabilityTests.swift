@@ -1,0 +1,243 @@
+import Foundation
+import GRDB
+import Logging
+import NIOCore
+import NIOHTTP1
+import Synchronization
+import Testing
+import TetherProtocol
+@testable import TetherServer
+
+/// The store keeps its promise: durability as documented, clear failures, bounded waits, and
+/// realtime traffic that needs no storage unaffected by a store in trouble.
+@Suite(.serialized) struct StoreDurabilityTests {
+    private static func temporaryDirectory() -> String {
+        FileManager.default.temporaryDirectory.appendingPathComponent("tether-store-\(UUID().uuidString)").path
+    }
+
+    private static var quietLogger: Logger {
+        var logger = Logger(label: "store-test")
+        logger.logLevel = .critical
+        return logger
+    }
+
+    // MARK: - Durability setting
+
+    @Test func theWriterIsFullySynchronousByDefault() throws {
+        // GRDB's WAL setup resets the writer to NORMAL after `prepareDatabase`: read it back.
+        let store = try MessageStore(directory: Self.temporaryDirectory(), logger: Self.quietLogger, metrics: ServerMetrics())
+        #expect(try store.writerSynchronousSetting() == 2)
+        try store.close()
+        let normal = try MessageStore(directory: Self.temporaryDirectory(), options: .init(durability: .normal),
+                                      logger: Self.quietLogger, metrics: ServerMetrics())
+        #expect(try normal.writerSynchronousSetting() == 1)
+        try normal.close()
+    }
+
+    @Test func storeSettingsDecodeAndValidate() throws {
+        let file = try JSONDecoder().decode(ConfigurationFile.self, from: Data("""
+            {"store": {"durability": "normal", "maxBytes": 10485760, "writeTimeoutSeconds": 2.5, "writeQueueLimit": 100}}
+            """.utf8))
+        try file.validate()
+        let options = try #require(file.store).options
+        #expect(options == StoreOptions(durability: .normal, maximumBytes: 10_485_760, writeTimeout: .milliseconds(2500),
+                                        writeQueueLimit: 100))
+        #expect(ConfigurationFile().store?.options ?? StoreOptions() == StoreOptions(durability: .full, maximumBytes: nil))
+        var bad = ConfigurationFile()
+        bad.store = .init(writeQueueLimit: 0)
+        #expect(throws: ConfigurationError.self) { try bad.validate() }
+        bad.store = .init(maxBytes: 1000)
+        #expect(throws: ConfigurationError.self) { try bad.validate() }
+    }
+
+    // MARK: - The write queue (pure)
+
+    @Test func theWriteQueueIsBoundedAndAnswersEveryWriteOnce() {
+        var queue = StoreWriteQueue<String>(limit: 2)
+        let message = StoredMessage(subscribeKey: "k", channel: "c", timetoken: Timetoken(1), publisher: nil, payload: "1",
+                                    meta: nil, customMessageType: nil, sequence: nil, expiresAt: nil)
+        let a = queue.makeID(), b = queue.makeID(), c = queue.makeID()
+        let accepted = [queue.enqueue(id: a, message, waiter: "a"), queue.enqueue(id: b, message, waiter: "b"),
+                        queue.enqueue(id: c, message, waiter: "c")]
+        #expect(accepted == [true, true, false])  // full: `c` refused, nothing queued
+        let batch = queue.takeBatch().map(\.id)
+        #expect(batch == [a, b])
+        #expect(queue.queuedCount == 0)
+        // `a` times out while the writer waits for the lock: withdrawn, and never claimed.
+        guard case .withdrawn("a") = queue.expire(a) else { Issue.record("a not withdrawn"); return }
+        let claimed = queue.claim([a, b])
+        #expect(claimed == [b])
+        // `b` times out inside its transaction: its outcome is unknown, and reported late.
+        guard case .outcomeUnknown("b") = queue.expire(b) else { Issue.record("b not unknown"); return }
+        let completion = queue.finish([a, b])
+        #expect(completion.waiters.isEmpty)
+        #expect(completion.late == 1)
+        guard case .alreadyDone = queue.expire(b) else { Issue.record("b answered twice"); return }
+        // A queued write that times out leaves the queue.
+        let d = queue.makeID()
+        let queuedD = queue.enqueue(id: d, message, waiter: "d")
+        #expect(queuedD)
+        guard case .withdrawn("d") = queue.expire(d) else { Issue.record("d not withdrawn"); return }
+        let empty = queue.takeBatch()
+        #expect(empty.isEmpty)
+        // A write that commits is answered by `finish`, once.
+        let e = queue.makeID()
+        let queuedE = queue.enqueue(id: e, message, waiter: "e")
+        #expect(queuedE)
+        _ = queue.takeBatch()
+        let claimedE = queue.claim([e])
+        #expect(claimedE == [e])
+        let done = queue.finish([e])
+        #expect(done.waiters == ["e"])
+        guard case .alreadyDone = queue.expire(e) else { Issue.record("e answered twice"); return }
+    }
+
+    // MARK: - Disk full
+
+    @Test func aFullStoreFailsStoredPublishesClearlyWhileRealtimeFlowsAndRecovers() async throws {
+        let server = try await TestServer.start()
+        let store = server.server.state.store
+        let big = "\"" + String(repeating: "x", count: 20_000) + "\""
+        try await server.publish("full", big)  // the store works
+        // Cap the file at its current size (SQLite's max_page_count): no new page fits.
+        try store.setMaximumSize(1)
+        let cursor = try await server.handshake("full,other,room-pnpres")
+
+        let refused = try await server.get("/publish/demo/demo/0/full/0/\(PercentCoding.encode(big))?uuid=tester")
+        #expect(refused.status == 507)
+        let body = try #require(try JSONSerialization.jsonObject(with: Data(refused.body.utf8)) as? [Any])
+        #expect(body.count == 3 && body[0] as? Int == 0)
+        #expect((body[1] as? String)?.contains("full") == true)
+        #expect(refused.headers.first(name: "Retry-After") != nil)
+
+        // Realtime that needs no storage keeps flowing: a signal, a store=0 publish, presence.
+        #expect(try await server.get("/signal/demo/demo/0/other/0/%22sig%22?uuid=tester").status == 200)
+        #expect(try await server.get("/publish/demo/demo/0/full/0/%22live%22?uuid=tester&store=0").status == 200)
+        #expect(try await server.get("/v2/presence/sub-key/demo/channel/room/heartbeat?heartbeat=20&uuid=alice").status == 200)
+        var seen: [String] = []
+        var at = cursor
+        let deadline = ContinuousClock.now + .seconds(10)
+        while seen.count < 3, ContinuousClock.now < deadline {
+            let page = try await server.subscribe("full,other,room-pnpres", tt: at, timeout: .seconds(10))
+            at = page.cursor
+            seen += page.messages.map { message in
+                if let text = message["d"] as? String { return text }
+                return ((message["d"] as? [String: Any])?["action"] as? String) ?? "?"
+            }
+        }
+        #expect(seen.sorted() == ["join", "live", "sig"])  // the refused message was never delivered
+
+        let health = try await server.get("/health")
+        #expect(health.status == 503)
+        #expect((try JSONSerialization.jsonObject(with: Data(health.body.utf8)) as? [String: Any])?["store"] as? String == "full")
+
+        // Space returns (the cap is lifted): stored publishes succeed again, no restart.
+        try store.setMaximumSize(nil)
+        let stored = try await server.publish("full", big)
+        let history = try await server.object("/v3/history/sub-key/demo/channel/full?max=25")
+        let messages = try #require((history["channels"] as? [String: Any])?["full"] as? [[String: Any]])
+        #expect(messages.count == 2)  // the first and the last; the refused one is not stored
+        #expect(messages.last?["timetoken"] as? String == String(stored.rawValue))
+        #expect(await eventually { (try? await server.get("/health").status) == 200 })
+        await server.stop()
+    }
+
+    // MARK: - A stalled write
+
+    @Test func aStalledWriteTimesOutReleasesVisibilityAndTheQueueIsBounded() async throws {
+        var file = ConfigurationFile(subscribeTimeoutSeconds: 30)
+        file.store = .init(writeTimeoutSeconds: 0.3, writeQueueLimit: 2)
+        let server = try await TestServer.start(file: file)
+        try await server.publish("a", "1")
+
+        // Another connection holds SQLite's write lock (a long transaction, as another process
+        // or a stuck tool would): the server's writer waits for it.
+        var configuration = Configuration()
+        configuration.allowsUnsafeTransactions = true
+        let blocker = try DatabaseQueue(path: server.server.state.store.path, configuration: configuration)
+        try await blocker.writeWithoutTransaction { try $0.execute(sql: "BEGIN IMMEDIATE") }
+
+        let cursor = try await server.handshake("a,b")
+        async let stalled = server.get("/publish/demo/demo/0/a/0/%22lost%22?uuid=tester")
+        async let page = server.subscribe("a,b", tt: cursor, timeout: .seconds(8))
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        // A store=0 publish on another channel is acknowledged at once and delivered once the
+        // stalled write's reservation is released at its timeout (not when the lock frees).
+        #expect(try await server.get("/publish/demo/demo/0/b/0/%22free%22?uuid=tester&store=0").status == 200)
+        let delivered = try await page
+        #expect(delivered.messages.map { $0["d"] as? String } == ["free"])
+        let timedOut = try await stalled
+        #expect(timedOut.status == 503)
+        #expect(timedOut.body.contains("not stored"))
+        #expect(timedOut.headers.first(name: "Retry-After") == "1")
+
+        // Still stalled: the queue holds two writes; beyond that, 503 at once.
+        let results = try await withThrowingTaskGroup(of: (Int, String, String?).self) { group in
+            for index in 0..<4 {
+                group.addTask {
+                    let r = try await server.get("/publish/demo/demo/0/q/0/\(index)?uuid=tester")
+                    return (r.status, r.body, r.headers.first(name: "Retry-After"))
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(results.allSatisfy { $0.0 == 503 && $0.2 != nil })
+        // Two fit in the queue (and time out); the others are refused at once.
+        #expect((1...2).contains(results.filter { $0.1.contains("queue is full") }.count))
+        let health = try await server.get("/health")
+        #expect(health.status == 503)
+        #expect(health.body.contains("\"store\":\"stalled\""))
+
+        // The lock frees: stored publishes succeed again; the timed-out one was never written.
+        try await blocker.writeWithoutTransaction { try $0.execute(sql: "ROLLBACK") }
+        #expect(await eventually { (try? await server.get("/publish/demo/demo/0/a/0/%22after%22?uuid=tester").status) == 200 })
+        let history = try await server.object("/v3/history/sub-key/demo/channel/a?max=25")
+        let texts = ((history["channels"] as? [String: Any])?["a"] as? [[String: Any]])?.map { "\($0["message"] ?? "")" }
+        #expect(texts?.contains("lost") == false)
+        #expect(texts?.first == "1" && texts?.last == "after")
+        // None of the refused or timed-out writes was stored.
+        let queued = try await server.object("/v3/history/sub-key/demo/channel/q?max=25")
+        let stored = (queued["channels"] as? [String: Any])?["q"] as? [Any]
+        #expect(stored == nil || stored?.isEmpty == true)
+        try blocker.close()
+        await server.stop()
+    }
+
+    // MARK: - Pruning
+
+    @Test func pruningRunsInSmallBatchesThatLetPublishesThrough() async throws {
+        let store = try MessageStore(directory: Self.temporaryDirectory(), logger: Self.quietLogger, metrics: ServerMetrics())
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await store.runWriter() }
+            let now = LongPollHub.systemNow()
+            try await withThrowingTaskGroup(of: Void.self) { appends in
+                for index in 0..<250 {
+                    appends.addTask {
+                        try await store.append(StoredMessage(
+                            subscribeKey: "k", channel: "c\(index % 2)", timetoken: Timetoken(UInt64(1_000 + index)), publisher: nil,
+                            payload: "\(index)", meta: nil, customMessageType: nil, sequence: nil, expiresAt: Timetoken(UInt64(2_000 + index))))
+                    }
+                }
+                try await appends.waitForAll()
+            }
+            let progress = Mutex<[Int]>([])
+            let removed = try await store.pruneExpired(now: now, batchSize: 100) { total in
+                progress.withLock { $0.append(total) }
+                if total == 100 {
+                    // A publish between two batches commits before the prune ends.
+                    try? await store.append(StoredMessage(
+                        subscribeKey: "k", channel: "c0", timetoken: Timetoken(5_000), publisher: nil, payload: "kept", meta: nil,
+                        customMessageType: nil, sequence: nil, expiresAt: nil))
+                }
+            }
+            #expect(removed == 250)
+            #expect(progress.withLock { $0 } == [100, 200])
+            #expect(try await store.messageCount() == 1)
+            let gaps = try await store.retentionGaps(subscribeKey: "k", channels: ["c0", "c1"], prefixes: [], after: .zero)
+            #expect(Set(gaps.map { "\($0.channel)=\($0.through.rawValue)" }) == ["c0=1248", "c1=1249"])
+            store.finish()
+            try await group.waitForAll()
+        }
+        try store.close()
+    }
+}
