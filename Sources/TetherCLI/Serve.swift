@@ -19,6 +19,8 @@ struct Serve: AsyncParsableCommand {
             SIGINT/SIGTERM answers waiting long-polls, finishes in-flight requests, flushes the \
             store and exits 0.
 
+            At start the store gets SQLite's quick check. A damaged or foreign file stops the             server with a message naming it: see `tether store check` and `tether store recover`.
+
             Without --config the server accepts only the demo/demo keyset (no access control). \
             A config file is JSON; see docs/configuration.md.
             """
@@ -47,6 +49,11 @@ struct Serve: AsyncParsableCommand {
 
     @Option(name: .customLong("subscribe-timeout"), help: "Seconds a subscribe long-poll waits before answering empty. [env: TETHER_SUBSCRIBE_TIMEOUT] (default: 280)")
     var subscribeTimeout: Double?
+
+    @Flag(inversion: .prefixedNo, help: """
+        Run SQLite's quick check on the store before serving (reads the whole file once, about 7 s per GB).         [env: TETHER_STORE_CHECK=0 turns it off] (default: on)
+        """)
+    var storeCheck: Bool?
 
     func validate() throws {
         if let port, !(0...65535).contains(port) { throw ValidationError("--port must be between 0 and 65535") }
@@ -88,9 +95,13 @@ struct Serve: AsyncParsableCommand {
             port: resolvedPort,
             dataDirectory: dataDir ?? env["TETHER_DATA_DIR"] ?? ".tether-data",
             file: file,
-            tls: tls
+            tls: tls,
+            checksStoreAtStart: storeCheck ?? !["0", "off", "false", "no"].contains(env["TETHER_STORE_CHECK"]?.lowercased() ?? "")
         )
         raiseOpenFileLimit(logger: logger)
+        // Held until the process exits: `tether store recover` and a second server wait for it.
+        let lock = try DataDirectoryLock(directory: configuration.dataDirectory)
+        defer { withExtendedLifetime(lock) {} }
         let registry = PrometheusCollectorRegistry()
         let server = try TetherServer(configuration: configuration, logger: logger, registry: registry)
         let keysets = server.state.keysets.all.map { $0.name ?? $0.subscribeKey }.sorted().joined(separator: ", ")

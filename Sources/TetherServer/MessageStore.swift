@@ -88,7 +88,7 @@ public struct StoreError: Error, CustomStringConvertible {
 /// and each is acknowledged only after that transaction is durable (`synchronous=FULL`). Reads
 /// run concurrently on WAL readers.
 public final class MessageStore: Sendable {
-    private let pool: DatabasePool
+    let pool: DatabasePool
     private let logger: Logger
     private let queue = Mutex<[(StoredMessage, CheckedContinuation<Void, any Error>)]>([])
     private let doorbell: AsyncStream<Void>
@@ -101,7 +101,7 @@ public final class MessageStore: Sendable {
     /// Opens (creating if needed) the store in `directory`.
     public init(directory: String, logger: Logger, metrics: ServerMetrics) throws {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        self.path = (directory as NSString).appendingPathComponent("tether.sqlite")
+        self.path = Self.databasePath(in: directory)
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         configuration.prepareDatabase { db in
@@ -172,6 +172,7 @@ public final class MessageStore: Sendable {
                 );
                 """)
         }
+        Self.registerPresenceMigration(in: &migrator)
         return migrator
     }
 
