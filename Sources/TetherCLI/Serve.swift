@@ -19,6 +19,8 @@ struct Serve: AsyncParsableCommand {
             SIGINT/SIGTERM answers waiting long-polls, finishes in-flight requests, flushes the \
             store and exits 0.
 
+            At start the store gets SQLite's quick check. A damaged or foreign file stops the             server with a message naming it: see `tether store check` and `tether store recover`.
+
             Without --config the server accepts only the demo/demo keyset (no access control). \
             A config file is JSON; see docs/configuration.md.
             """
@@ -56,6 +58,11 @@ struct Serve: AsyncParsableCommand {
 
     @Option(help: "full (every acknowledged publish fsynced) or normal (fewer fsyncs; may lose the last commits on power loss). [env: TETHER_DURABILITY] (default: full)")
     var durability: String?
+
+    @Flag(inversion: .prefixedNo, help: """
+        Run SQLite's quick check on the store before serving (reads the whole file once, about 7 s per GB).         [env: TETHER_STORE_CHECK=0 turns it off] (default: on)
+        """)
+    var storeCheck: Bool?
 
     func validate() throws {
         if let rateLimits, Self.switchValue(rateLimits) == nil { throw ValidationError("--rate-limits must be on or off") }
@@ -112,9 +119,13 @@ struct Serve: AsyncParsableCommand {
             port: resolvedPort,
             dataDirectory: dataDir ?? env["TETHER_DATA_DIR"] ?? ".tether-data",
             file: file,
-            tls: tls
+            tls: tls,
+            checksStoreAtStart: storeCheck ?? !["0", "off", "false", "no"].contains(env["TETHER_STORE_CHECK"]?.lowercased() ?? "")
         )
         raiseOpenFileLimit(logger: logger)
+        // Held until the process exits: `tether store recover` and a second server wait for it.
+        let lock = try DataDirectoryLock(directory: configuration.dataDirectory)
+        defer { withExtendedLifetime(lock) {} }
         let registry = PrometheusCollectorRegistry()
         let server = try TetherServer(configuration: configuration, logger: logger, registry: registry)
         let keysets = server.state.keysets.all.map { $0.name ?? $0.subscribeKey }.sorted().joined(separator: ", ")

@@ -92,7 +92,7 @@ public final class MessageStore: Sendable {
         var probing: ContinuousClock.Instant?
     }
 
-    private let pool: DatabasePool
+    let pool: DatabasePool
     /// A second connection, used only by the health probe (so a probe never queues behind a
     /// stalled writer: it waits at most a second for SQLite's write lock).
     private let probeQueue: DatabaseQueue
@@ -111,7 +111,7 @@ public final class MessageStore: Sendable {
     /// Opens (creating if needed) the store in `directory`.
     public init(directory: String, options: StoreOptions = .init(), logger: Logger, metrics: ServerMetrics) throws {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        self.path = (directory as NSString).appendingPathComponent("tether.sqlite")
+        self.path = Self.databasePath(in: directory)
         self.options = options
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
@@ -210,6 +210,7 @@ public final class MessageStore: Sendable {
                 );
                 """)
         }
+        Self.registerPresenceMigration(in: &migrator)
         return migrator
     }
 

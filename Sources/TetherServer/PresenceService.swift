@@ -4,27 +4,65 @@ import TetherProtocol
 public import TetherServerCore
 
 /// The presence shell: a mutex around ``PresenceTracker``, group resolution, event publishing
-/// through the ``LongPollHub`` (so presence events follow the same cursor rule as messages) and
-/// the timeout loop on an injected ``ServerClock``.
+/// through the ``LongPollHub`` (so presence events follow the same cursor rule as messages), the
+/// timeout loop on an injected ``ServerClock``, and the presence journal that keeps the store's
+/// membership records in step with the tracker.
+///
+/// **Durability.** A join, leave, timeout-change or state-change made by a request is written to
+/// the store (group-committed with other presence changes) before the request is answered, so
+/// an occupant a client was told about survives a crash and one that left does not come back.
+/// Timeouts found by the timeout loop are written at once but not waited for. Heartbeats that
+/// only move a deadline write nothing.
 public final class PresenceService: Sendable {
-    private let tracker: Mutex<PresenceTracker>
+    /// What the tracker lock guards: the tracker and the requests waiting for their changes to
+    /// be durable.
+    private struct Locked: Sendable {
+        var tracker: PresenceTracker
+        var flushWaiters: [CheckedContinuation<Void, Never>] = []
+        var journal: JournalState = .notStarted
+    }
+
+    /// Can transition to: `.running` from `.notStarted`; `.finished` from either.
+    private enum JournalState: Sendable {
+        /// Changes queue up (the doorbell keeps one ring) until the journal starts.
+        case notStarted
+        case running
+        /// Requests no longer wait for durability (the server is stopping).
+        case finished
+    }
+
+    private let locked: Mutex<Locked>
     private let hub: LongPollHub
+    private let store: MessageStore
     private let clock: ServerClock
     private let logger: Logger
+    private let doorbell: AsyncStream<Void>
+    private let doorbellContinuation: AsyncStream<Void>.Continuation
 
-    /// Creates the service.
-    public init(hub: LongPollHub, clock: ServerClock, logger: Logger, configurationBySubscribeKey: [String: PresenceConfiguration],
-                maximumMemberships: Int = PresenceTracker.defaultMaximumMemberships) {
-        self.tracker = Mutex(PresenceTracker(configurationBySubscribeKey: configurationBySubscribeKey,
-                                             maximumMemberships: maximumMemberships))
+    /// Creates the service and restores the memberships stored before the last stop or crash:
+    /// each keeps its presence, silently, until `clock.now()` plus its timeout.
+    public init(hub: LongPollHub, store: MessageStore, clock: ServerClock, logger: Logger,
+                configurationBySubscribeKey: [String: PresenceConfiguration],
+                maximumMemberships: Int = PresenceTracker.defaultMaximumMemberships) throws {
+        var tracker = PresenceTracker(configurationBySubscribeKey: configurationBySubscribeKey, maximumMemberships: maximumMemberships)
+        let records = try store.presenceRecords()
+        tracker.restore(records, now: clock.now())
+        if !records.isEmpty {
+            logger.info("presence restored; occupants keep their presence if they heartbeat within their timeout",
+                        metadata: ["memberships": "\(records.count)"])
+        }
+        self.locked = Mutex(Locked(tracker: tracker))
         self.hub = hub
+        self.store = store
         self.clock = clock
         self.logger = logger
+        (doorbell, doorbellContinuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        if tracker.hasUnsavedChanges { doorbellContinuation.yield() }
     }
 
     /// The presence configuration of a keyset.
     public func configuration(for subscribeKey: String) -> PresenceConfiguration {
-        tracker.withLock { $0.configuration(for: subscribeKey) }
+        locked.withLock { $0.tracker.configuration(for: subscribeKey) }
     }
 
     /// Resolves channels and groups into the concrete channels presence applies to: presence
@@ -37,56 +75,84 @@ public final class PresenceService: Sendable {
         return result.sorted()
     }
 
-    /// A heartbeat (or subscribe) of `uuid`.
+    /// A heartbeat (or subscribe) of `uuid`; returns once a join or new timeout or state it
+    /// caused is durable.
     public func heartbeat(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?,
-                          states: [String: String] = [:]) {
+                          states: [String: String] = [:]) async {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
         guard !concrete.isEmpty else { return }
         let now = clock.now()
-        transition { tracker in
+        await durableTransition { tracker in
             let timeout = tracker.configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
             return tracker.heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, states: states, now: now)
         }
     }
 
     /// Extends `uuid`'s presence where it still is (the end of a long-poll); never joins.
-    public func refresh(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?) {
+    public func refresh(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?) async {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
         guard !concrete.isEmpty else { return }
         let now = clock.now()
-        tracker.withLock { tracker in
+        await durableTransition { tracker in
             let timeout = tracker.configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
             tracker.refresh(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, now: now)
+            return []
         }
     }
 
-    /// An explicit leave.
-    public func leave(subscribeKey: String, uuid: String, channels: [String], groups: [String]) {
+    /// An explicit leave; returns once it is durable (a restart never brings the uuid back).
+    public func leave(subscribeKey: String, uuid: String, channels: [String], groups: [String]) async {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
         let now = clock.now()
-        transition { $0.leave(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, now: now) }
+        await durableTransition { $0.leave(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, now: now) }
     }
 
-    /// Sets state; returns the channels it applied to.
+    /// Sets state; returns the channels it applied to, once the state is durable.
     @discardableResult
-    public func setState(subscribeKey: String, uuid: String, channels: [String], groups: [String], state: String) -> [String] {
+    public func setState(subscribeKey: String, uuid: String, channels: [String], groups: [String], state: String) async -> [String] {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
-        transition { $0.setState(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, state: state) }
+        await durableTransition { $0.setState(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, state: state) }
         return concrete
     }
 
     /// Reads the tracker.
     public func read<T>(_ body: (borrowing PresenceTracker) -> T) -> T {
-        tracker.withLock { body($0) }
+        locked.withLock { body($0.tracker) }
     }
 
-    /// Runs the timeout and interval loop until cancelled. Sleeps until the next deadline, at
-    /// most one second at a time, so a timeout fires at its deadline and an idle server wakes
-    /// once a second.
+    /// Runs the timeout loop and the presence journal until cancelled, then writes the changes
+    /// still unsaved.
     public func run() async {
+        locked.withLock { locked in
+            if case .notStarted = locked.journal { locked.journal = .running }
+        }
+        await withDiscardingTaskGroup { group in
+            group.addTask { await self.runJournal() }
+            await self.runTimeouts()
+            group.cancelAll()
+        }
+        let (changes, waiters) = locked.withLock { locked in
+            locked.journal = .finished
+            let waiters = locked.flushWaiters
+            locked.flushWaiters = []
+            return (locked.tracker.takeUnsavedChanges(), waiters)
+        }
+        if !changes.isEmpty {
+            do {
+                try store.savePresenceNow(changes)
+            } catch {
+                logger.error("presence changes not saved at shutdown", metadata: ["error": "\(error)", "changes": "\(changes.count)"])
+            }
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Sleeps until the next deadline, at most one second at a time, so a timeout fires at its
+    /// deadline and an idle server wakes once a second.
+    private func runTimeouts() async {
         while !Task.isCancelled {
             let now = clock.now()
-            let next = tracker.withLock { $0.nextWakeUp }
+            let next = locked.withLock { $0.tracker.nextWakeUp }
             var wait = Duration.seconds(1)
             if let next { wait = max(.zero, min(wait, next - now)) }
             do {
@@ -95,24 +161,72 @@ public final class PresenceService: Sendable {
                 return
             }
             let tickTime = clock.now()
-            transition { $0.tick(now: tickTime) }
+            let ring = locked.withLock { locked in
+                publish(locked.tracker.tick(now: tickTime))
+                return locked.tracker.hasUnsavedChanges
+            }
+            if ring { doorbellContinuation.yield() }
         }
     }
 
-    /// Applies a tracker transition and publishes its events while still holding the tracker
-    /// lock, so the events of one channel get timetokens in the order they happened.
-    private func transition(_ body: (inout PresenceTracker) -> [PresenceEvent]) {
-        tracker.withLock { tracker in
-            let events = body(&tracker)
-            for event in events {
-                let channel = event.channel.channel + NameRules.presenceSuffix
-                hub.publishEphemeral { tt in
-                    SubscribeEnvelope(timetoken: tt, subscribeKey: event.channel.subscribeKey, channel: channel,
-                                      payload: event.payload(timestamp: tt.unixSeconds))
-                }
-                logger.trace("presence event", metadata: ["channel": "\(event.channel)", "action": "\(event.action.name)",
-                                                          "uuid": "\(event.uuid ?? "-")", "occupancy": "\(event.occupancy)"])
+    /// Writes unsaved changes in one transaction per ring, then answers the requests that waited
+    /// for them.
+    private func runJournal() async {
+        for await _ in doorbell {
+            let (changes, waiters) = locked.withLock { locked in
+                let waiters = locked.flushWaiters
+                locked.flushWaiters = []
+                return (locked.tracker.takeUnsavedChanges(), waiters)
             }
+            if !changes.isEmpty {
+                do {
+                    try await store.savePresence(changes)
+                    logger.trace("presence saved", metadata: ["changes": "\(changes.count)"])
+                } catch {
+                    // Kept in memory and retried with the next change; requests are not failed
+                    // for it, the tracker stays the truth while the server runs.
+                    logger.error("presence changes not saved", metadata: ["error": "\(error)", "changes": "\(changes.count)"])
+                    locked.withLock { $0.tracker.markUnsaved(changes) }
+                }
+            }
+            for waiter in waiters { waiter.resume() }
+        }
+    }
+
+    /// Applies a tracker transition and publishes its events, then waits until the membership
+    /// changes it made (if any) are durable.
+    private func durableTransition(_ body: (inout PresenceTracker) -> [PresenceEvent]) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let waits = locked.withLock { locked in
+                publish(body(&locked.tracker))
+                guard locked.tracker.hasUnsavedChanges else { return false }
+                switch locked.journal {
+                case .notStarted, .running:
+                    locked.flushWaiters.append(continuation)
+                    return true
+                case .finished:
+                    return false
+                }
+            }
+            if waits {
+                doorbellContinuation.yield()
+            } else {
+                continuation.resume()
+            }
+        }
+    }
+
+    /// Publishes events while the caller holds the tracker lock, so the events of one channel
+    /// get timetokens in the order they happened.
+    private func publish(_ events: [PresenceEvent]) {
+        for event in events {
+            let channel = event.channel.channel + NameRules.presenceSuffix
+            hub.publishEphemeral { tt in
+                SubscribeEnvelope(timetoken: tt, subscribeKey: event.channel.subscribeKey, channel: channel,
+                                  payload: event.payload(timestamp: tt.unixSeconds))
+            }
+            logger.trace("presence event", metadata: ["channel": "\(event.channel)", "action": "\(event.action.name)",
+                                                      "uuid": "\(event.uuid ?? "-")", "occupancy": "\(event.occupancy)"])
         }
     }
 }

@@ -96,7 +96,7 @@ extension TetherResponder {
                           groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
             let timeout = try heartbeatSeconds(wire, service: "Presence")
             let states = try channelStates(wire, service: "Presence", channels: channels)
-            state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
+            await state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
             return Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#)
         case .leave:
             let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
@@ -106,7 +106,7 @@ extension TetherResponder {
             // leave events for other users.
             try authorizeActing(as: uuid, keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
                                 groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
-            state.presence.leave(subscribeKey: key, uuid: uuid, channels: channels, groups: groups)
+            await state.presence.leave(subscribeKey: key, uuid: uuid, channels: channels, groups: groups)
             return Reply.json(.ok, #"{"status":200,"action":"leave","message":"OK","service":"Presence"}"#)
         case .getState:
             let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
@@ -127,7 +127,7 @@ extension TetherResponder {
             guard (try? JSONText.validate(text)) == .object else {
                 return Reply.error(.badRequest, service: "Presence", "Invalid state: expected a JSON object")
             }
-            state.presence.setState(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, state: text)
+            await state.presence.setState(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, state: text)
             var w = JSONWriter()
             w.raw("{\"status\":200,\"message\":\"OK\",\"payload\":")
             w.raw(text.utf8)

@@ -413,7 +413,7 @@ public struct TetherResponder: HTTPResponder {
         let states = try channelStates(wire, service: "Subscribe", channels: names)
         let uuid = wire.query["uuid"].flatMap { $0.isEmpty ? nil : $0 }
         if let uuid {
-            state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
+            await state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
                                      timeoutSeconds: heartbeat, states: states)
         }
         if requested == .zero {
@@ -438,7 +438,7 @@ public struct TetherResponder: HTTPResponder {
         if let uuid {
             // The connection was alive for the whole long-poll: its end extends the uuid's
             // presence where it still is — but never re-joins one that left meanwhile.
-            state.presence.refresh(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
+            await state.presence.refresh(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
                                    timeoutSeconds: heartbeat)
         }
         var headers: HTTPFields = [:]

@@ -23,15 +23,20 @@ public struct ServerConfiguration: Sendable {
     public var file: ConfigurationFile
     /// PEM certificate chain and private key: serve HTTPS instead of HTTP.
     public var tls: (certificatePath: String, privateKeyPath: String)?
+    /// Run SQLite's quick check on the store before serving (default `true`); it reads the whole
+    /// file once, about 7 s per GB on a small machine.
+    public var checksStoreAtStart: Bool
 
     /// Creates a configuration.
     public init(host: String = "127.0.0.1", port: Int = 8090, dataDirectory: String = ".tether-data",
-                file: ConfigurationFile = .init(), tls: (certificatePath: String, privateKeyPath: String)? = nil) {
+                file: ConfigurationFile = .init(), tls: (certificatePath: String, privateKeyPath: String)? = nil,
+                checksStoreAtStart: Bool = true) {
         self.host = host
         self.port = port
         self.dataDirectory = dataDirectory
         self.file = file
         self.tls = tls
+        self.checksStoreAtStart = checksStoreAtStart
     }
 
     /// The subscribe long-poll expiry.
@@ -58,6 +63,10 @@ public struct TetherServer: Sendable {
     private let logger: Logger
 
     /// Opens the store and prepares the server; does not listen yet.
+    ///
+    /// - Throws: ``StoreOpenError`` naming the file and what to do when the store cannot be
+    ///   opened, is not a database or is damaged (SQLite's quick check runs on every start
+    ///   unless ``ServerConfiguration/checksStoreAtStart`` is off).
     public init(configuration: ServerConfiguration, logger: Logger, registry: PrometheusCollectorRegistry? = nil,
                 clock: ServerClock = .continuous) throws {
         self.configuration = configuration
@@ -68,29 +77,42 @@ public struct TetherServer: Sendable {
         } else {
             metrics = ServerMetrics()
         }
-        let store = try MessageStore(directory: configuration.dataDirectory, options: configuration.file.store?.options ?? .init(),
-                                     logger: logger, metrics: metrics)
-        let defaults = DeliveryHubConfiguration()
-        let window = DeliveryHubConfiguration(
-            bufferCapacity: configuration.file.window?.capacity ?? defaults.bufferCapacity,
-            bufferMaximumAgeSeconds: UInt64(configuration.file.window?.maximumAgeSeconds ?? 20 * 60),
-            memoryBudgetBytes: configuration.file.window?.memoryBudgetBytes ?? defaults.memoryBudgetBytes,
-            maxChannels: configuration.file.window?.maxChannels ?? defaults.maxChannels)
-        let hub = try LongPollHub(store: store, metrics: metrics, logger: logger, configuration: window)
-        var groups: [String: [String: Set<String>]] = [:]
-        for (subscribeKey, group, channel) in try store.allGroupMemberships() {
-            groups[subscribeKey, default: [:]][group, default: []].insert(channel)
-        }
-        for (subscribeKey, byGroup) in groups {
-            for (group, channels) in byGroup { hub.setGroup(subscribeKey: subscribeKey, group: group, channels: channels) }
-        }
+        let path = MessageStore.databasePath(in: configuration.dataDirectory)
+        let store: MessageStore
+        let hub: LongPollHub
+        let presence: PresenceService
+        let access: AccessManager
         let keysets = KeysetRegistry(configuration: configuration.file)
-        let presence = PresenceService(
-            hub: hub, clock: clock, logger: logger,
-            configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
-                                                    uniquingKeysWith: { first, _ in first }),
-            maximumMemberships: configuration.file.maxPresenceMemberships ?? PresenceTracker.defaultMaximumMemberships)
-        let access = try AccessManager(store: store, logger: logger)
+        // Everything that reads the store at start-up runs inside this one mapping, so damage
+        // found anywhere is reported the same way: the file, SQLite's words, what to run.
+        do {
+            try StoreOpenError.checkNotEmpty(path: path)
+            store = try MessageStore(directory: configuration.dataDirectory, options: configuration.file.store?.options ?? .init(),
+                                     logger: logger, metrics: metrics)
+            if configuration.checksStoreAtStart { try store.verifyIntegrity() }
+            let defaults = DeliveryHubConfiguration()
+            let window = DeliveryHubConfiguration(
+                bufferCapacity: configuration.file.window?.capacity ?? defaults.bufferCapacity,
+                bufferMaximumAgeSeconds: UInt64(configuration.file.window?.maximumAgeSeconds ?? 20 * 60),
+                memoryBudgetBytes: configuration.file.window?.memoryBudgetBytes ?? defaults.memoryBudgetBytes,
+                maxChannels: configuration.file.window?.maxChannels ?? defaults.maxChannels)
+            hub = try LongPollHub(store: store, metrics: metrics, logger: logger, configuration: window)
+            var groups: [String: [String: Set<String>]] = [:]
+            for (subscribeKey, group, channel) in try store.allGroupMemberships() {
+                groups[subscribeKey, default: [:]][group, default: []].insert(channel)
+            }
+            for (subscribeKey, byGroup) in groups {
+                for (group, channels) in byGroup { hub.setGroup(subscribeKey: subscribeKey, group: group, channels: channels) }
+            }
+            presence = try PresenceService(
+                hub: hub, store: store, clock: clock, logger: logger,
+                configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
+                                                        uniquingKeysWith: { first, _ in first }),
+                maximumMemberships: configuration.file.maxPresenceMemberships ?? PresenceTracker.defaultMaximumMemberships)
+            access = try AccessManager(store: store, logger: logger)
+        } catch {
+            throw StoreOpenError(classifying: error, path: path)
+        }
         state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access,
                             rateLimits: RateLimits(enabled: configuration.file.rateLimiting ?? true),
                             metrics: metrics,
@@ -129,10 +151,13 @@ public struct TetherServer: Sendable {
             logger: logger
         )
         let group = ServiceGroup(configuration: .init(
+            // Graceful shutdown stops services in reverse order: upkeep, then the HTTP server
+            // (in-flight heartbeats and leaves finish), then presence (its last changes are
+            // written), then the store writer, which closes the file.
             services: [
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
-                .init(service: app),
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
+                .init(service: app),
                 .init(service: MaintenanceService(hub: state.hub, store: state.store, access: state.access,
                                                   rateLimits: state.rateLimits, logger: logger),
                       successTerminationBehavior: .gracefullyShutdownGroup),
@@ -159,7 +184,8 @@ struct StoreWriterService: Service {
     }
 }
 
-/// Runs presence timeouts and interval events until shutdown.
+/// Runs presence timeouts, interval events and the presence journal until shutdown; stops
+/// after the HTTP server, so the presence changes of the last requests are written.
 struct PresenceLoopService: Service {
     let presence: PresenceService
 

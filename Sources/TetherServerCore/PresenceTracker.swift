@@ -105,6 +105,39 @@ public struct PresenceEvent: Sendable, Hashable {
     }
 }
 
+/// A presence membership as the store keeps it, so presence survives a restart: who is present
+/// where, with which timeout and state. The deadline is not kept: after a restart every restored
+/// member gets a fresh one, the restart time plus its timeout (docs/presence.md).
+public struct PresenceRecord: Sendable, Hashable {
+    /// The keyset.
+    public var subscribeKey: String
+    /// The channel (without `-pnpres`).
+    public var channel: String
+    /// The present uuid.
+    public var uuid: String
+    /// The member's presence timeout (its last heartbeat's).
+    public var timeout: Duration
+    /// The member's state on the channel (JSON object text), if any.
+    public var state: String?
+
+    /// Creates a record.
+    public init(subscribeKey: String, channel: String, uuid: String, timeout: Duration, state: String?) {
+        self.subscribeKey = subscribeKey
+        self.channel = channel
+        self.uuid = uuid
+        self.timeout = timeout
+        self.state = state
+    }
+}
+
+/// A change the store must make so its presence records match the tracker.
+public enum PresenceRecordChange: Sendable, Hashable {
+    /// Insert or replace the record of a member (a join, or a new timeout or state).
+    case save(PresenceRecord)
+    /// Delete the record of a member that is gone (leave or timeout).
+    case remove(subscribeKey: String, channel: String, uuid: String)
+}
+
 /// Who is present where: the pure presence model.
 ///
 /// A uuid is present on a channel from its first heartbeat (a subscribe or `/heartbeat`) until its
@@ -120,10 +153,17 @@ public struct PresenceEvent: Sendable, Hashable {
 /// later only updates the member, and when the old entry comes due it is queued again at the true
 /// deadline. So the heap holds about one entry per member however often members heartbeat, and
 /// idle bookkeeping does not grow with the number of present uuids.
+///
+/// **Durable membership.** Every membership whose stored record is out of date (a join, a
+/// leave or timeout, a new timeout or state) is remembered until the shell takes it with
+/// ``takeUnsavedChanges()`` and writes it; a heartbeat that only moves a deadline changes nothing
+/// to store. After a restart ``restore(_:now:)`` brings the stored members back silently.
 public struct PresenceTracker: Sendable {
     private struct Member: Sendable {
         /// When the member times out unless it heartbeats again.
         var deadline: Duration
+        /// The timeout of its last heartbeat (stored, so a restart can give it a fresh deadline).
+        var timeout: Duration
         /// When this member's heap entry comes due (never after ``deadline``).
         var queuedAt: Duration
         /// The generation of this member's heap entry; entries with another one are stale.
@@ -226,6 +266,13 @@ public struct PresenceTracker: Sendable {
     public static let defaultMaximumMemberships = 250_000
     /// Joins not recorded because ``maximumMemberships`` was reached (for metrics and logs).
     public private(set) var refusedJoins = 0
+    /// Memberships whose stored record is out of date.
+    private var unsaved: Set<MemberID> = []
+
+    private struct MemberID: Hashable, Sendable {
+        var channel: ChannelKey
+        var uuid: String
+    }
 
     /// Creates a tracker; keysets without an entry use `defaultConfiguration`.
     public init(defaultConfiguration: PresenceConfiguration = .init(),
@@ -270,8 +317,12 @@ public struct PresenceTracker: Sendable {
                 continue
             }
             if isNew {
-                channels[key, default: Channel()].members[uuid] = Member(deadline: deadline, queuedAt: deadline, queuedGeneration: candidate)
+                channels[key, default: Channel()].members[uuid] = Member(deadline: deadline, timeout: timeout, queuedAt: deadline,
+                                                                         queuedGeneration: candidate)
                 memberTotal += 1
+                unsaved.insert(MemberID(channel: key, uuid: uuid))
+            } else {
+                updateTimeout(of: uuid, in: key, to: timeout)
             }
             if isNew || pushed == true {
                 generation = candidate
@@ -281,6 +332,7 @@ public struct PresenceTracker: Sendable {
             if let state = states[name], channels[key]?.states[uuid] != state {
                 channels[key, default: Channel()].states[uuid] = state
                 stateChanged = true
+                unsaved.insert(MemberID(channel: key, uuid: uuid))
             }
             if isNew {
                 channelsByUUID[subscribeKey, default: [:]][uuid, default: []].insert(name)
@@ -303,7 +355,9 @@ public struct PresenceTracker: Sendable {
         for name in Set(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
             let candidate = generation + 1
-            guard channels[key]?.members[uuid]?.extend(to: deadline, generation: candidate) == true else { continue }
+            guard let pushed = channels[key]?.members[uuid]?.extend(to: deadline, generation: candidate) else { continue }
+            updateTimeout(of: uuid, in: key, to: timeout)
+            guard pushed else { continue }
             generation = candidate
             heap.push(PresenceDeadline(at: deadline, channel: key, uuid: uuid, generation: candidate))
         }
@@ -328,6 +382,7 @@ public struct PresenceTracker: Sendable {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
             let changed = channels[key, default: Channel()].states.updateValue(state, forKey: uuid) != state
             if changed, let occupancy = channels[key]?.members.count, channels[key]?.members[uuid] != nil {
+                unsaved.insert(MemberID(channel: key, uuid: uuid))
                 events.append(PresenceEvent(channel: key, action: .stateChange, uuid: uuid, occupancy: occupancy, state: state))
             }
         }
@@ -399,10 +454,82 @@ public struct PresenceTracker: Sendable {
         return events
     }
 
+    /// Whether some memberships changed since the last ``takeUnsavedChanges()``.
+    public var hasUnsavedChanges: Bool { !unsaved.isEmpty }
+
+    /// The changes that bring the stored records up to date, one per membership however often it
+    /// changed; they count as saved from now on (``markUnsaved(_:)`` puts back a failed write).
+    public mutating func takeUnsavedChanges() -> [PresenceRecordChange] {
+        guard !unsaved.isEmpty else { return [] }
+        let changes = unsaved.map { id -> PresenceRecordChange in
+            guard let channel = channels[id.channel], let member = channel.members[id.uuid] else {
+                return .remove(subscribeKey: id.channel.subscribeKey, channel: id.channel.channel, uuid: id.uuid)
+            }
+            return .save(PresenceRecord(subscribeKey: id.channel.subscribeKey, channel: id.channel.channel, uuid: id.uuid,
+                                        timeout: member.timeout, state: channel.states[id.uuid]))
+        }
+        unsaved.removeAll()
+        return changes
+    }
+
+    /// Marks the memberships of `changes` unsaved again (their write failed); the next
+    /// ``takeUnsavedChanges()`` describes them as they are then.
+    public mutating func markUnsaved(_ changes: [PresenceRecordChange]) {
+        for change in changes {
+            switch change {
+            case .save(let record):
+                unsaved.insert(MemberID(channel: ChannelKey(subscribeKey: record.subscribeKey, channel: record.channel), uuid: record.uuid))
+            case .remove(let subscribeKey, let channel, let uuid):
+                unsaved.insert(MemberID(channel: ChannelKey(subscribeKey: subscribeKey, channel: channel), uuid: uuid))
+            }
+        }
+    }
+
+    /// Brings back the members stored before a restart, silently: no join is announced (they
+    /// were announced before), each gets the deadline `now` plus its timeout (clamped to the
+    /// keyset's current range), so it stays present if it heartbeats again in time and times out
+    /// once otherwise. Members already present are left as they are.
+    public mutating func restore(_ records: [PresenceRecord], now: Duration) {
+        var touched: Set<ChannelKey> = []
+        for record in records {
+            let key = ChannelKey(subscribeKey: record.subscribeKey, channel: record.channel)
+            guard channels[key]?.members[record.uuid] == nil else { continue }
+            let config = configuration(for: record.subscribeKey)
+            let timeout = min(max(record.timeout, config.minimumTimeout), config.maximumTimeout)
+            let deadline = now + timeout
+            generation += 1
+            channels[key, default: Channel()].members[record.uuid] = Member(deadline: deadline, timeout: timeout, queuedAt: deadline,
+                                                                            queuedGeneration: generation)
+            if let state = record.state { channels[key]?.states[record.uuid] = state }
+            heap.push(PresenceDeadline(at: deadline, channel: key, uuid: record.uuid, generation: generation))
+            channelsByUUID[record.subscribeKey, default: [:]][record.uuid, default: []].insert(record.channel)
+            memberTotal += 1
+            if timeout != record.timeout { unsaved.insert(MemberID(channel: key, uuid: record.uuid)) }
+            touched.insert(key)
+        }
+        // A crowded channel resumes in interval mode, as it was before the restart.
+        for key in touched {
+            let config = configuration(for: key.subscribeKey)
+            if let channel = channels[key], !channel.inIntervalMode, channel.members.count > config.announceMax {
+                channels[key]?.inIntervalMode = true
+                channels[key]?.nextInterval = now + config.interval
+            }
+            settle(key)
+        }
+    }
+
+    /// Records a member's new timeout (its stored record is then out of date).
+    private mutating func updateTimeout(of uuid: String, in key: ChannelKey, to timeout: Duration) {
+        guard let current = channels[key]?.members[uuid]?.timeout, current != timeout else { return }
+        channels[key]?.members[uuid]?.timeout = timeout
+        unsaved.insert(MemberID(channel: key, uuid: uuid))
+    }
+
     private mutating func remove(_ uuid: String, from key: ChannelKey, action: PresenceEvent.Action, now: Duration) -> [PresenceEvent] {
         let config = configuration(for: key.subscribeKey)
         guard let events = channels[key]?.remove(uuid, action: action, key: key, config: config, now: now) else { return [] }
         memberTotal -= 1
+        unsaved.insert(MemberID(channel: key, uuid: uuid))
         channelsByUUID[key.subscribeKey]?[uuid]?.remove(key.channel)
         if channelsByUUID[key.subscribeKey]?[uuid]?.isEmpty == true { channelsByUUID[key.subscribeKey]?[uuid] = nil }
         settle(key)
