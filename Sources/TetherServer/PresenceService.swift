@@ -18,8 +18,15 @@ public final class PresenceService: Sendable {
     /// be durable.
     private struct Locked: Sendable {
         var tracker: PresenceTracker
-        var flushWaiters: [CheckedContinuation<Void, Never>] = []
+        var flushWaiters: [FlushWaiter] = []
+        var nextWaiterID: UInt64 = 0
         var journal: JournalState = .notStarted
+    }
+
+    /// A request waiting for its presence changes to be durable.
+    private struct FlushWaiter: Sendable {
+        var id: UInt64
+        var continuation: CheckedContinuation<Void, Never>
     }
 
     /// Can transition to: `.running` from `.notStarted`; `.finished` from either.
@@ -144,7 +151,7 @@ public final class PresenceService: Sendable {
                 logger.error("presence changes not saved at shutdown", metadata: ["error": "\(error)", "changes": "\(changes.count)"])
             }
         }
-        for waiter in waiters { waiter.resume() }
+        for waiter in waiters { waiter.continuation.resume() }
     }
 
     /// Sleeps until the next deadline, at most one second at a time, so a timeout fires at its
@@ -173,10 +180,18 @@ public final class PresenceService: Sendable {
     /// for them.
     private func runJournal() async {
         for await _ in doorbell {
-            let (changes, waiters) = locked.withLock { locked in
-                let waiters = locked.flushWaiters
-                locked.flushWaiters = []
-                return (locked.tracker.takeUnsavedChanges(), waiters)
+            // Waiters stay listed while the save runs, so one whose wait runs out (a stalled
+            // store) can take itself out and be answered; whoever removes a waiter resumes it.
+            let (changes, covered) = locked.withLock { locked in
+                (locked.tracker.takeUnsavedChanges(), Set(locked.flushWaiters.map(\.id)))
+            }
+            defer {
+                let waiters = locked.withLock { locked in
+                    let done = locked.flushWaiters.filter { covered.contains($0.id) }
+                    locked.flushWaiters.removeAll { covered.contains($0.id) }
+                    return done
+                }
+                for waiter in waiters { waiter.continuation.resume() }
             }
             if !changes.isEmpty {
                 do {
@@ -189,30 +204,48 @@ public final class PresenceService: Sendable {
                     locked.withLock { $0.tracker.markUnsaved(changes) }
                 }
             }
-            for waiter in waiters { waiter.resume() }
         }
     }
 
     /// Applies a tracker transition and publishes its events, then waits until the membership
-    /// changes it made (if any) are durable.
+    /// changes it made (if any) are durable — at most the store's write timeout: presence is
+    /// realtime traffic and keeps flowing while the store is stalled or full (the change stays
+    /// in memory and is saved when the store can write again).
     private func durableTransition(_ body: (inout PresenceTracker) -> [PresenceEvent]) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let waits = locked.withLock { locked in
-                publish(body(&locked.tracker))
-                guard locked.tracker.hasUnsavedChanges else { return false }
-                switch locked.journal {
-                case .notStarted, .running:
-                    locked.flushWaiters.append(continuation)
-                    return true
-                case .finished:
-                    return false
+        let id = locked.withLock { locked in
+            locked.nextWaiterID += 1
+            return locked.nextWaiterID
+        }
+        let limit = store.options.writeTimeout
+        await withDiscardingTaskGroup { group in
+            group.addTask {
+                // Wall time on purpose: this bounds an I/O wait, it is not presence logic.
+                try? await Task.sleep(for: limit)
+                let waiter = self.locked.withLock { locked -> FlushWaiter? in
+                    guard let index = locked.flushWaiters.firstIndex(where: { $0.id == id }) else { return nil }
+                    return locked.flushWaiters.remove(at: index)
+                }
+                waiter?.continuation.resume()
+            }
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let waits = locked.withLock { locked in
+                    publish(body(&locked.tracker))
+                    guard locked.tracker.hasUnsavedChanges else { return false }
+                    switch locked.journal {
+                    case .notStarted, .running:
+                        locked.flushWaiters.append(FlushWaiter(id: id, continuation: continuation))
+                        return true
+                    case .finished:
+                        return false
+                    }
+                }
+                if waits {
+                    doorbellContinuation.yield()
+                } else {
+                    continuation.resume()
                 }
             }
-            if waits {
-                doorbellContinuation.yield()
-            } else {
-                continuation.resume()
-            }
+            group.cancelAll()
         }
     }
 
