@@ -76,7 +76,8 @@ public struct TetherResponder: HTTPResponder {
         }
         let s = wire.segments
         guard let route = Route.classify(request.method, s, wire) else {
-            let service = s.first == "v2" && s.count > 1 && s[1] == "presence" ? "Presence" : "Tether"
+            let family = s.count > 1 ? s[1] : nil
+            let service = family == "presence" ? "Presence" : family == "channel-registration" ? "channel-registry" : "Tether"
             return ("unknown", Reply.error(.notFound, service: service, "Not found: '\(request.uri.path)'"))
         }
         if let limited = rateLimit(wire, context: context) { return ("rate-limited", limited) }

@@ -146,11 +146,13 @@ CASES = [
     Case("meta-null", "GET", f"{P}/ch/0/1?meta=null", 400, pub_err("Invalid meta: must be a JSON object")),
     Case("meta-broken", "GET", f"{P}/ch/0/1?meta=" + q("{bad"), 400, pub_err("Invalid meta: must be a JSON object")),
     # Other publish parameters.
-    Case("ttl-negative", "GET", f"{P}/ch/0/1?ttl=-1", 400, pub_err("Invalid ttl: expected hours")),
-    Case("ttl-text", "GET", f"{P}/ch/0/1?ttl=abc", 400, pub_err("Invalid ttl: expected hours")),
-    Case("ttl-nan", "GET", f"{P}/ch/0/1?ttl=nan", 400, pub_err("Invalid ttl: expected hours")),
+    Case("ttl-negative", "GET", f"{P}/ch/0/1?ttl=-1", 400, pub_err("Invalid ttl: expected a number from 0 to 876000")),
+    Case("ttl-text", "GET", f"{P}/ch/0/1?ttl=abc", 400, pub_err("Invalid ttl: expected a number from 0 to 876000")),
+    Case("ttl-nan", "GET", f"{P}/ch/0/1?ttl=nan", 400, pub_err("Invalid ttl: expected a number from 0 to 876000")),
     Case("store-2", "GET", f"{P}/ch/0/1?store=2", 400, pub_err("Invalid store: expected 0 or 1")),
-    Case("seqn-text", "GET", f"{P}/ch/0/1?seqn=x", 400, pub_err("Invalid seqn")),
+    Case("seqn-text", "GET", f"{P}/ch/0/1?seqn=x", 400, pub_err("Invalid seqn: expected an integer from 0 to 4294967295")),
+    # Once a trap: an expiry past Int64.max (ttl in hours × 36,000,000,000 overflowed UInt64).
+    Case("ttl-huge", "GET", f"{P}/ch/0/1?ttl=1000000000", 400, pub_err("Invalid ttl: expected a number from 0 to 876000")),
     Case("custom-message-type-short", "GET", f"{P}/ch/0/1?custom_message_type=ab", 400,
          pub_err("Invalid custom_message_type: 3-50 characters of A-Z a-z 0-9 _ -")),
     Case("custom-message-type-bad-char", "GET", f"{P}/ch/0/1?custom_message_type=a%20bc", 400,
@@ -186,7 +188,7 @@ CASES = [
     Case("counts-no-timetoken", "GET", "/v3/history/sub-key/demo/message-counts/ch", 400,
          obj_err(400, "Invalid Arguments")),
     Case("counts-bad-timetoken", "GET", "/v3/history/sub-key/demo/message-counts/ch?timetoken=x", 400,
-         obj_err(400, "Invalid Arguments")),
+         obj_err(400, "Invalid timetoken: expected a timetoken of up to 17 digits")),
     Case("counts-mismatched-lists", "GET", "/v3/history/sub-key/demo/message-counts/a,b?channelsTimetoken=1", 400,
          obj_err(400, "Invalid Arguments")),
     # Keys.
