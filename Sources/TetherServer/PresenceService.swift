@@ -20,6 +20,9 @@ public final class PresenceService: Sendable {
         var tracker: PresenceTracker
         var flushWaiters: [FlushWaiter] = []
         var nextWaiterID: UInt64 = 0
+        /// Refused joins already reported, and when the last warning was logged.
+        var refusedJoinsReported = 0
+        var lastRefusalWarning: ContinuousClock.Instant?
         var journal: JournalState = .notStarted
     }
 
@@ -93,6 +96,25 @@ public final class PresenceService: Sendable {
             let timeout = tracker.configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
             return tracker.heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, states: states, now: now)
         }
+        warnIfJoinsWereRefused()
+    }
+
+    /// At most once a minute: a warning that `maxPresenceMemberships` is reached (an operator
+    /// should raise it or find who creates so many memberships).
+    private func warnIfJoinsWereRefused() {
+        let report: (refused: Int, held: Int, limit: Int)? = locked.withLock { locked in
+            let refused = locked.tracker.refusedJoins
+            guard refused > locked.refusedJoinsReported else { return nil }
+            if let last = locked.lastRefusalWarning, ContinuousClock.now - last < .seconds(60) { return nil }
+            defer {
+                locked.refusedJoinsReported = refused
+                locked.lastRefusalWarning = .now
+            }
+            return (refused - locked.refusedJoinsReported, locked.tracker.membershipCount, locked.tracker.maximumMemberships)
+        }
+        guard let report else { return }
+        logger.warning("presence memberships at their limit; new joins are not recorded (raise maxPresenceMemberships?)",
+                       metadata: ["refused": "\(report.refused)", "memberships": "\(report.held)", "limit": "\(report.limit)"])
     }
 
     /// Extends `uuid`'s presence where it still is (the end of a long-poll); never joins.
