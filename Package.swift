@@ -35,6 +35,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
         .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.1.1"),
         .package(url: "https://github.com/apple/swift-async-algorithms.git", from: "1.1.4"),
+        .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
     targets: [
         .target(
@@ -151,6 +152,17 @@ let package = Package(
         .testTarget(
             name: "TetherProtocolTests",
             dependencies: ["TetherProtocol"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "TetherParserPropertyTests",
+            dependencies: [
+                "TetherServer",
+                "TetherProtocol",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -88,7 +88,12 @@ struct Serve: AsyncParsableCommand {
         if let path = config ?? env["TETHER_CONFIG"] {
             file = try ConfigurationFile.load(path: path)
         }
-        if let timeout = subscribeTimeout ?? env["TETHER_SUBSCRIBE_TIMEOUT"].flatMap(Double.init) {
+        var environmentTimeout: Double?
+        if subscribeTimeout == nil, let text = env["TETHER_SUBSCRIBE_TIMEOUT"] {
+            guard let value = Double(text) else { throw ValidationError("TETHER_SUBSCRIBE_TIMEOUT must be a number of seconds") }
+            environmentTimeout = value
+        }
+        if let timeout = subscribeTimeout ?? environmentTimeout {
             file.subscribeTimeoutSeconds = timeout
             try file.validate()
         }

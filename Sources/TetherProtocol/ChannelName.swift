@@ -36,7 +36,9 @@ public enum NameRules {
     /// Validates a concrete channel name (publish, history, presence...). No wildcards.
     public static func validateChannel(_ name: String) throws(Violation) {
         try validateCommon(name)
-        if name.contains("*") { throw .forbiddenCharacter("*") }
+        // Scalars, not Characters: `*` followed by a combining mark is one Character that is
+        // not `*`, yet it still carries the wildcard byte.
+        if name.unicodeScalars.contains("*") { throw .forbiddenCharacter("*") }
     }
 
     /// Validates a channel group name.
@@ -48,9 +50,10 @@ public enum NameRules {
     /// such as `sports.*` or `sports.eu.*` (PubNub allows at most two dots before the `*`).
     public static func validateSubscribeChannel(_ name: String) throws(Violation) {
         try validateCommon(name)
-        guard name.contains("*") else { return }
-        guard name.hasSuffix(".*"), name.count > 2 else { throw .invalidWildcard }
-        let prefix = name.dropLast(2)
+        let scalars = name.unicodeScalars
+        guard scalars.contains("*") else { return }
+        guard scalars.count > 2, scalars.suffix(2).elementsEqual([".", "*"]) else { throw .invalidWildcard }
+        let prefix = scalars.dropLast(2)
         if prefix.contains("*") { throw .invalidWildcard }
         if prefix.filter({ $0 == "." }).count > 1 { throw .invalidWildcard }
     }

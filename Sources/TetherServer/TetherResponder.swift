@@ -213,7 +213,15 @@ public struct TetherResponder: HTTPResponder {
         guard let wait = state.rateLimits.take(kind, uuid: uuid, address: address, subscribeKey: keyset.subscribeKey,
                                                limits: state.keysets.limits(for: keyset)) else { return nil }
         return Reply.json(.tooManyRequests, ErrorBody.service(status: 429, service: "Balancer", message: "Too Many Requests"),
-                          extraHeaders: [.retryAfter: String(max(1, Int(wait.rounded(.up))))])
+                          extraHeaders: [.retryAfter: String(Self.retryAfterSeconds(wait))])
+    }
+
+    /// `Retry-After` for a wait in seconds: whole seconds, 1…86,400. A configured rate as small
+    /// as 1e-300 per second is valid and makes the wait astronomically long (or infinite), which
+    /// must saturate rather than trap converting to `Int`.
+    static func retryAfterSeconds(_ wait: Double) -> Int {
+        guard wait.isFinite else { return 86_400 }
+        return Int(min(max(wait.rounded(.up), 1), 86_400))
     }
 
     // MARK: - Keys and names

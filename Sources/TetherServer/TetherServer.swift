@@ -39,9 +39,12 @@ public struct ServerConfiguration: Sendable {
         self.checksStoreAtStart = checksStoreAtStart
     }
 
-    /// The subscribe long-poll expiry.
+    /// The subscribe long-poll expiry. `ConfigurationFile.validate()` bounds the setting to
+    /// 1…300 s; a configuration built in code without validating is still clamped (fractions
+    /// of a second are kept for tests), so NaN or a huge value cannot trap the conversion.
     public var subscribeTimeout: TimeAmount {
-        .milliseconds(Int64((file.subscribeTimeoutSeconds ?? 280) * 1000))
+        let seconds = file.subscribeTimeoutSeconds.flatMap { $0.isFinite ? $0 : nil } ?? 280
+        return .milliseconds(Int64(min(max(seconds, 0.001), 300) * 1000))
     }
 }
 
@@ -93,7 +96,7 @@ public struct TetherServer: Sendable {
             let defaults = DeliveryHubConfiguration()
             let window = DeliveryHubConfiguration(
                 bufferCapacity: configuration.file.window?.capacity ?? defaults.bufferCapacity,
-                bufferMaximumAgeSeconds: UInt64(configuration.file.window?.maximumAgeSeconds ?? 20 * 60),
+                bufferMaximumAgeSeconds: UInt64(clamping: configuration.file.window?.maximumAgeSeconds ?? 20 * 60),
                 memoryBudgetBytes: configuration.file.window?.memoryBudgetBytes ?? defaults.memoryBudgetBytes,
                 maxChannels: configuration.file.window?.maxChannels ?? defaults.maxChannels)
             hub = try LongPollHub(store: store, metrics: metrics, logger: logger, configuration: window)
