@@ -94,19 +94,35 @@ public final class LongPollHub: Sendable {
         let probe = makeEnvelope(.zero)
         let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
         let timetoken = state.withLock { $0.core.reserve(key, now: now) }
+        let envelope = makeEnvelope(timetoken)
         if let stored {
             do {
-                try await store.append(stored(timetoken))
+                try await store.append(stored(timetoken)) { [self] committed in
+                    // The publisher was told "outcome unknown"; the reservation was kept in
+                    // flight, so a message that did commit is delivered at its timetoken, never
+                    // skipped by a cursor that moved on.
+                    if committed {
+                        commit(BufferedEvent(envelope: envelope, isStored: true))
+                    } else {
+                        wake(state.withLock { $0.core.abandon(timetoken) }, reason: .event)
+                    }
+                }
+            } catch let error as StoreError where error.code == .outcomeUnknown {
+                throw error  // settled by the closure above once the transaction ends
             } catch {
                 let woken = state.withLock { $0.core.abandon(timetoken) }
                 wake(woken, reason: .event)
                 throw error
             }
         }
-        let event = BufferedEvent(envelope: makeEnvelope(timetoken), isStored: stored != nil)
+        commit(BufferedEvent(envelope: envelope, isStored: stored != nil))
+        return timetoken
+    }
+
+    /// Commits a reserved event into its window and wakes the long-polls it reaches.
+    private func commit(_ event: BufferedEvent) {
         let woken = state.withLock { $0.core.commit(event, now: clock()) }
         wake(woken, reason: .event)
-        return timetoken
     }
 
     /// Publishes an event that is never stored (presence events): reserved, committed and

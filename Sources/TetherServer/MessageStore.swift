@@ -98,6 +98,8 @@ public final class MessageStore: Sendable {
     private let probeQueue: DatabaseQueue
     private let logger: Logger
     private let queue: Mutex<StoreWriteQueue<CheckedContinuation<Void, any Error>>>
+    /// Who settles writes answered "outcome unknown", by write id (see ``append(_:settledLate:)``).
+    private let lateSettlers = Mutex<[UInt64: @Sendable (Bool) -> Void]>([:])
     private let observation = Mutex(Observation(condition: .writable, at: .now, probing: nil))
     private let doorbell: AsyncStream<Void>
     private let doorbellContinuation: AsyncStream<Void>.Continuation
@@ -328,9 +330,26 @@ public final class MessageStore: Sendable {
     /// - Throws: ``StoreError`` with code `queueFull` (nothing queued), `timedOut` (withdrawn
     ///   before it started: not stored), `outcomeUnknown` (its transaction was running at the
     ///   deadline), or the classified failure of its transaction (`full`, `busy`, ...).
-    public func append(_ message: StoredMessage) async throws {
+    ///
+    /// - Parameter settledLate: called once, from the writer, when a write whose publisher was
+    ///   answered `outcomeUnknown` settles: `true` if it committed, `false` if not. Never called
+    ///   for a write answered with its outcome.
+    public func append(_ message: StoredMessage, settledLate: (@Sendable (Bool) -> Void)? = nil) async throws {
         let id = queue.withLock { $0.makeID() }
         let timeout = options.writeTimeout
+        if let settledLate { lateSettlers.withLock { $0[id] = settledLate } }
+        do {
+            try await waitForWrite(id: id, message, timeout: timeout)
+        } catch let error as StoreError where error.code == .outcomeUnknown {
+            throw error  // the settler stays until the writer knows the outcome
+        } catch {
+            lateSettlers.withLock { _ = $0.removeValue(forKey: id) }
+            throw error
+        }
+        lateSettlers.withLock { _ = $0.removeValue(forKey: id) }
+    }
+
+    private func waitForWrite(id: UInt64, _ message: StoredMessage, timeout: Duration) async throws {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 try await Task.sleep(for: timeout)
@@ -403,23 +422,26 @@ public final class MessageStore: Sendable {
                     outcome = .failure(StoreError.classify(error))
                 }
                 let completion = queue.withLock { $0.finish(ids) }
+                let settlers = lateSettlers.withLock { all in completion.late.compactMap { all.removeValue(forKey: $0) } }
                 switch outcome {
                 case .success(let written):
                     if written > 0 {
                         metrics.recordStoreWrite(duration: ContinuousClock.now - started, batchSize: written)
                         observe(.writable)
                     }
-                    if completion.late > 0 {
-                        logger.warning("stored messages whose publishers were answered 'outcome unknown'",
-                                       metadata: ["count": "\(completion.late)"])
+                    if !completion.late.isEmpty {
+                        logger.warning("stored messages whose publishers were answered 'outcome unknown'; delivered at their timetokens",
+                                       metadata: ["count": "\(completion.late.count)"])
                     }
                     for waiter in completion.waiters { waiter.resume() }
+                    for settle in settlers { settle(true) }
                 case .failure(let error):
                     observe(StoreCondition(error))
                     logger.error("store write failed", metadata: [
-                        "error": "\(error)", "code": "\(error.code)", "batch": "\(batch.count)", "late": "\(completion.late)",
+                        "error": "\(error)", "code": "\(error.code)", "batch": "\(batch.count)", "late": "\(completion.late.count)",
                     ])
                     for waiter in completion.waiters { waiter.resume(throwing: error) }
+                    for settle in settlers { settle(false) }
                 }
             }
         }

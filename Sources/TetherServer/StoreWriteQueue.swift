@@ -12,8 +12,9 @@
 ///
 /// A publisher whose deadline passes *withdraws* a queued or taken write: the writer will never
 /// insert it, so "not stored" is certain. Once claimed, the transaction can no longer be
-/// stopped from committing, so the publisher is told the outcome is unknown and the eventual
-/// result is only logged.
+/// stopped from committing, so the publisher is told the outcome is unknown; the eventual result
+/// is reported as a *late* write (``Completion/late``) so the shell can settle it — deliver it if
+/// it committed, release its timetoken if not.
 struct StoreWriteQueue<Waiter> {
     /// One write request.
     struct Entry {
@@ -37,8 +38,9 @@ struct StoreWriteQueue<Waiter> {
     struct Completion {
         /// Waiters to resume with the transaction's outcome.
         var waiters: [Waiter]
-        /// Writes whose publisher was already told "outcome unknown" (their result is logged).
-        var late: Int
+        /// Writes whose publisher was already told "outcome unknown": this transaction's outcome
+        /// is theirs too.
+        var late: [UInt64]
     }
 
     /// Queued writes at most; beyond it ``enqueue(_:waiter:)`` refuses.
@@ -104,12 +106,12 @@ struct StoreWriteQueue<Waiter> {
 
     /// The transaction of batch `ids` ended (committed, or failed before or after claiming).
     mutating func finish(_ ids: [UInt64]) -> Completion {
-        var completion = Completion(waiters: [], late: 0)
+        var completion = Completion(waiters: [], late: [])
         for id in ids {
             if let waiter = claimed.removeValue(forKey: id) ?? taken.removeValue(forKey: id) {
                 completion.waiters.append(waiter)
             } else if orphaned.remove(id) != nil {
-                completion.late += 1
+                completion.late.append(id)
             }
         }
         return completion

@@ -146,7 +146,7 @@ public struct TetherResponder: HTTPResponder {
         case .timedOut:
             return (.serviceUnavailable, "Service Unavailable: the store write timed out; the message was not stored", 1)
         case .outcomeUnknown:
-            return (.gatewayTimeout, "Gateway Timeout: the store write timed out while committing; the message may be stored", nil)
+            return (.gatewayTimeout, "Gateway Timeout: the store write timed out while committing; the message may be stored, and if it is, subscribers receive it", nil)
         case .readonly:
             return (.serviceUnavailable, "Service Unavailable: the message store is read-only", 30)
         default:

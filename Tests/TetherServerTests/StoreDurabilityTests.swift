@@ -71,7 +71,7 @@ import TetherProtocol
         guard case .outcomeUnknown("b") = queue.expire(b) else { Issue.record("b not unknown"); return }
         let completion = queue.finish([a, b])
         #expect(completion.waiters.isEmpty)
-        #expect(completion.late == 1)
+        #expect(completion.late.count == 1)
         guard case .alreadyDone = queue.expire(b) else { Issue.record("b answered twice"); return }
         // A queued write that times out leaves the queue.
         let d = queue.makeID()
@@ -139,6 +139,39 @@ import TetherProtocol
         #expect(messages.count == 2)  // the first and the last; the refused one is not stored
         #expect(messages.last?["timetoken"] as? String == String(stored.rawValue))
         #expect(await eventually { (try? await server.get("/health").status) == 200 })
+        await server.stop()
+    }
+
+    // MARK: - Outcome unknown
+
+    /// A transaction still committing when its publisher's wait runs out: the publisher is told
+    /// 504 "outcome unknown", and the message, which does commit, is then delivered to live
+    /// subscribers at its timetoken — never skipped by a cursor that moved on meanwhile.
+    @Test func aWriteThatCommitsAfterItsTimeoutIsStillDelivered() async throws {
+        var file = ConfigurationFile(subscribeTimeoutSeconds: 30)
+        file.store = .init(writeTimeoutSeconds: 0.2)
+        let server = try await TestServer.start(file: file)
+        // The writer's inserts take a second (a disk stalled inside the commit).
+        try await server.server.state.store.pool.writeWithoutTransaction { db in
+            db.add(function: DatabaseFunction("tether_test_sleep", argumentCount: 1, pure: false) { arguments in
+                usleep(UInt32(Int.fromDatabaseValue(arguments[0]) ?? 0) * 1000)
+                return nil
+            })
+            try db.execute(sql: "CREATE TEMP TRIGGER slow_insert AFTER INSERT ON message BEGIN SELECT tether_test_sleep(1000); END")
+        }
+        let cursor = try await server.handshake("late,other")
+        async let page = server.subscribe("late,other", tt: cursor, timeout: .seconds(20))
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        let answer = try await server.get("/publish/demo/demo/0/late/0/%22slow%22?uuid=tester")
+        #expect(answer.status == 504)
+        #expect(answer.body.contains("may be stored"))
+        // While the outcome is unknown, later events wait behind it rather than overtake it.
+        #expect(try await server.get("/publish/demo/demo/0/other/0/%22after%22?uuid=tester&store=0").status == 200)
+        let delivered = try await page
+        #expect(delivered.messages.map { $0["d"] as? String } == ["slow", "after"])
+        let history = try await server.object("/v3/history/sub-key/demo/channel/late?uuid=tester")
+        let stored = ((history["channels"] as? [String: Any])?["late"] as? [[String: Any]]) ?? []
+        #expect(stored.map { $0["message"] as? String } == ["slow"])
         await server.stop()
     }
 
