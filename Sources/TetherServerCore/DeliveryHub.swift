@@ -183,6 +183,12 @@ public struct DeliveryHub: Sendable {
     private var buffers: [String: [String: ChannelBuffer]] = [:]
     /// Number of windows (channels in ``buffers``).
     private var windowCount = 0
+    /// Window count at which the next shed runs: the channel cap, or — when a shed could not
+    /// get under it (windows holding events no subscriber may see yet) — a tenth above where it
+    /// stopped, so a full scan runs at most once per tenth of growth, never once per publish.
+    private var shedAt: Int?
+    /// Buffered bytes at which the budget is next enforced, by the same reasoning.
+    private var enforceBudgetAt: Int?
     /// Bytes held by every window together.
     public private(set) var bufferedBytes = 0
     /// Wildcard index: `(keyset, "a.")` → windowed channels starting with `a.`, so a wildcard
@@ -258,7 +264,11 @@ public struct DeliveryHub: Sendable {
     /// failed. The channel's window is created here so its coverage is below the reservation.
     public mutating func reserve(_ channel: ChannelKey, now: Timetoken) -> Timetoken {
         if buffers[channel.subscribeKey]?[channel.channel] == nil {
-            if windowCount >= configuration.maxChannels { shedWindows(now: now) }
+            if shedAt != nil, windowCount < configuration.maxChannels { shedAt = nil }
+            if windowCount >= (shedAt ?? configuration.maxChannels) {
+                shedWindows(now: now)
+                shedAt = windowCount < configuration.maxChannels ? nil : windowCount + max(1, configuration.maxChannels / 10)
+            }
             let buffer = ChannelBuffer(coverage: sequencer.last, unstoredEvictedThrough: lossRecords.removeValue(forKey: channel))
             buffers[channel.subscribeKey, default: [:]][channel.channel] = buffer
             windowCount += 1
@@ -293,8 +303,16 @@ public struct DeliveryHub: Sendable {
             buffers[key.subscribeKey]?[key.channel] = buffer
         }
         removeInFlight(event.timetoken)
-        if bufferedBytes > configuration.memoryBudgetBytes { enforceBudget() }
-        let index = invisible.firstIndex { $0.0 > event.timetoken } ?? invisible.endIndex
+        if enforceBudgetAt != nil, bufferedBytes <= configuration.memoryBudgetBytes { enforceBudgetAt = nil }
+        if bufferedBytes > (enforceBudgetAt ?? configuration.memoryBudgetBytes) {
+            enforceBudget()
+            enforceBudgetAt = bufferedBytes <= configuration.memoryBudgetBytes
+                ? nil : bufferedBytes + max(1, configuration.memoryBudgetBytes / 10)
+        }
+        // Commits arrive almost in timetoken order: search from the end, so a long invisible
+        // run (events waiting behind a slow stored write) costs O(1) per commit, not O(n).
+        var index = invisible.endIndex
+        while index > invisible.startIndex, invisible[index - 1].0 > event.timetoken { index -= 1 }
         invisible.insert((event.timetoken, key), at: index)
         return advanceVisibility()
     }
