@@ -191,7 +191,9 @@ public final class PresenceService: Sendable {
             }
             let tickTime = clock.now()
             let ring = locked.withLock { locked in
-                publish(locked.tracker.tick(now: tickTime))
+                // In slices: a mass timeout (thousands of uuids gone at once) releases the lock
+                // between slices, so subscribes and heartbeats are not held up behind it.
+                publish(locked.tracker.tick(now: tickTime, limit: 1_000))
                 return locked.tracker.hasUnsavedChanges
             }
             if ring { doorbellContinuation.yield() }

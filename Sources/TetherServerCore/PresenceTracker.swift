@@ -428,9 +428,13 @@ public struct PresenceTracker: Sendable {
     }
 
     /// Expires members whose deadline has passed and emits due interval events.
-    public mutating func tick(now: Duration) -> [PresenceEvent] {
+    ///
+    /// - Parameter limit: the most timeouts handled in this call; the rest stay due (the shell
+    ///   calls again), so a mass timeout never holds the caller's lock for long.
+    public mutating func tick(now: Duration, limit: Int = .max) -> [PresenceEvent] {
         var events: [PresenceEvent] = []
-        while let top = heap.first, top.at <= now {
+        var timedOut = 0
+        while timedOut < limit, let top = heap.first, top.at <= now {
             heap.popMin()
             guard let member = channels[top.channel]?.members[top.uuid], member.queuedGeneration == top.generation else { continue }
             if member.deadline > top.at {
@@ -442,6 +446,7 @@ public struct PresenceTracker: Sendable {
                 continue
             }
             events += remove(top.uuid, from: top.channel, action: .timeout, now: now)
+            timedOut += 1
         }
         let due = intervalChannels.filter { key in channels[key]?.nextInterval.map { $0 <= now } ?? false }
         for key in due {

@@ -37,6 +37,16 @@ import TetherServerCore
         #expect(tracker.membershipCount == 3)
     }
 
+    @Test func aMassTimeoutIsHandedOutInSlices() {
+        var tracker = PresenceTracker()
+        for i in 0..<2_500 { _ = tracker.heartbeat(subscribeKey: "k", uuid: "u\(i)", channels: ["c\(i)"], timeout: timeout, now: .zero) }
+        let slices = [tracker.tick(now: timeout, limit: 1_000), tracker.tick(now: timeout, limit: 1_000),
+                      tracker.tick(now: timeout, limit: 1_000), tracker.tick(now: timeout, limit: 1_000)]
+        #expect(slices.map(\.count) == [1_000, 1_000, 500, 0])
+        #expect(Set(slices.joined().compactMap(\.uuid)).count == 2_500)
+        #expect(tracker.membershipCount == 0)
+    }
+
     @Test func timeoutFiresExactlyOnceAtTheDeadline() {
         var tracker = PresenceTracker()
         _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a"], timeout: timeout, now: .zero)
