@@ -95,7 +95,9 @@ struct BenchSoak: AsyncParsableCommand {
                 if let serverPID, let kib = BenchMachine.statusField("VmRSS", pid: serverPID) { samples.append((elapsed, kib)) }
                 if ContinuousClock.now - lastReport >= .seconds(30) {
                     lastReport = .now
-                    benchLog("soak: \(Int(elapsed)) s, \(load.counts.withLock { $0.total }) requests, RSS \(samples.last.map { "\($0.kib) KiB" } ?? "?")")
+                    let bounds = await load.bounds()
+                    benchLog("soak: \(Int(elapsed)) s, \(load.counts.withLock { $0.total }) requests, "
+                             + "RSS \(samples.last.map { "\($0.kib) KiB" } ?? "?"); \(bounds.map(SoakLoad.describe) ?? "no /metrics")")
                 }
             }
             try await group.waitForAll()
@@ -266,7 +268,7 @@ final class SoakLoad: Sendable {
             case 1: await send("/publish/demo/demo/0/\(fresh)/0/\(big)?uuid=\(fresh)&store=0", hostile: true)
             case 2:
                 let channels = (0..<200).map { "\(fresh)-\($0)" }.joined(separator: ",")
-                await send("/v2/subscribe/demo/\(channels)/0?tt=0&uuid=\(fresh)&heartbeat=300", hostile: true, timeout: .milliseconds(500))
+                await send("/v2/subscribe/demo/\(channels)/0?tt=0&uuid=\(fresh)&heartbeat=60", hostile: true, timeout: .milliseconds(500))
             case 3:
                 let group = "g\(index)-\(step % 20)"
                 let channels = (0..<100).map { "\(group)-\($0)" }.joined(separator: ",")
@@ -284,6 +286,25 @@ final class SoakLoad: Sendable {
                            body: Array(repeating: 0xFF, count: 1024), hostile: true)
             }
         }
+    }
+
+    /// The server's bound gauges from `/metrics` (refreshed every 10 s by the server).
+    func bounds() async -> [String: Double]? {
+        guard let (status, body) = await send("/metrics", hostile: false), status == 200 else { return nil }
+        var values: [String: Double] = [:]
+        for line in String(buffer: body).split(separator: "\n") where !line.hasPrefix("#") {
+            let parts = line.split(separator: " ")
+            guard parts.count == 2, ["tether_window_bytes", "tether_windows", "tether_presence_memberships"].contains(String(parts[0])),
+                  let value = Double(parts[1]) else { continue }
+            values[String(parts[0])] = value
+        }
+        return values
+    }
+
+    static func describe(_ bounds: [String: Double]) -> String {
+        let mib = (bounds["tether_window_bytes"] ?? 0) / 1_048_576
+        return "windows \(Int(mib)) MiB in \(Int(bounds["tether_windows"] ?? 0)), "
+            + "presence \(Int(bounds["tether_presence_memberships"] ?? 0)) memberships"
     }
 
     /// Whether the server still accepts a publish and returns it from history.

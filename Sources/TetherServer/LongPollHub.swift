@@ -319,10 +319,14 @@ public final class LongPollHub: Sendable {
         wake(ids, reason: .shutdown)
     }
 
-    /// Drops expired in-memory events and empty windows.
-    public func sweep() {
+    /// Drops expired in-memory events and empty windows; returns what the windows hold after it.
+    @discardableResult
+    public func sweep() -> (bytes: Int, windows: Int) {
         let now = clock()
-        state.withLock { $0.core.sweep(now: now) }
+        return state.withLock { s in
+            s.core.sweep(now: now)
+            return (s.core.bufferedBytes, s.core.bufferedChannelCount)
+        }
     }
 }
 

@@ -23,6 +23,15 @@ public struct ServerMetrics: Sendable {
         storeBatch = Recorder(label: "tether_store_write_batch_size", factory: factory)
     }
 
+    /// How close the server is to its configured bounds (docs/operations.md, "Bounds"): bytes and
+    /// channels held by the in-memory windows, presence memberships, rate-limit buckets.
+    public func recordBounds(windowBytes: Int, windows: Int, presenceMemberships: Int, rateLimitBuckets: Int) {
+        Gauge(label: "tether_window_bytes", factory: factory).record(windowBytes)
+        Gauge(label: "tether_windows", factory: factory).record(windows)
+        Gauge(label: "tether_presence_memberships", factory: factory).record(presenceMemberships)
+        Gauge(label: "tether_rate_limit_buckets", factory: factory).record(rateLimitBuckets)
+    }
+
     /// Counts one request to `endpoint` answered with `status`.
     public func recordRequest(endpoint: String, status: Int) {
         Counter(label: "tether_requests_total", dimensions: [("endpoint", endpoint), ("status", String(status))], factory: factory)

@@ -162,7 +162,8 @@ public struct TetherServer: Sendable {
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: app),
                 .init(service: MaintenanceService(hub: state.hub, store: state.store, access: state.access,
-                                                  rateLimits: state.rateLimits, logger: logger),
+                                                  rateLimits: state.rateLimits, presence: state.presence,
+                                                  metrics: state.metrics, logger: logger),
                       successTerminationBehavior: .gracefullyShutdownGroup),
             ],
             gracefulShutdownSignals: handleSignals ? [.sigterm, .sigint] : [],
@@ -205,6 +206,8 @@ struct MaintenanceService: Service {
     let store: MessageStore
     let access: AccessManager
     let rateLimits: RateLimits
+    let presence: PresenceService
+    let metrics: ServerMetrics
     let logger: Logger
 
     func run() async throws {
@@ -216,8 +219,11 @@ struct MaintenanceService: Service {
                 } catch {
                     break
                 }
-                hub.sweep()
+                let windows = hub.sweep()
                 rateLimits.sweep()
+                metrics.recordBounds(windowBytes: windows.bytes, windows: windows.windows,
+                                     presenceMemberships: presence.read { $0.membershipCount },
+                                     rateLimitBuckets: rateLimits.trackedBuckets)
                 access.removeExpired()
                 tick += 1
                 if tick % 6 == 1 {
