@@ -58,6 +58,10 @@ struct BenchSoak: AsyncParsableCommand {
     @Option(help: "Long-poll subscribers.")
     var subscribers: Int = 20
 
+    @Option(name: .customLong("window-budget-mib"),
+            help: "Spawned server: window.memoryBudgetBytes in MiB (default 64, small enough that a 10-minute run reaches it; the server's own default is 256).")
+    var windowBudgetMiB: Int = 64
+
     @Flag(help: "Print the report as JSON.")
     var json = false
 
@@ -67,11 +71,18 @@ struct BenchSoak: AsyncParsableCommand {
             throw ValidationError("--legitimate-workers 1…256, --hostile-workers 0…256, --subscribers 0…2000")
         }
         if pid != nil && url == nil { throw ValidationError("--pid goes with --url") }
+        guard (1...1_048_576).contains(windowBudgetMiB) else { throw ValidationError("--window-budget-mib must be between 1 and 1048576") }
     }
 
     func run() async throws {
         signal(SIGPIPE, SIG_IGN)
-        let spawned: SpawnedServer? = url == nil ? try await SpawnedServer(subscribeTimeout: 10) : nil
+        var spawned: SpawnedServer?
+        if url == nil {
+            let config = FileManager.default.temporaryDirectory.appendingPathComponent("tether-soak-\(UUID().uuidString).json")
+            try Data(#"{"window": {"memoryBudgetBytes": \#(windowBudgetMiB << 20)}}"#.utf8).write(to: config)
+            defer { try? FileManager.default.removeItem(at: config) }
+            spawned = try await SpawnedServer(subscribeTimeout: 10, extraArguments: ["--config", config.path])
+        }
         guard let base = url ?? spawned?.target.url else { throw ValidationError("--url must look like http://host:port") }
         let serverPID = pid ?? spawned?.pid
         var configuration = HTTPClient.Configuration()
