@@ -70,10 +70,10 @@ public struct TetherConfiguration: Sendable {
     /// within 35 s. `nil` disables it.
     public var deadLinkDetection: DeadLinkDetection?
     /// Which presence-heartbeat results become statuses (default failures only).
-    public var heartbeatReporting: SubscribeMachine.PresenceHeartbeat.Reporting
+    public var heartbeatReporting: HeartbeatReporting
     /// When the subscribe engine fetches history itself (default: when the server reports a
     /// retention gap).
-    public var backfill: SubscribeMachine.BackfillPolicy
+    public var backfill: BackfillPolicy
 
     /// Creates a configuration; throws when the user id or origin is invalid.
     public init(subscribeKey: String, publishKey: String? = nil, secretKey: String? = nil, userId: String,
@@ -124,12 +124,12 @@ public struct TetherConfiguration: Sendable {
     }
 
     /// The origin's host and optional port.
-    public var originHostAndPort: (host: String, port: Int?) {
+    package var originHostAndPort: (host: String, port: Int?) {
         Self.parseOrigin(origin) ?? (origin, nil)
     }
 
     /// The base URL requests go to, for example `https://tether.example.com`.
-    public var baseURL: String { (useTLS ? "https://" : "http://") + origin }
+    package var baseURL: String { (useTLS ? "https://" : "http://") + origin }
 
     static func parseOrigin(_ origin: String) -> (host: String, port: Int?)? {
         guard !origin.isEmpty, !origin.contains("/"), !origin.contains("://"), !origin.contains(where: \.isWhitespace) else { return nil }

@@ -36,7 +36,7 @@ public struct AccessToken: Sendable, Hashable {
     public var expiresAt: Int64 { issuedAt + Int64(ttlMinutes) * 60 }
 
     /// Parses a token string (standard or URL-safe base64, padding optional).
-    public init(parsing token: String) throws(DecodingFailure) {
+    package init(parsing token: String) throws(DecodingFailure) {
         guard let bytes = Base64.decode(token) else { throw DecodingFailure("token: not base64") }
         let root: CBORValue
         do { root = try CBORValue(decoding: bytes) } catch { throw DecodingFailure("token: \(error.reason)") }

@@ -1,20 +1,20 @@
-public import TetherProtocol
+package import TetherProtocol
 
 /// Builds the request for every REST API of pubnub-wire §4–§16, purely.
 ///
 /// Each builder adds `uuid`, `pnsdk` and (where the wire expects it) `auth`; signing is applied
 /// afterwards by the client when a secret key is configured.
-public struct Endpoints: Sendable {
+package struct Endpoints: Sendable {
     /// Keys and identity.
-    public var context: RequestContext
+    package var context: RequestContext
 
     /// Creates a builder.
-    public init(context: RequestContext) { self.context = context }
+    package init(context: RequestContext) { self.context = context }
 
     private var sub: String { PercentCoding.encode(context.subscribeKey) }
 
     /// Comma-joined list, each name encoded, `,` for an empty list (pubnub-wire §1.2).
-    public static func list(_ names: [String]) -> String {
+    package static func list(_ names: [String]) -> String {
         names.isEmpty ? "," : names.map { PercentCoding.encode($0) }.joined(separator: ",")
     }
 
@@ -37,13 +37,13 @@ public struct Endpoints: Sendable {
     }
 
     /// `GET /time/0`.
-    public func time(timeout: Duration? = nil) -> RequestSpec {
+    package func time(timeout: Duration? = nil) -> RequestSpec {
         make(.time, "/time/0", timeout: timeout, auth: false)
     }
 
     /// Publish (or fire when `fire` is true): `message` is the JSON text to send (already encrypted
     /// when a cryptor is configured).
-    public func publish(channel: String, messageJSON: String, options: PublishOptions, fire: Bool = false) throws(RequestBuildError)
+    package func publish(channel: String, messageJSON: String, options: PublishOptions, fire: Bool = false) throws(RequestBuildError)
         -> RequestSpec
     {
         guard let pub = context.publishKey, !pub.isEmpty else { throw .missingPublishKey }
@@ -69,7 +69,7 @@ public struct Endpoints: Sendable {
     }
 
     /// `GET /signal/{pub}/{sub}/0/{ch}/0/{message}`.
-    public func signal(channel: String, messageJSON: String, customMessageType: String? = nil, timeout: Duration? = nil)
+    package func signal(channel: String, messageJSON: String, customMessageType: String? = nil, timeout: Duration? = nil)
         throws(RequestBuildError) -> RequestSpec
     {
         guard let pub = context.publishKey, !pub.isEmpty else { throw .missingPublishKey }
@@ -81,7 +81,7 @@ public struct Endpoints: Sendable {
     }
 
     /// History v2 for one channel; always asks for timetokens as strings with each item.
-    public func history(channel: String, options: HistoryOptions) throws(RequestBuildError) -> RequestSpec {
+    package func history(channel: String, options: HistoryOptions) throws(RequestBuildError) -> RequestSpec {
         try Self.check(channel: channel)
         guard (1...100).contains(options.count) else { throw .invalidArgument("count must be 1–100") }
         var query = [QueryItem("count", String(options.count)), QueryItem("include_token", "true"),
@@ -94,7 +94,7 @@ public struct Endpoints: Sendable {
     }
 
     /// Fetch messages v3 for one or more channels.
-    public func fetch(channels: [String], options: FetchOptions) throws(RequestBuildError) -> RequestSpec {
+    package func fetch(channels: [String], options: FetchOptions) throws(RequestBuildError) -> RequestSpec {
         guard !channels.isEmpty else { throw .invalidArgument("at least one channel is required") }
         for channel in channels { try Self.check(channel: channel) }
         let ceiling = channels.count == 1 ? 100 : 25
@@ -113,7 +113,7 @@ public struct Endpoints: Sendable {
     }
 
     /// Message counts since one timetoken (all channels) or one per channel.
-    public func messageCounts(_ pairs: [(channel: String, after: Timetoken)], timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+    package func messageCounts(_ pairs: [(channel: String, after: Timetoken)], timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard !pairs.isEmpty else { throw .invalidArgument("at least one channel is required") }
         for pair in pairs { try Self.check(channel: pair.channel) }
         let names = pairs.map(\.channel)
@@ -127,7 +127,7 @@ public struct Endpoints: Sendable {
     }
 
     /// `DELETE /v3/history/sub-key/{sub}/channel/{ch}` (`start` exclusive, `end` inclusive).
-    public func deleteMessages(channel: String, start: Timetoken?, end: Timetoken?, timeout: Duration? = nil) throws(RequestBuildError)
+    package func deleteMessages(channel: String, start: Timetoken?, end: Timetoken?, timeout: Duration? = nil) throws(RequestBuildError)
         -> RequestSpec
     {
         try Self.check(channel: channel)
@@ -138,7 +138,7 @@ public struct Endpoints: Sendable {
     }
 
     /// Here-now for channels and/or groups, or global when both are empty.
-    public func hereNow(channels: [String], groups: [String], options: HereNowOptions) throws(RequestBuildError) -> RequestSpec {
+    package func hereNow(channels: [String], groups: [String], options: HereNowOptions) throws(RequestBuildError) -> RequestSpec {
         for channel in channels { try Self.check(channel: channel) }
         for group in groups { try Self.check(group: group) }
         var query = [QueryItem("state", options.includeState ? "1" : "0"), QueryItem("disable_uuids", options.includeUserIds ? "0" : "1")]
@@ -150,13 +150,13 @@ public struct Endpoints: Sendable {
     }
 
     /// Where-now for a user id.
-    public func whereNow(userId: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+    package func whereNow(userId: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard !userId.isEmpty else { throw .invalidArgument("user id is empty") }
         return make(.whereNow, "/v2/presence/sub-key/\(sub)/uuid/\(PercentCoding.encode(userId))", timeout: timeout)
     }
 
     /// Presence heartbeat announcing this user on channels and groups for `presenceTimeout` seconds.
-    public func heartbeat(channels: [String], groups: [String], presenceTimeout: Int, state: JSONValue? = nil,
+    package func heartbeat(channels: [String], groups: [String], presenceTimeout: Int, state: JSONValue? = nil,
                           timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard !channels.isEmpty || !groups.isEmpty else { throw .invalidArgument("at least one channel or group is required") }
         var query = [QueryItem("heartbeat", String(presenceTimeout))]
@@ -166,7 +166,7 @@ public struct Endpoints: Sendable {
     }
 
     /// Presence leave.
-    public func leave(channels: [String], groups: [String], timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+    package func leave(channels: [String], groups: [String], timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard !channels.isEmpty || !groups.isEmpty else { throw .invalidArgument("at least one channel or group is required") }
         var query: [QueryItem] = []
         if !groups.isEmpty { query.append(QueryItem("channel-group", groups.joined(separator: ","))) }
@@ -174,7 +174,7 @@ public struct Endpoints: Sendable {
     }
 
     /// Sets this user's presence state on channels and groups.
-    public func setState(_ state: [String: JSONValue], channels: [String], groups: [String], timeout: Duration? = nil)
+    package func setState(_ state: [String: JSONValue], channels: [String], groups: [String], timeout: Duration? = nil)
         throws(RequestBuildError) -> RequestSpec
     {
         guard !channels.isEmpty || !groups.isEmpty else { throw .invalidArgument("at least one channel or group is required") }
@@ -185,7 +185,7 @@ public struct Endpoints: Sendable {
     }
 
     /// Gets a user's presence state on channels and groups.
-    public func getState(userId: String, channels: [String], groups: [String], timeout: Duration? = nil) throws(RequestBuildError)
+    package func getState(userId: String, channels: [String], groups: [String], timeout: Duration? = nil) throws(RequestBuildError)
         -> RequestSpec
     {
         guard !channels.isEmpty || !groups.isEmpty else { throw .invalidArgument("at least one channel or group is required") }
@@ -196,7 +196,7 @@ public struct Endpoints: Sendable {
     }
 
     /// Adds channels to a group.
-    public func addChannels(_ channels: [String], toGroup group: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+    package func addChannels(_ channels: [String], toGroup group: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         try Self.check(group: group)
         guard !channels.isEmpty else { throw .invalidArgument("at least one channel is required") }
         for channel in channels { try Self.check(channel: channel) }
@@ -204,7 +204,7 @@ public struct Endpoints: Sendable {
     }
 
     /// Removes channels from a group.
-    public func removeChannels(_ channels: [String], fromGroup group: String, timeout: Duration? = nil) throws(RequestBuildError)
+    package func removeChannels(_ channels: [String], fromGroup group: String, timeout: Duration? = nil) throws(RequestBuildError)
         -> RequestSpec
     {
         try Self.check(group: group)
@@ -213,19 +213,19 @@ public struct Endpoints: Sendable {
     }
 
     /// Lists the channels of a group.
-    public func listChannels(inGroup group: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+    package func listChannels(inGroup group: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         try Self.check(group: group)
         return make(.listChannelsInGroup, groupPath(group), timeout: timeout)
     }
 
     /// Deletes a group.
-    public func deleteGroup(_ group: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+    package func deleteGroup(_ group: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         try Self.check(group: group)
         return make(.deleteGroup, groupPath(group) + "/remove", timeout: timeout)
     }
 
     /// Lists every channel group of the keyset.
-    public func listGroups(timeout: Duration? = nil) -> RequestSpec {
+    package func listGroups(timeout: Duration? = nil) -> RequestSpec {
         make(.listGroups, "/v1/channel-registration/sub-key/\(sub)/channel-group", timeout: timeout)
     }
 
@@ -234,7 +234,7 @@ public struct Endpoints: Sendable {
     }
 
     /// `GET /v2/auth/grant/sub-key/{sub}` (requires the secret key; the client signs it).
-    public func grant(_ grant: AuthKeyGrant, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+    package func grant(_ grant: AuthKeyGrant, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard (0...525_600).contains(grant.ttlMinutes) else { throw .invalidArgument("ttl must be 0–525600 minutes") }
         var query: [QueryItem] = []
         if !grant.authKeys.isEmpty { query.append(QueryItem("auth", grant.authKeys.joined(separator: ","))) }
@@ -249,19 +249,19 @@ public struct Endpoints: Sendable {
     }
 
     /// `POST /v3/pam/{sub}/grant` (requires the secret key; the client signs it).
-    public func grantToken(_ grant: TokenGrant, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+    package func grantToken(_ grant: TokenGrant, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard (1...43200).contains(grant.ttlMinutes) else { throw .invalidArgument("ttl must be 1–43200 minutes") }
         return make(.grantToken, .post, "/v3/pam/\(sub)/grant", body: grant.body.jsonBytes, timeout: timeout, auth: false)
     }
 
     /// `DELETE /v3/pam/{sub}/grant/{token}`.
-    public func revokeToken(_ token: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
+    package func revokeToken(_ token: String, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard !token.isEmpty else { throw .invalidArgument("token is empty") }
         return make(.revokeToken, .delete, "/v3/pam/\(sub)/grant/\(PercentCoding.encode(token))", timeout: timeout, auth: false)
     }
 
     /// A subscribe v2 long-poll (handshake when `cursor` is nil); used by the subscribe engine.
-    public func subscribe(channels: [String], groups: [String], cursor: (timetoken: Timetoken, region: Int)?, filterExpression: String?,
+    package func subscribe(channels: [String], groups: [String], cursor: (timetoken: Timetoken, region: Int)?, filterExpression: String?,
                           presenceTimeout: Int?, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard !channels.isEmpty || !groups.isEmpty else { throw .invalidArgument("at least one channel or group is required") }
         for channel in channels {

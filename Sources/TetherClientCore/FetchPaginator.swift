@@ -6,22 +6,22 @@ import TetherProtocol
 /// Pages go backwards in time: each follow-up request keeps `end` and sets `start` to the oldest
 /// timetoken of the previous page, for the channels whose page was full; it stops when no channel
 /// returned a full page.
-public struct FetchPaginator: Sendable {
+package struct FetchPaginator: Sendable {
     /// The channels still being paged.
-    public private(set) var channels: [String]
+    package private(set) var channels: [String]
     /// The options of the next request.
-    public private(set) var options: FetchOptions
+    package private(set) var options: FetchOptions
     /// Whether there is nothing more to fetch.
-    public private(set) var isFinished = false
+    package private(set) var isFinished = false
 
     /// Starts paging `channels` with `options`.
-    public init(channels: [String], options: FetchOptions) {
+    package init(channels: [String], options: FetchOptions) {
         self.channels = channels
         self.options = options
     }
 
     /// The page size the server applies to the current request.
-    public var pageSize: Int {
+    package var pageSize: Int {
         let ceiling = channels.count == 1 ? 100 : 25
         return min(options.maximumPerChannel ?? ceiling, ceiling)
     }
@@ -32,7 +32,7 @@ public struct FetchPaginator: Sendable {
     /// Records a received page, plans the next request and returns the page without messages
     /// already returned by an earlier page.
     @discardableResult
-    public mutating func received(_ page: HistoryPage) -> HistoryPage {
+    package mutating func received(_ page: HistoryPage) -> HistoryPage {
         var fresh: [String: [HistoryMessage]] = [:]
         for (channel, messages) in page.channels {
             let bound = oldestSeen[channel]

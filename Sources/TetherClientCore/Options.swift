@@ -142,7 +142,7 @@ public struct TokenGrant: Sendable, Hashable {
     }
 
     /// The JSON body of `POST /v3/pam/{sub}/grant`.
-    public var body: JSONValue {
+    package var body: JSONValue {
         func map(_ d: [String: TokenPermissions]) -> JSONValue { .object(d.mapValues { .int($0.rawValue) }) }
         var permissions: [String: JSONValue] = [
             "resources": ["channels": map(channels), "groups": map(groups), "uuids": map(userIds), "users": [:], "spaces": [:]],

@@ -1,10 +1,10 @@
 import TetherProtocol
 /// The pure half of request signing (pubnub-wire §12): which parameters are added and which
 /// text is signed. The HMAC-SHA256 itself is computed by the client with the secret key.
-public enum RequestSigning {
+package enum RequestSigning {
     /// Adds `timestamp` to `request` and returns the v2 string to sign:
     /// `METHOD\npub_key\npath\ncanonical_query\nbody`.
-    public static func prepare(_ request: inout RequestSpec, publishKey: String, unixSeconds: Int64) -> String {
+    package static func prepare(_ request: inout RequestSpec, publishKey: String, unixSeconds: Int64) -> String {
         request.query.removeAll { $0.name == "signature" || $0.name == "timestamp" }
         request.append("timestamp", String(unixSeconds))
         let canonical = canonicalQuery(request.query)
@@ -14,7 +14,7 @@ public enum RequestSigning {
 
     /// Every parameter except `signature`, sorted by name, values encoded with only
     /// `A-Z a-z 0-9 - _ .` left raw, joined with `&`.
-    public static func canonicalQuery(_ items: [QueryItem]) -> String {
+    package static func canonicalQuery(_ items: [QueryItem]) -> String {
         items.filter { $0.name != "signature" }
             .sorted { ($0.name, $0.value) < ($1.name, $1.value) }
             .map { "\($0.name)=\(encode($0.value))" }
@@ -22,7 +22,7 @@ public enum RequestSigning {
     }
 
     /// The signature value from the raw HMAC: `v2.` + URL-safe base64 without padding.
-    public static func signatureValue(hmac: [UInt8]) -> String {
+    package static func signatureValue(hmac: [UInt8]) -> String {
         "v2." + Base64.encode(hmac).replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
             .replacingOccurrences(of: "=", with: "")
     }

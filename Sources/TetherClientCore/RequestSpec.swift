@@ -11,35 +11,35 @@ public enum HTTPVerb: String, Sendable, Hashable {
 }
 
 /// One query parameter, unencoded.
-public struct QueryItem: Sendable, Hashable {
+package struct QueryItem: Sendable, Hashable {
     /// The parameter name.
-    public var name: String
+    package var name: String
     /// The parameter value (unencoded).
-    public var value: String
+    package var value: String
     /// Creates a query item.
-    public init(_ name: String, _ value: String) {
+    package init(_ name: String, _ value: String) {
         self.name = name
         self.value = value
     }
 }
 
 /// A request described as data, independent of any HTTP library: what the transport must send.
-public struct RequestSpec: Sendable, Hashable {
+package struct RequestSpec: Sendable, Hashable {
     /// The API call this request performs.
-    public var operation: TetherOperation
+    package var operation: TetherOperation
     /// The HTTP method.
-    public var method: HTTPVerb
+    package var method: HTTPVerb
     /// The path, each segment already percent-encoded (pubnub-wire §1.2).
-    public var path: String
+    package var path: String
     /// Query parameters in the order they are sent.
-    public var query: [QueryItem]
+    package var query: [QueryItem]
     /// The body (POST publish, grant token), JSON.
-    public var body: [UInt8]?
+    package var body: [UInt8]?
     /// A timeout for this request only, overriding the configuration's.
-    public var timeout: Duration?
+    package var timeout: Duration?
 
     /// Creates a request.
-    public init(operation: TetherOperation, method: HTTPVerb = .get, path: String, query: [QueryItem] = [],
+    package init(operation: TetherOperation, method: HTTPVerb = .get, path: String, query: [QueryItem] = [],
                 body: [UInt8]? = nil, timeout: Duration? = nil) {
         self.operation = operation
         self.method = method
@@ -51,7 +51,7 @@ public struct RequestSpec: Sendable, Hashable {
 
     /// The request target: path and percent-encoded query string. Commas stay raw, as PubNub
     /// SDKs send list values (`channel-group=g1,g2`).
-    public var target: String {
+    package var target: String {
         guard !query.isEmpty else { return path }
         func encode(_ text: String) -> String {
             text.split(separator: ",", omittingEmptySubsequences: false).map { PercentCoding.encode($0) }.joined(separator: ",")
@@ -60,27 +60,27 @@ public struct RequestSpec: Sendable, Hashable {
     }
 
     /// The first value of a query parameter.
-    public func queryValue(_ name: String) -> String? { query.first { $0.name == name }?.value }
+    package func queryValue(_ name: String) -> String? { query.first { $0.name == name }?.value }
 
     /// Appends a query parameter.
-    public mutating func append(_ name: String, _ value: String) { query.append(QueryItem(name, value)) }
+    package mutating func append(_ name: String, _ value: String) { query.append(QueryItem(name, value)) }
 }
 
 /// The identity and keys every request is built from.
-public struct RequestContext: Sendable, Hashable {
+package struct RequestContext: Sendable, Hashable {
     /// Publish key (needed by publish, signal, fire).
-    public var publishKey: String?
+    package var publishKey: String?
     /// Subscribe key.
-    public var subscribeKey: String
+    package var subscribeKey: String
     /// The client's user id (`uuid`).
-    public var userId: String
+    package var userId: String
     /// Legacy auth key or Access Manager v3 token (`auth`).
-    public var authKey: String?
+    package var authKey: String?
     /// The SDK name sent as `pnsdk`.
-    public var sdkName: String
+    package var sdkName: String
 
     /// Creates a context.
-    public init(publishKey: String?, subscribeKey: String, userId: String, authKey: String?, sdkName: String = "Tether-Swift/0.1") {
+    package init(publishKey: String?, subscribeKey: String, userId: String, authKey: String?, sdkName: String = "Tether-Swift/0.1") {
         self.publishKey = publishKey
         self.subscribeKey = subscribeKey
         self.userId = userId

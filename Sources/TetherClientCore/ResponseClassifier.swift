@@ -1,22 +1,22 @@
-public import TetherProtocol
+package import TetherProtocol
 
 /// What the server said when it refused a request, decoded from its error body.
-public struct ServerErrorDetails: Sendable, Hashable {
+package struct ServerErrorDetails: Sendable, Hashable {
     /// The HTTP status code (or the body's `status` when a 200 carried an error object).
-    public var statusCode: Int
+    package var statusCode: Int
     /// The body's message (`message`, `error_message`, `error` or `error.message`), when there is one.
-    public var message: String?
+    package var message: String?
     /// The body's `service`, when there is one.
-    public var service: String?
+    package var service: String?
     /// Channels Access Manager denied (`payload.channels`).
-    public var deniedChannels: [String]
+    package var deniedChannels: [String]
     /// Channel groups Access Manager denied (`payload.channel-groups`).
-    public var deniedGroups: [String]
+    package var deniedGroups: [String]
     /// The raw body text (truncated to 2 KiB) for logs and diagnostics.
-    public var body: String
+    package var body: String
 
     /// Creates details.
-    public init(statusCode: Int, message: String? = nil, service: String? = nil, deniedChannels: [String] = [],
+    package init(statusCode: Int, message: String? = nil, service: String? = nil, deniedChannels: [String] = [],
                 deniedGroups: [String] = [], body: String = "") {
         self.statusCode = statusCode
         self.message = message
@@ -28,7 +28,7 @@ public struct ServerErrorDetails: Sendable, Hashable {
 }
 
 /// The outcome of classifying one HTTP response.
-public enum ClassifiedResponse: Sendable, Hashable {
+package enum ClassifiedResponse: Sendable, Hashable {
     /// A 2xx response with a JSON body.
     case success(JSONValue)
     /// A failure: its category and what the server said.
@@ -45,9 +45,9 @@ public enum ClassifiedResponse: Sendable, Hashable {
 /// 3. 2xx JSON → success, unless the object carries `"error": true` with a numeric `status` ≥ 400,
 ///    which is classified as that status (as PubNub's JavaScript SDK does).
 /// 4. Anything else (429, 5xx, unexpected codes) → unknown, with the status code kept.
-public enum ResponseClassifier {
+package enum ResponseClassifier {
     /// Classifies a response.
-    public static func classify(statusCode: Int, body: [UInt8]) -> ClassifiedResponse {
+    package static func classify(statusCode: Int, body: [UInt8]) -> ClassifiedResponse {
         let parsed = try? JSONValue(parsing: body)
         let bodyText = String(decoding: body.prefix(2048), as: UTF8.self)
         var effective = statusCode
@@ -87,7 +87,7 @@ public enum ResponseClassifier {
     }
 
     /// Decodes PubNub's error-body variants (pubnub-wire §3).
-    public static func decodeError(_ value: JSONValue, statusCode: Int) -> ServerErrorDetails {
+    package static func decodeError(_ value: JSONValue, statusCode: Int) -> ServerErrorDetails {
         var details = ServerErrorDetails(statusCode: statusCode)
         switch value {
         case .array(let items):

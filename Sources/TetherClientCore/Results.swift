@@ -115,15 +115,15 @@ public struct DecodingFailure: Error, Sendable, Hashable, CustomStringConvertibl
 }
 
 /// Decodes each API's success body into its typed result (pubnub-wire §4–§16).
-public enum ResponseDecoding {
+package enum ResponseDecoding {
     /// `/time/0` → `[17953281264739664]`.
-    public static func time(_ body: JSONValue) throws(DecodingFailure) -> Timetoken {
+    package static func time(_ body: JSONValue) throws(DecodingFailure) -> Timetoken {
         guard let value = body[0]?.uint64Value else { throw DecodingFailure("time: expected [<timetoken>]") }
         return Timetoken(value)
     }
 
     /// Publish/signal/fire → `[1,"Sent","<tt>"]`.
-    public static func publish(_ body: JSONValue) throws(DecodingFailure) -> PublishResult {
+    package static func publish(_ body: JSONValue) throws(DecodingFailure) -> PublishResult {
         guard body[0]?.intValue == 1, let tt = body[2]?.uint64Value else {
             throw DecodingFailure("publish: expected [1,\"Sent\",\"<timetoken>\"]")
         }
@@ -131,7 +131,7 @@ public enum ResponseDecoding {
     }
 
     /// History v2 with `include_token` → `[[{"message":…,"timetoken":"…","meta":…}], start, end]`.
-    public static func history(_ body: JSONValue, channel: String) throws(DecodingFailure) -> [HistoryMessage] {
+    package static func history(_ body: JSONValue, channel: String) throws(DecodingFailure) -> [HistoryMessage] {
         guard let items = body[0]?.arrayValue else { throw DecodingFailure("history: expected [[items], start, end]") }
         var out: [HistoryMessage] = []
         for item in items {
@@ -144,7 +144,7 @@ public enum ResponseDecoding {
     }
 
     /// Fetch v3 → `{"channels":{"ch":[{"message":…,"timetoken":"…",…}]}}`.
-    public static func fetch(_ body: JSONValue) throws(DecodingFailure) -> HistoryPage {
+    package static func fetch(_ body: JSONValue) throws(DecodingFailure) -> HistoryPage {
         guard let channels = body["channels"]?.objectValue else { throw DecodingFailure("fetch: expected a channels object") }
         var result: [String: [HistoryMessage]] = [:]
         for (channel, list) in channels {
@@ -168,7 +168,7 @@ public enum ResponseDecoding {
     }
 
     /// Message counts → `{"channels":{"ch1":1}}`.
-    public static func messageCounts(_ body: JSONValue) throws(DecodingFailure) -> [String: Int] {
+    package static func messageCounts(_ body: JSONValue) throws(DecodingFailure) -> [String: Int] {
         guard let channels = body["channels"]?.objectValue else { throw DecodingFailure("message counts: expected a channels object") }
         var out: [String: Int] = [:]
         for (channel, value) in channels {
@@ -179,7 +179,7 @@ public enum ResponseDecoding {
     }
 
     /// Here-now, both shapes (pubnub-wire §7.3).
-    public static func hereNow(_ body: JSONValue, channels requested: [String], groups: [String]) throws(DecodingFailure) -> HereNowResult {
+    package static func hereNow(_ body: JSONValue, channels requested: [String], groups: [String]) throws(DecodingFailure) -> HereNowResult {
         if let payload = body["payload"]?.objectValue {
             let channelMap = payload["channels"]?.objectValue ?? [:]
             var result: [String: ChannelPresence] = [:]
@@ -212,13 +212,13 @@ public enum ResponseDecoding {
     }
 
     /// Where-now → `{"payload":{"channels":[…]}}`.
-    public static func whereNow(_ body: JSONValue) throws(DecodingFailure) -> [String] {
+    package static func whereNow(_ body: JSONValue) throws(DecodingFailure) -> [String] {
         guard let channels = body["payload"]?["channels"]?.arrayValue else { throw DecodingFailure("where-now: expected payload.channels") }
         return channels.compactMap(\.stringValue)
     }
 
     /// Get-state, both shapes (pubnub-wire §7.6): state per channel.
-    public static func getState(_ body: JSONValue, channels: [String], groups: [String]) throws(DecodingFailure) -> [String: JSONValue] {
+    package static func getState(_ body: JSONValue, channels: [String], groups: [String]) throws(DecodingFailure) -> [String: JSONValue] {
         guard let payload = body["payload"] else { throw DecodingFailure("get-state: expected a payload") }
         if let channel = body["channel"]?.stringValue { return [channel: payload] }
         if let perChannel = payload["channels"]?.objectValue { return perChannel }
@@ -227,25 +227,25 @@ public enum ResponseDecoding {
     }
 
     /// Set-state → `{"payload":{…}}`: the state the server stored.
-    public static func setState(_ body: JSONValue) throws(DecodingFailure) -> JSONValue {
+    package static func setState(_ body: JSONValue) throws(DecodingFailure) -> JSONValue {
         guard let payload = body["payload"] else { throw DecodingFailure("set-state: expected a payload") }
         return payload
     }
 
     /// Channel-group listing → `{"payload":{"channels":[…]}}`.
-    public static func groupChannels(_ body: JSONValue) throws(DecodingFailure) -> [String] {
+    package static func groupChannels(_ body: JSONValue) throws(DecodingFailure) -> [String] {
         guard let channels = body["payload"]?["channels"]?.arrayValue else { throw DecodingFailure("channel group: expected payload.channels") }
         return channels.compactMap(\.stringValue)
     }
 
     /// Group listing → `{"payload":{"groups":[…]}}`.
-    public static func groups(_ body: JSONValue) throws(DecodingFailure) -> [String] {
+    package static func groups(_ body: JSONValue) throws(DecodingFailure) -> [String] {
         guard let groups = body["payload"]?["groups"]?.arrayValue else { throw DecodingFailure("channel groups: expected payload.groups") }
         return groups.compactMap(\.stringValue)
     }
 
     /// Grant token → `{"data":{"token":"…"}}`.
-    public static func grantToken(_ body: JSONValue) throws(DecodingFailure) -> String {
+    package static func grantToken(_ body: JSONValue) throws(DecodingFailure) -> String {
         guard let token = body["data"]?["token"]?.stringValue else { throw DecodingFailure("grant: expected data.token") }
         return token
     }

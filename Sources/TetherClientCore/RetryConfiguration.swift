@@ -35,7 +35,7 @@ public struct RetryConfiguration: Sendable, Hashable {
         case custom(CustomReconnectionStrategy)
 
         /// Whether the app's strategy decides (``custom(_:)``): then nothing overrides it.
-        public var isCustom: Bool {
+        package var isCustom: Bool {
             if case .custom = self { return true }
             return false
         }
@@ -98,7 +98,7 @@ public struct RetryConfiguration: Sendable, Hashable {
         }
 
         /// The wait before the next quick attempt, for a `randomness` in `0...1`.
-        public func delay(randomness: Double) -> Duration {
+        package func delay(randomness: Double) -> Duration {
             interval * (0.5 + 0.5 * min(max(randomness, 0), 1))
         }
     }
@@ -144,7 +144,7 @@ public struct RetryConfiguration: Sendable, Hashable {
         minimumInterval: .zero, jitter: .zero ... .zero, fastReconnect: nil)
 
     /// Whether `endpoint` is retried automatically at all.
-    public func retries(_ endpoint: Endpoint) -> Bool {
+    package func retries(_ endpoint: Endpoint) -> Bool {
         if case .none = policy { return false }
         return !excludedEndpoints.contains(endpoint)
     }
@@ -157,7 +157,7 @@ public struct RetryConfiguration: Sendable, Hashable {
     ///   - elapsed: time since the failure that started this outage.
     ///   - randomness: a value in `0...1` choosing the jitter within ``jitter`` (the shell passes
     ///     a random number; tests pass fixed ones).
-    public func delay(beforeRetry attempt: Int, elapsed: Duration, randomness: Double) -> Duration? {
+    package func delay(beforeRetry attempt: Int, elapsed: Duration, randomness: Double) -> Duration? {
         let base: Duration
         switch policy {
         case .none:

@@ -21,19 +21,19 @@ public struct UndecryptableMessage: Sendable, Hashable {
 }
 
 /// A way to re-run the request a failed status came from.
-public struct RetryAction: Sendable {
+package struct RetryAction: Sendable {
     let run: @Sendable () async throws -> any Sendable
 
     /// Wraps a closure that re-sends the request and returns its decoded result.
-    public init(_ run: @escaping @Sendable () async throws -> any Sendable) { self.run = run }
+    package init(_ run: @escaping @Sendable () async throws -> any Sendable) { self.run = run }
 }
 
 /// A handle that stops an automatic retry the client has scheduled (subscribe statuses).
-public struct AutomaticRetryCancellation: Sendable {
+package struct AutomaticRetryCancellation: Sendable {
     let cancel: @Sendable () -> Void
 
     /// Wraps the closure that cancels the scheduled retry.
-    public init(_ cancel: @escaping @Sendable () -> Void) { self.cancel = cancel }
+    package init(_ cancel: @escaping @Sendable () -> Void) { self.cancel = cancel }
 }
 
 /// Everything the SDK knows about one outcome: a failed REST call, a subscribe-loop event, a
@@ -79,7 +79,7 @@ public struct Status: Sendable, CustomStringConvertible {
     let retryAction: RetryAction?
 
     /// Creates a status.
-    public init(category: StatusCategory, operation: TetherOperation, statusCode: Int? = nil, error: (any Error)? = nil,
+    package init(category: StatusCategory, operation: TetherOperation, statusCode: Int? = nil, error: (any Error)? = nil,
                 serverMessage: String? = nil, affectedChannels: [String] = [], affectedGroups: [String] = [],
                 subscribedChannels: [String] = [], subscribedGroups: [String] = [], lastTimetoken: Timetoken? = nil,
                 currentTimetoken: Timetoken? = nil, deniedChannels: [String] = [], deniedGroups: [String] = [],
@@ -171,7 +171,7 @@ public struct TetherError: Error, Sendable, CustomStringConvertible {
     public var status: Status
 
     /// Wraps a status.
-    public init(_ status: Status) { self.status = status }
+    package init(_ status: Status) { self.status = status }
 
     /// The failure's category (shortcut for `status.category`).
     public var category: StatusCategory { status.category }

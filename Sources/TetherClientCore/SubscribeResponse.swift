@@ -40,16 +40,16 @@ public struct ReceivedEvent: Sendable {
 }
 
 /// The decoded body of one subscribe response: the next cursor and the events, oldest first.
-public struct SubscribeResponse: Sendable {
+package struct SubscribeResponse: Sendable {
     /// The cursor to send back as `tt`.
-    public var timetoken: Timetoken
+    package var timetoken: Timetoken
     /// The region to send back as `tr`.
-    public var region: Int
+    package var region: Int
     /// The events.
-    public var events: [ReceivedEvent]
+    package var events: [ReceivedEvent]
 
     /// Creates a response.
-    public init(timetoken: Timetoken, region: Int, events: [ReceivedEvent]) {
+    package init(timetoken: Timetoken, region: Int, events: [ReceivedEvent]) {
         self.timetoken = timetoken
         self.region = region
         self.events = events
@@ -58,7 +58,7 @@ public struct SubscribeResponse: Sendable {
 
 extension ResponseDecoding {
     /// Subscribe v2 → `{"t":{"t":"<tt>","r":1},"m":[…]}`.
-    public static func subscribe(_ body: JSONValue) throws(DecodingFailure) -> SubscribeResponse {
+    package static func subscribe(_ body: JSONValue) throws(DecodingFailure) -> SubscribeResponse {
         guard let cursor = body["t"], let tt = cursor["t"]?.uint64Value else { throw DecodingFailure("subscribe: expected t.t") }
         let region = cursor["r"]?.intValue ?? 0
         var events: [ReceivedEvent] = []

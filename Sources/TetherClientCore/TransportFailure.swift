@@ -38,7 +38,7 @@ public enum TransportFailure: Error, Sendable, Hashable, CustomStringConvertible
     }
 
     /// The status category this failure is reported with.
-    public var category: StatusCategory {
+    package var category: StatusCategory {
         switch self {
         case .timedOut: return .timeout
         case .connectionRefused, .unreachable, .connectionClosed: return .networkIssues

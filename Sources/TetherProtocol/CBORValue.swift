@@ -1,6 +1,6 @@
 /// A CBOR data item (RFC 8949), enough for Access Manager v3 tokens (pubnub-wire §11.4): maps
 /// with byte-string keys, text, byte strings, integers, arrays, booleans, null and floats.
-public indirect enum CBORValue: Sendable, Hashable {
+package indirect enum CBORValue: Sendable, Hashable {
     /// Major type 0.
     case unsigned(UInt64)
     /// Major type 1: the value is `-1 - n`.
@@ -21,18 +21,18 @@ public indirect enum CBORValue: Sendable, Hashable {
     case float(Double)
 
     /// Why bytes are not a CBOR item this decoder accepts.
-    public struct DecodingError: Error, Sendable, Hashable, CustomStringConvertible {
+    package struct DecodingError: Error, Sendable, Hashable, CustomStringConvertible {
         /// What is wrong.
-        public var reason: String
+        package var reason: String
         /// A message for humans.
-        public var description: String { "invalid CBOR: \(reason)" }
+        package var description: String { "invalid CBOR: \(reason)" }
     }
 
     /// Deepest nesting accepted when decoding.
-    public static let maximumDepth = 16
+    package static let maximumDepth = 16
 
     /// A key or text as a string (byte-string keys decode as UTF-8).
-    public var string: String? {
+    package var string: String? {
         switch self {
         case .text(let s): return s
         case .bytes(let b): return String(validating: b, as: UTF8.self)
@@ -41,7 +41,7 @@ public indirect enum CBORValue: Sendable, Hashable {
     }
 
     /// An integer value.
-    public var int: Int64? {
+    package var int: Int64? {
         switch self {
         case .unsigned(let v): return v <= UInt64(Int64.max) ? Int64(v) : nil
         case .negative(let v): return v < UInt64(Int64.max) ? -1 - Int64(v) : nil
@@ -50,18 +50,18 @@ public indirect enum CBORValue: Sendable, Hashable {
     }
 
     /// The value for a map key (compared as strings).
-    public subscript(key: String) -> CBORValue? {
+    package subscript(key: String) -> CBORValue? {
         guard case .map(let entries) = self else { return nil }
         return entries.first { $0.key.string == key }?.value
     }
 
-    public static func == (lhs: CBORValue, rhs: CBORValue) -> Bool { lhs.encoded() == rhs.encoded() }
-    public func hash(into hasher: inout Hasher) { hasher.combine(encoded()) }
+    package static func == (lhs: CBORValue, rhs: CBORValue) -> Bool { lhs.encoded() == rhs.encoded() }
+    package func hash(into hasher: inout Hasher) { hasher.combine(encoded()) }
 
     // MARK: Encoding
 
     /// Canonical-enough encoding: definite lengths, shortest argument, map order as given.
-    public func encoded() -> [UInt8] {
+    package func encoded() -> [UInt8] {
         var out: [UInt8] = []
         encode(into: &out)
         return out
@@ -113,7 +113,7 @@ public indirect enum CBORValue: Sendable, Hashable {
     // MARK: Decoding
 
     /// Decodes exactly one item from `bytes` (trailing bytes are an error).
-    public init(decoding bytes: [UInt8]) throws(DecodingError) {
+    package init(decoding bytes: [UInt8]) throws(DecodingError) {
         var reader = Reader(bytes: bytes)
         self = try reader.item(depth: 0)
         guard reader.index == bytes.count else { throw DecodingError(reason: "trailing bytes") }
@@ -197,11 +197,11 @@ public indirect enum CBORValue: Sendable, Hashable {
 
 /// Base64 (RFC 4648) without Foundation: standard or URL-safe alphabet out, with or without
 /// padding; standard or URL-safe in, padding optional. Used for tokens, signatures and ciphertexts.
-public enum Base64 {
+package enum Base64 {
     private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
 
     /// Encodes with the standard alphabet and padding.
-    public static func encode(_ input: some Collection<UInt8>, urlSafe: Bool = false, padding: Bool = true) -> String {
+    package static func encode(_ input: some Collection<UInt8>, urlSafe: Bool = false, padding: Bool = true) -> String {
         let bytes = Array(input)
         var out: [UInt8] = []
         out.reserveCapacity((bytes.count + 2) / 3 * 4)
@@ -223,7 +223,7 @@ public enum Base64 {
     }
 
     /// Decodes standard or URL-safe base64; `nil` for anything else.
-    public static func decode(_ text: String) -> [UInt8]? {
+    package static func decode(_ text: String) -> [UInt8]? {
         var values: [UInt8] = []
         for scalar in text.utf8 {
             switch scalar {

@@ -4,15 +4,15 @@
 /// The rules follow PubNub's documented limits (names up to 92 characters) and refuse what would
 /// make the wire ambiguous: commas (list separators), `*` outside a trailing wildcard, and control
 /// characters.
-public enum NameRules {
+package enum NameRules {
     /// The longest channel, group or user id accepted, in Unicode scalars.
-    public static let maximumNameLength = 92
+    package static let maximumNameLength = 92
 
     /// The suffix that turns a channel or group name into its presence channel.
-    public static let presenceSuffix = "-pnpres"
+    package static let presenceSuffix = "-pnpres"
 
     /// Why a name was refused.
-    public enum Violation: Error, Equatable, Sendable, CustomStringConvertible {
+    package enum Violation: Error, Equatable, Sendable, CustomStringConvertible {
         /// The name is empty.
         case empty
         /// The name is longer than ``NameRules/maximumNameLength``.
@@ -23,7 +23,7 @@ public enum NameRules {
         case invalidWildcard
 
         /// A message for humans, used in error bodies.
-        public var description: String {
+        package var description: String {
             switch self {
             case .empty: return "name is empty"
             case .tooLong: return "name is longer than \(NameRules.maximumNameLength) characters"
@@ -34,7 +34,7 @@ public enum NameRules {
     }
 
     /// Validates a concrete channel name (publish, history, presence...). No wildcards.
-    public static func validateChannel(_ name: String) throws(Violation) {
+    package static func validateChannel(_ name: String) throws(Violation) {
         try validateCommon(name)
         // Scalars, not Characters: `*` followed by a combining mark is one Character that is
         // not `*`, yet it still carries the wildcard byte.
@@ -42,13 +42,13 @@ public enum NameRules {
     }
 
     /// Validates a channel group name.
-    public static func validateGroup(_ name: String) throws(Violation) {
+    package static func validateGroup(_ name: String) throws(Violation) {
         try validateChannel(name)
     }
 
     /// Validates a name in a subscribe channel list: a concrete channel or a wildcard pattern
     /// such as `sports.*` or `sports.eu.*` (PubNub allows at most two dots before the `*`).
-    public static func validateSubscribeChannel(_ name: String) throws(Violation) {
+    package static func validateSubscribeChannel(_ name: String) throws(Violation) {
         try validateCommon(name)
         let scalars = name.unicodeScalars
         guard scalars.contains("*") else { return }
@@ -59,7 +59,7 @@ public enum NameRules {
     }
 
     /// Validates a publish or subscribe key: 1–100 characters of `[A-Za-z0-9._-]`.
-    public static func validateKey(_ key: String) -> Bool {
+    package static func validateKey(_ key: String) -> Bool {
         guard !key.isEmpty, key.utf8.count <= 100 else { return false }
         return key.utf8.allSatisfy { b in
             (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A)
@@ -68,15 +68,15 @@ public enum NameRules {
     }
 
     /// Validates a user id (`uuid` query parameter).
-    public static func validateUserId(_ id: String) throws(Violation) {
+    package static func validateUserId(_ id: String) throws(Violation) {
         try validateCommon(id)
     }
 
     /// Whether `name` is a wildcard subscription pattern (`prefix.*`).
-    public static func isWildcard(_ name: String) -> Bool { name.hasSuffix(".*") }
+    package static func isWildcard(_ name: String) -> Bool { name.hasSuffix(".*") }
 
     /// Whether `name` is a presence channel or group name (`…-pnpres`).
-    public static func isPresence(_ name: String) -> Bool { name.hasSuffix(presenceSuffix) }
+    package static func isPresence(_ name: String) -> Bool { name.hasSuffix(presenceSuffix) }
 
     private static func validateCommon(_ name: String) throws(Violation) {
         if name.isEmpty { throw .empty }

@@ -16,32 +16,32 @@ public enum EventKind: Int, Sendable, Hashable, Codable {
 ///
 /// The server encodes each envelope once, when the event is published, and splices in the
 /// per-subscription `b` field at delivery time (see ``encodedWithMatch(_:)``).
-public struct SubscribeEnvelope: Sendable, Hashable {
+package struct SubscribeEnvelope: Sendable, Hashable {
     /// Publish timetoken (`p.t`).
-    public var timetoken: Timetoken
+    package var timetoken: Timetoken
     /// Region (`p.r`); never 0.
-    public var region: Int
+    package var region: Int
     /// Subscribe key (`k`).
-    public var subscribeKey: String
+    package var subscribeKey: String
     /// The actual channel (`c`); presence events use `{ch}-pnpres`.
-    public var channel: String
+    package var channel: String
     /// The payload (`d`) as JSON text.
-    public var payload: String
+    package var payload: String
     /// Publisher uuid (`i`), absent for presence events.
-    public var publisher: String?
+    package var publisher: String?
     /// Publish metadata (`u`) as JSON object text.
-    public var meta: String?
+    package var meta: String?
     /// Event kind (`e`); omitted on the wire for plain messages.
-    public var kind: EventKind
+    package var kind: EventKind
     /// Custom message type (`cmt`).
-    public var customMessageType: String?
+    package var customMessageType: String?
     /// Publisher sequence number (`s`).
-    public var sequence: Int?
+    package var sequence: Int?
     /// Shard id (`a`), always present on the wire.
-    public var shard: String
+    package var shard: String
 
     /// Creates an envelope.
-    public init(
+    package init(
         timetoken: Timetoken, region: Int = 1, subscribeKey: String, channel: String, payload: String,
         publisher: String? = nil, meta: String? = nil, kind: EventKind = .message, customMessageType: String? = nil,
         sequence: Int? = nil, shard: String = "1"
@@ -60,7 +60,7 @@ public struct SubscribeEnvelope: Sendable, Hashable {
     }
 
     /// The envelope as JSON object bytes, without `b`.
-    public func encoded() -> [UInt8] {
+    package func encoded() -> [UInt8] {
         var w = JSONWriter(capacity: 128 + payload.utf8.count + (meta?.utf8.count ?? 0))
         w.raw("{\"a\":")
         w.string(shard)
@@ -101,7 +101,7 @@ public struct SubscribeEnvelope: Sendable, Hashable {
 
     /// Splices the subscription match `b` (a group, wildcard pattern or presence name) into an
     /// envelope produced by ``encoded()``.
-    public static func encodedWithMatch(_ encoded: [UInt8], match: String?) -> [UInt8] {
+    package static func encodedWithMatch(_ encoded: [UInt8], match: String?) -> [UInt8] {
         guard let match else { return encoded }
         var w = JSONWriter(capacity: encoded.count + match.utf8.count + 8)
         w.raw("{\"b\":")
@@ -113,9 +113,9 @@ public struct SubscribeEnvelope: Sendable, Hashable {
 }
 
 /// Builds the body of a subscribe v2 response: `{"t":{"t":"<cursor>","r":1},"m":[…]}`.
-public enum SubscribeResponseBody {
+package enum SubscribeResponseBody {
     /// Encodes the cursor and already-encoded envelopes into a response body.
-    public static func encode(cursor: Timetoken, region: Int, envelopes: [[UInt8]]) -> [UInt8] {
+    package static func encode(cursor: Timetoken, region: Int, envelopes: [[UInt8]]) -> [UInt8] {
         var capacity = 48
         for e in envelopes { capacity += e.count + 1 }
         var w = JSONWriter(capacity: capacity)

@@ -1,11 +1,11 @@
 /// The JSON error bodies of pubnub-wire §3, one builder per service family, so every error a
 /// Tether server produces is JSON that PubNub SDKs classify correctly.
-public enum ErrorBody {
+package enum ErrorBody {
     /// Publish, signal and fire errors: `[0,"<text>","<timetoken>"]`.
     ///
     /// Clients recognise the texts `Invalid Key`, `Invalid JSON`, `Message Too Large` and
     /// `Signal size too large`.
-    public static func publish(_ text: String, timetoken: Timetoken) -> [UInt8] {
+    package static func publish(_ text: String, timetoken: Timetoken) -> [UInt8] {
         var w = JSONWriter()
         w.raw("[0,")
         w.string(text)
@@ -16,7 +16,7 @@ public enum ErrorBody {
     }
 
     /// The generic object form: `{"status":N,"error":true,"service":"…","message":"…"}`.
-    public static func service(status: Int, service: String, message: String) -> [UInt8] {
+    package static func service(status: Int, service: String, message: String) -> [UInt8] {
         var w = JSONWriter()
         w.raw("{\"status\":")
         w.number(status)
@@ -29,7 +29,7 @@ public enum ErrorBody {
     }
 
     /// The history v3 form: `{"status":N,"error":true,"error_message":"…","channels":{}}`.
-    public static func history(status: Int, message: String) -> [UInt8] {
+    package static func history(status: Int, message: String) -> [UInt8] {
         var w = JSONWriter()
         w.raw("{\"status\":")
         w.number(status)
@@ -40,7 +40,7 @@ public enum ErrorBody {
     }
 
     /// Access Manager denial listing only the denied channels and groups (pubnub-wire §6.5).
-    public static func forbidden(channels: [String], groups: [String], message: String = "Forbidden") -> [UInt8] {
+    package static func forbidden(channels: [String], groups: [String], message: String = "Forbidden") -> [UInt8] {
         var w = JSONWriter()
         w.raw("{\"message\":")
         w.string(message)

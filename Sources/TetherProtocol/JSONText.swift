@@ -5,7 +5,7 @@
 /// input (`[[[[…`) cannot exhaust the stack.
 public enum JSONText {
     /// The kind of the top-level JSON value.
-    public enum Kind: Sendable, Equatable {
+    package enum Kind: Sendable, Equatable {
         /// `{…}`
         case object
         /// `[…]`
@@ -31,11 +31,11 @@ public enum JSONText {
     }
 
     /// The deepest nesting of arrays and objects accepted.
-    public static let maximumDepth = 64
+    package static let maximumDepth = 64
 
     /// Validates `bytes` as one JSON value surrounded by optional whitespace.
     /// - Returns: the kind of the top-level value.
-    public static func validate(_ bytes: some Collection<UInt8>) throws(Invalid) -> Kind {
+    package static func validate(_ bytes: some Collection<UInt8>) throws(Invalid) -> Kind {
         var scanner = Scanner(bytes: Array(bytes))
         scanner.skipWhitespace()
         let kind = try scanner.value(depth: 0)
@@ -45,7 +45,7 @@ public enum JSONText {
     }
 
     /// Validates a string as JSON text.
-    public static func validate(_ text: String) throws(Invalid) -> Kind {
+    package static func validate(_ text: String) throws(Invalid) -> Kind {
         try validate(Array(text.utf8))
     }
 
@@ -214,23 +214,23 @@ public enum JSONText {
 }
 
 /// Appends JSON tokens to a byte buffer. Used to build responses without an intermediate tree.
-public struct JSONWriter: Sendable {
+package struct JSONWriter: Sendable {
     /// The bytes written so far.
-    public private(set) var bytes: [UInt8] = []
+    package private(set) var bytes: [UInt8] = []
 
     /// Creates an empty writer, optionally reserving capacity.
-    public init(capacity: Int = 256) { bytes.reserveCapacity(capacity) }
+    package init(capacity: Int = 256) { bytes.reserveCapacity(capacity) }
 
     /// Appends raw bytes that are already valid JSON (or punctuation).
-    public mutating func raw(_ text: StaticString) {
+    package mutating func raw(_ text: StaticString) {
         bytes.append(contentsOf: UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
     }
 
     /// Appends raw bytes that are already valid JSON.
-    public mutating func raw(_ other: some Sequence<UInt8>) { bytes.append(contentsOf: other) }
+    package mutating func raw(_ other: some Sequence<UInt8>) { bytes.append(contentsOf: other) }
 
     /// Appends a JSON string literal with the required escapes.
-    public mutating func string(_ value: String) {
+    package mutating func string(_ value: String) {
         bytes.append(UInt8(ascii: "\""))
         for byte in value.utf8 {
             switch byte {
@@ -251,20 +251,20 @@ public struct JSONWriter: Sendable {
     }
 
     /// Appends an integer.
-    public mutating func number(_ value: some BinaryInteger) { bytes.append(contentsOf: String(value).utf8) }
+    package mutating func number(_ value: some BinaryInteger) { bytes.append(contentsOf: String(value).utf8) }
 
     /// Appends a timetoken as a JSON string (`"17953281264739664"`).
-    public mutating func timetokenString(_ value: Timetoken) {
+    package mutating func timetokenString(_ value: Timetoken) {
         bytes.append(UInt8(ascii: "\""))
         bytes.append(contentsOf: String(value.rawValue).utf8)
         bytes.append(UInt8(ascii: "\""))
     }
 
     /// Appends `true` or `false`.
-    public mutating func bool(_ value: Bool) { value ? raw("true") : raw("false") }
+    package mutating func bool(_ value: Bool) { value ? raw("true") : raw("false") }
 
     /// Appends a list of strings as a JSON array.
-    public mutating func stringArray(_ values: some Sequence<String>) {
+    package mutating func stringArray(_ values: some Sequence<String>) {
         raw("[")
         var first = true
         for value in values {

@@ -114,7 +114,7 @@ public enum JSONValue: Sendable, Hashable {
     ///
     /// Recursion follows the value's nesting; values produced by the parser are at most
     /// ``JSONText/maximumDepth`` deep.
-    public func write(to writer: inout JSONWriter) {
+    package func write(to writer: inout JSONWriter) {
         switch self {
         case .null: writer.raw("null")
         case .bool(let value): writer.bool(value)
@@ -141,7 +141,7 @@ public enum JSONValue: Sendable, Hashable {
 
     /// The compact JSON text as UTF-8 bytes (object members sorted by name, so equal values
     /// serialize identically).
-    public var jsonBytes: [UInt8] {
+    package var jsonBytes: [UInt8] {
         var writer = JSONWriter()
         write(to: &writer)
         return writer.bytes

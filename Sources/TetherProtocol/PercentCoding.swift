@@ -1,9 +1,9 @@
 /// Percent-encoding as PubNub clients use it: each path segment and query value encoded on its
 /// own, `+` always a literal plus (never a space).
-public enum PercentCoding {
+package enum PercentCoding {
     /// Decodes `%XX` escapes. Returns `nil` for a malformed escape or bytes that are not UTF-8,
     /// so a server can answer with 400 instead of guessing.
-    public static func decode(_ text: some StringProtocol) -> String? {
+    package static func decode(_ text: some StringProtocol) -> String? {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(text.utf8.count)
         var iterator = text.utf8.makeIterator()
@@ -22,7 +22,7 @@ public enum PercentCoding {
 
     /// Encodes everything except RFC 3986 unreserved characters (`A-Z a-z 0-9 - . _ ~`), which is
     /// what the PubNub Python SDK does for path segments and query values.
-    public static func encode(_ text: some StringProtocol) -> String {
+    package static func encode(_ text: some StringProtocol) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(text.utf8.count)
         let hex = Array("0123456789ABCDEF".utf8)

@@ -20,7 +20,7 @@ public struct Timetoken: RawRepresentable, Hashable, Comparable, Sendable, Custo
 
     /// The largest timetoken a request may carry. Anything above this is an absurd value and is
     /// rejected as a bad request (a 17-digit timetoken reaches year 5138 at `99999999999999999`).
-    public static let maximumAccepted = Timetoken(99_999_999_999_999_999)
+    package static let maximumAccepted = Timetoken(99_999_999_999_999_999)
 
     /// Creates a timetoken for a moment given in nanoseconds since the Unix epoch.
     public init(unixNanoseconds: UInt64) { self.rawValue = unixNanoseconds / 100 }
@@ -35,11 +35,11 @@ public struct Timetoken: RawRepresentable, Hashable, Comparable, Sendable, Custo
 
     /// The largest timetoken a store can hold (stores keep timetokens as signed 64-bit
     /// integers). Arithmetic on timetokens saturates here instead of trapping.
-    public static let maximumStorable = Timetoken(UInt64(Int64.max))
+    package static let maximumStorable = Timetoken(UInt64(Int64.max))
 
     /// This timetoken moved forward by `seconds` (fractions allowed), saturating at
     /// ``maximumStorable``; negative or non-finite amounts are treated as zero.
-    public func adding(seconds: Double) -> Timetoken {
+    package func adding(seconds: Double) -> Timetoken {
         let units = seconds * 10_000_000
         guard units.isFinite, units > 0 else { return self }
         let room = Self.maximumStorable.rawValue - min(rawValue, Self.maximumStorable.rawValue)
@@ -48,7 +48,7 @@ public struct Timetoken: RawRepresentable, Hashable, Comparable, Sendable, Custo
     }
 
     /// The raw value as a signed 64-bit integer, saturating at `Int64.max` (what stores keep).
-    public var storageValue: Int64 { rawValue > UInt64(Int64.max) ? Int64.max : Int64(rawValue) }
+    package var storageValue: Int64 { rawValue > UInt64(Int64.max) ? Int64.max : Int64(rawValue) }
 
     /// Whole seconds since the Unix epoch (what presence `timestamp` fields carry).
     public var unixSeconds: Int64 { Int64(rawValue / 10_000_000) }
@@ -68,7 +68,7 @@ public struct Timetoken: RawRepresentable, Hashable, Comparable, Sendable, Custo
     }
 
     /// The next timetoken after this one.
-    public var successor: Timetoken { Timetoken(rawValue &+ 1) }
+    package var successor: Timetoken { Timetoken(rawValue &+ 1) }
 
     /// The decimal form, as used on the wire.
     public var description: String { String(rawValue) }

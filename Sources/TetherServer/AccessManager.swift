@@ -361,7 +361,7 @@ public indirect enum AnyJSON: Decodable, Sendable {
     }
 
     /// The value as CBOR (object keys sorted).
-    public var cbor: CBORValue {
+    package var cbor: CBORValue {
         switch self {
         case .null: return .null
         case .bool(let b): return .bool(b)

@@ -1,6 +1,6 @@
 import Foundation
 public import Logging
-public import NIOCore
+package import NIOCore
 import Synchronization
 public import TetherProtocol
 public import TetherServerCore
@@ -87,7 +87,7 @@ public final class LongPollHub: Sendable {
 
     /// Publishes an event: reserves its timetoken, makes it durable when `store` is set, then
     /// commits it and wakes matching long-polls. Returns the event's timetoken once durable.
-    public func publish(
+    package func publish(
         _ makeEnvelope: (Timetoken) -> SubscribeEnvelope, store stored: ((Timetoken) -> StoredMessage)?
     ) async throws -> Timetoken {
         let now = clock()
@@ -128,7 +128,7 @@ public final class LongPollHub: Sendable {
     /// Publishes an event that is never stored (presence events): reserved, committed and
     /// delivered at once.
     @discardableResult
-    public func publishEphemeral(_ makeEnvelope: (Timetoken) -> SubscribeEnvelope) -> Timetoken {
+    package func publishEphemeral(_ makeEnvelope: (Timetoken) -> SubscribeEnvelope) -> Timetoken {
         let now = clock()
         let probe = makeEnvelope(.zero)
         let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
@@ -153,7 +153,7 @@ public final class LongPollHub: Sendable {
     /// available (from memory or the store, at most `limit`), otherwise waits until one
     /// arrives, `timeout` passes, the server shuts down, or the client disconnects (throws
     /// `CancellationError`).
-    public func receive(
+    package func receive(
         _ spec: SubscriptionSpec, after: Timetoken, limit: Int, timeout: TimeAmount, channel: any Channel,
         access: AccessManager.Check? = nil, recheck: (@Sendable () -> AccessManager.Check)? = nil,
         filter: FilterExpression? = nil

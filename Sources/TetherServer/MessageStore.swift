@@ -46,7 +46,7 @@ public struct StoredMessage: Sendable, Hashable {
     }
 
     /// The subscribe envelope for this message.
-    public var envelope: SubscribeEnvelope {
+    package var envelope: SubscribeEnvelope {
         SubscribeEnvelope(timetoken: timetoken, subscribeKey: subscribeKey, channel: channel, payload: payload,
                           publisher: publisher, meta: meta, kind: kind, customMessageType: customMessageType,
                           sequence: sequence)

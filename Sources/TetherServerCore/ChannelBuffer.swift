@@ -4,7 +4,7 @@ import Synchronization
 /// One event held in memory for live and catching-up subscribers.
 public struct BufferedEvent: Sendable {
     /// The event's envelope (fields).
-    public var envelope: SubscribeEnvelope
+    package var envelope: SubscribeEnvelope
     /// The envelope encoded once, without `b`.
     public var encoded: [UInt8]
     /// Whether the event is also in the durable store (stored publishes). Events that are not
@@ -21,7 +21,7 @@ public struct BufferedEvent: Sendable {
     public var timetoken: Timetoken { envelope.timetoken }
 
     /// Creates a buffered event, encoding the envelope.
-    public init(envelope: SubscribeEnvelope, isStored: Bool) {
+    package init(envelope: SubscribeEnvelope, isStored: Bool) {
         self.envelope = envelope
         self.encoded = envelope.encoded()
         self.isStored = isStored

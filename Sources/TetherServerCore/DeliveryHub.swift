@@ -46,12 +46,12 @@ public struct StoreRangeResult: Sendable {
     /// The range that was read.
     public var range: StoreRange
     /// The envelopes found, oldest first.
-    public var envelopes: [SubscribeEnvelope]
+    package var envelopes: [SubscribeEnvelope]
     /// Whether the read stopped at its limit (more may exist after the last envelope).
     public var reachedLimit: Bool
 
     /// Creates a result.
-    public init(range: StoreRange, envelopes: [SubscribeEnvelope], reachedLimit: Bool) {
+    package init(range: StoreRange, envelopes: [SubscribeEnvelope], reachedLimit: Bool) {
         self.range = range
         self.envelopes = envelopes
         self.reachedLimit = reachedLimit

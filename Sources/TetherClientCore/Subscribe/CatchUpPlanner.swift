@@ -1,4 +1,4 @@
-public import TetherProtocol
+package import TetherProtocol
 
 /// Tracks one catch-up after a reconnect: what was delivered per channel, which gaps the server
 /// reported and which history ranges to backfill, until the client is current; then yields one
@@ -7,20 +7,20 @@ public import TetherProtocol
 /// Messages published during the outage are those at or below `upTo`, the server's cursor when
 /// the reconnect handshake answered; the catch-up is complete when a response brings the cursor
 /// to `upTo` or carries less than a full page.
-public struct CatchUpPlanner: Sendable, Hashable {
+package struct CatchUpPlanner: Sendable, Hashable {
     /// The cursor the client resumed from.
-    public let resumedFrom: Timetoken
+    package let resumedFrom: Timetoken
     /// The server's cursor when the client reconnected.
-    public let upTo: Timetoken
+    package let upTo: Timetoken
     /// Events per response when the server is paging (100 on Tether and PubNub).
-    public let pageSize: Int
+    package let pageSize: Int
     private var channels: [String]
     private var recovered: [String: Int] = [:]
     private var gaps: [String: RetentionGap] = [:]
 
     /// Starts a catch-up for `channels` (plain channels known up front; others are added as their
     /// events arrive).
-    public init(channels: [String], resumedFrom: Timetoken, upTo: Timetoken, pageSize: Int = 100) {
+    package init(channels: [String], resumedFrom: Timetoken, upTo: Timetoken, pageSize: Int = 100) {
         self.channels = channels
         self.resumedFrom = resumedFrom
         self.upTo = upTo
@@ -28,7 +28,7 @@ public struct CatchUpPlanner: Sendable, Hashable {
     }
 
     /// Counts delivered events that were published during the outage.
-    public mutating func recordDelivered(_ events: [ReceivedEvent]) {
+    package mutating func recordDelivered(_ events: [ReceivedEvent]) {
         for event in events where event.timetoken <= upTo {
             if !channels.contains(event.channel) { channels.append(event.channel) }
             recovered[event.channel, default: 0] += 1
@@ -36,7 +36,7 @@ public struct CatchUpPlanner: Sendable, Hashable {
     }
 
     /// Records the gaps the server reported.
-    public mutating func recordGaps(_ reported: [RetentionGap]) {
+    package mutating func recordGaps(_ reported: [RetentionGap]) {
         for gap in reported {
             if !channels.contains(gap.channel) { channels.append(gap.channel) }
             gaps[gap.channel] = gap
@@ -45,7 +45,7 @@ public struct CatchUpPlanner: Sendable, Hashable {
 
     /// Narrows a gap after history delivered messages inside it: what remains missing starts after
     /// the newest message history returned for that channel.
-    public mutating func recordBackfilled(_ events: [ReceivedEvent]) {
+    package mutating func recordBackfilled(_ events: [ReceivedEvent]) {
         for event in events {
             guard let gap = gaps[event.channel], event.timetoken > gap.from, event.timetoken <= gap.through else { continue }
             if event.timetoken == gap.through {
@@ -57,17 +57,17 @@ public struct CatchUpPlanner: Sendable, Hashable {
     }
 
     /// The history ranges to fetch for the reported gaps.
-    public func backfillRanges(for reported: [RetentionGap]) -> [BackfillRange] {
+    package func backfillRanges(for reported: [RetentionGap]) -> [BackfillRange] {
         reported.map { BackfillRange(channel: $0.channel, after: $0.from, through: $0.through) }
     }
 
     /// Whether the catch-up is complete after a response with `eventCount` events and `cursor`.
-    public func isComplete(afterResponseWith eventCount: Int, cursor: Timetoken) -> Bool {
+    package func isComplete(afterResponseWith eventCount: Int, cursor: Timetoken) -> Bool {
         eventCount < pageSize || cursor >= upTo
     }
 
     /// One outcome per channel, in the order channels became known.
-    public func outcomes() -> [ChannelContinuity] {
+    package func outcomes() -> [ChannelContinuity] {
         channels.map { channel in
             let count = recovered[channel] ?? 0
             if let gap = gaps[channel] {

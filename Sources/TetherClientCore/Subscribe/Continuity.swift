@@ -41,16 +41,16 @@ public struct ChannelContinuity: Sendable, Hashable, CustomStringConvertible {
 
 /// A retention gap the server reported (`X-Tether-Gap`, docs/protocol.md): messages of `channel`
 /// in `(from, through]` may have existed and are no longer stored.
-public struct RetentionGap: Sendable, Hashable {
+package struct RetentionGap: Sendable, Hashable {
     /// The channel.
-    public var channel: String
+    package var channel: String
     /// Exclusive lower bound (the cursor the client asked from).
-    public var from: Timetoken
+    package var from: Timetoken
     /// Inclusive upper bound (the newest removed timetoken).
-    public var through: Timetoken
+    package var through: Timetoken
 
     /// Creates a gap.
-    public init(channel: String, from: Timetoken, through: Timetoken) {
+    package init(channel: String, from: Timetoken, through: Timetoken) {
         self.channel = channel
         self.from = from
         self.through = through
@@ -58,7 +58,7 @@ public struct RetentionGap: Sendable, Hashable {
 
     /// Parses `<channel>;from=<tt>;through=<tt>[, …]` (channel names percent-encoded); malformed
     /// entries are skipped.
-    public static func parse(header: String) -> [RetentionGap] {
+    package static func parse(header: String) -> [RetentionGap] {
         header.split(separator: ",").compactMap { entry in
             let parts = entry.trimmingCharacters(in: " ").split(separator: ";")
             guard parts.count == 3, let channel = PercentCoding.decode(String(parts[0])) else { return nil }
@@ -80,16 +80,16 @@ public struct RetentionGap: Sendable, Hashable {
 }
 
 /// A range of history the shell must fetch before live delivery resumes.
-public struct BackfillRange: Sendable, Hashable {
+package struct BackfillRange: Sendable, Hashable {
     /// The channel.
-    public var channel: String
+    package var channel: String
     /// Fetch messages strictly after this timetoken…
-    public var after: Timetoken
+    package var after: Timetoken
     /// …and at or before this one.
-    public var through: Timetoken
+    package var through: Timetoken
 
     /// Creates a range.
-    public init(channel: String, after: Timetoken, through: Timetoken) {
+    package init(channel: String, after: Timetoken, through: Timetoken) {
         self.channel = channel
         self.after = after
         self.through = through

@@ -4,9 +4,9 @@
 /// A long-poll on a broken pipe looks exactly like a quiet channel (seed 001), so while receiving
 /// the engine probes every ``interval``; a probe gets ``timeout`` to answer. Detection is bounded
 /// by `interval + timeout` (25 s + 10 s = 35 s by default).
-public struct HeartbeatTracker: Sendable, Hashable {
+package struct HeartbeatTracker: Sendable, Hashable {
     /// What the shell does next.
-    public enum Decision: Sendable, Hashable {
+    package enum Decision: Sendable, Hashable {
         /// Probe again after this delay.
         case probeAfter(Duration)
         /// The link is dead: restart the subscribe loop.
@@ -14,16 +14,16 @@ public struct HeartbeatTracker: Sendable, Hashable {
     }
 
     /// Time between probes.
-    public let interval: Duration
+    package let interval: Duration
     /// How long a probe may take.
-    public let timeout: Duration
+    package let timeout: Duration
     /// Consecutive failures that declare the link dead (1: the first failure does).
-    public let failureLimit: Int
+    package let failureLimit: Int
     /// Failures since the last success.
-    public private(set) var consecutiveFailures: Int
+    package private(set) var consecutiveFailures: Int
 
     /// Creates a tracker.
-    public init(interval: Duration, timeout: Duration, failureLimit: Int = 1) {
+    package init(interval: Duration, timeout: Duration, failureLimit: Int = 1) {
         self.interval = interval
         self.timeout = timeout
         self.failureLimit = max(1, failureLimit)
@@ -31,16 +31,16 @@ public struct HeartbeatTracker: Sendable, Hashable {
     }
 
     /// The longest a dead link can go unnoticed.
-    public var detectionBound: Duration { interval * failureLimit + timeout * failureLimit }
+    package var detectionBound: Duration { interval * failureLimit + timeout * failureLimit }
 
     /// A probe answered.
-    public mutating func probeSucceeded() -> Decision {
+    package mutating func probeSucceeded() -> Decision {
         consecutiveFailures = 0
         return .probeAfter(interval)
     }
 
     /// A probe failed or timed out.
-    public mutating func probeFailed() -> Decision {
+    package mutating func probeFailed() -> Decision {
         consecutiveFailures += 1
         return consecutiveFailures >= failureLimit ? .declareDead : .probeAfter(interval)
     }

@@ -1,4 +1,4 @@
-public import TetherProtocol
+package import TetherProtocol
 
 /// The subscribe loop as a pure state machine (ARCHITECTURE.md, STYLE.md §1–3).
 ///
@@ -10,42 +10,42 @@ public import TetherProtocol
 /// Every (re)connection starts with a handshake (`tt=0`, answered at once), so `connected` and
 /// `reconnected` are announced as soon as the server answers; the loop then continues from the
 /// saved cursor, so the server pages everything missed (docs/protocol.md, catch-up).
-public struct SubscribeMachine: Sendable {
+package struct SubscribeMachine: Sendable {
     // MARK: Vocabulary
 
     /// Settings the machine reads (the shell builds them from `TetherConfiguration`).
-    public struct Configuration: Sendable, Hashable {
+    package struct Configuration: Sendable, Hashable {
         /// The retry policy.
-        public var retry: RetryConfiguration
+        package var retry: RetryConfiguration
         /// Continue with the current cursor when the channel list changes (PubNub's
         /// `keepTimeTokenOnListChange`, default true); false takes a fresh cursor.
-        public var keepTimetokenOnListChange: Bool
+        package var keepTimetokenOnListChange: Bool
         /// After the loop gave up following an unexpected disconnect, probe the Time API and
         /// restore the subscription when it answers (default true); false forgets the channels.
-        public var restoreSubscription: Bool
+        package var restoreSubscription: Bool
         /// Resume from the last cursor after a reconnect or restore (default true); false starts
         /// from "now" and messages published meanwhile are only in history.
-        public var catchUpOnSubscriptionRestore: Bool
+        package var catchUpOnSubscriptionRestore: Bool
         /// A response with at least this many events raises `requestMessageCountExceeded` once per
         /// burst; 0 disables it.
-        public var requestMessageCountThreshold: Int
+        package var requestMessageCountThreshold: Int
         /// Time API probing period while unexpectedly disconnected (default 10 s).
-        public var timeProbeInterval: Duration
+        package var timeProbeInterval: Duration
         /// Liveness probing while receiving (nil: off). Default 25 s interval, 10 s timeout.
-        public var liveness: Liveness?
+        package var liveness: Liveness?
         /// Whether presence heartbeats (rather than Time requests) are the liveness probe, and
         /// which of their results are reported as statuses.
-        public var presenceHeartbeat: PresenceHeartbeat?
+        package var presenceHeartbeat: PresenceHeartbeat?
         /// A long-poll still running after this long is declared dead (default 320 s: the server
         /// answers within 280 s).
-        public var longPollWatchdog: Duration
+        package var longPollWatchdog: Duration
         /// When to backfill from history.
-        public var backfill: BackfillPolicy
+        package var backfill: BackfillPolicy
         /// Events per catch-up page (100).
-        public var catchUpPageSize: Int
+        package var catchUpPageSize: Int
 
         /// Creates a configuration with the documented defaults.
-        public init(retry: RetryConfiguration = .default, keepTimetokenOnListChange: Bool = true, restoreSubscription: Bool = true,
+        package init(retry: RetryConfiguration = .default, keepTimetokenOnListChange: Bool = true, restoreSubscription: Bool = true,
                     catchUpOnSubscriptionRestore: Bool = true, requestMessageCountThreshold: Int = 100,
                     timeProbeInterval: Duration = .seconds(10), liveness: Liveness? = Liveness(),
                     presenceHeartbeat: PresenceHeartbeat? = nil, longPollWatchdog: Duration = .seconds(320),
@@ -65,61 +65,46 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// Liveness probing while receiving: dead-link detection within `interval + timeout`.
-    public struct Liveness: Sendable, Hashable {
+    package struct Liveness: Sendable, Hashable {
         /// Time between probes (default 25 s).
-        public var interval: Duration
+        package var interval: Duration
         /// How long a probe may take (default 10 s).
-        public var timeout: Duration
+        package var timeout: Duration
         /// Creates the settings.
-        public init(interval: Duration = .seconds(25), timeout: Duration = .seconds(10)) {
+        package init(interval: Duration = .seconds(25), timeout: Duration = .seconds(10)) {
             self.interval = interval
             self.timeout = timeout
         }
     }
 
     /// Presence heartbeats as the liveness probe.
-    public struct PresenceHeartbeat: Sendable, Hashable {
-        /// Which heartbeat results become statuses.
-        public enum Reporting: Sendable, Hashable {
-            /// None.
-            case none
-            /// Failures only (PubNub's default).
-            case failures
-            /// Successes and failures.
-            case all
-        }
+    package struct PresenceHeartbeat: Sendable, Hashable {
+        /// Which heartbeat results become statuses (public as ``HeartbeatReporting``).
+        package typealias Reporting = HeartbeatReporting
         /// Seconds between heartbeats.
-        public var interval: Duration
+        package var interval: Duration
         /// Which results are reported.
-        public var reporting: Reporting
+        package var reporting: Reporting
         /// Creates the settings.
-        public init(interval: Duration, reporting: Reporting = .failures) {
+        package init(interval: Duration, reporting: Reporting = .failures) {
             self.interval = interval
             self.reporting = reporting
         }
     }
 
-    /// When the engine fetches history itself.
-    public enum BackfillPolicy: Sendable, Hashable {
-        /// Never (gaps are still reported).
-        case never
-        /// When the server reports a retention gap (default).
-        case onGap
-        /// After every reconnect, before live delivery resumes (for servers whose live buffer
-        /// is smaller than their history, such as PubNub's 100 messages / 20 minutes).
-        case onEveryReconnect
-    }
+    /// When the engine fetches history itself (public as ``TetherClientCore/BackfillPolicy``).
+    package typealias BackfillPolicy = TetherClientCore.BackfillPolicy
 
     /// Identifies one request the machine asked for; results for another ID are stale.
-    public struct RequestID: Sendable, Hashable, CustomStringConvertible {
+    package struct RequestID: Sendable, Hashable, CustomStringConvertible {
         /// The number.
-        public let rawValue: Int
+        package let rawValue: Int
         /// `#n`.
-        public var description: String { "#\(rawValue)" }
+        package var description: String { "#\(rawValue)" }
     }
 
     /// Timers the shell runs for the machine; scheduling one that exists replaces it.
-    public enum TimerID: Sendable, Hashable, CaseIterable {
+    package enum TimerID: Sendable, Hashable, CaseIterable {
         /// The next retry of a failed subscribe.
         case retry
         /// The next Time API probe while unexpectedly disconnected.
@@ -131,20 +116,20 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// A subscribe position: the timetoken and region to send as `tt` / `tr`.
-    public struct Cursor: Sendable, Hashable {
+    package struct Cursor: Sendable, Hashable {
         /// `tt`.
-        public var timetoken: Timetoken
+        package var timetoken: Timetoken
         /// `tr`.
-        public var region: Int
+        package var region: Int
         /// Creates a cursor.
-        public init(timetoken: Timetoken, region: Int) {
+        package init(timetoken: Timetoken, region: Int) {
             self.timetoken = timetoken
             self.region = region
         }
     }
 
     /// What the shell must do.
-    public enum Action: Sendable {
+    package enum Action: Sendable {
         /// Start a subscribe request (cancelling any running one): a handshake when `cursor` is nil.
         case startSubscribe(RequestID, channels: [String], groups: [String], cursor: Cursor?)
         /// Cancel the running subscribe request.
@@ -262,7 +247,7 @@ public struct SubscribeMachine: Sendable {
     // MARK: Stored properties
 
     /// The settings.
-    public let configuration: Configuration
+    package let configuration: Configuration
     private var state: State = .idle
     private var channels: [String] = []
     private var groups: [String] = []
@@ -277,19 +262,19 @@ public struct SubscribeMachine: Sendable {
     private var watermarks: [String: Timetoken] = [:]
 
     /// Creates an idle machine.
-    public init(configuration: Configuration = Configuration()) {
+    package init(configuration: Configuration = Configuration()) {
         self.configuration = configuration
     }
 
     // MARK: Queries
 
     /// The subscribed channels (presence channels included as `-pnpres` names).
-    public var subscribedChannels: [String] { channels }
+    package var subscribedChannels: [String] { channels }
     /// The subscribed groups.
-    public var subscribedGroups: [String] { groups }
+    package var subscribedGroups: [String] { groups }
 
     /// The connection state derived from the machine state.
-    public var connectionState: ConnectionState {
+    package var connectionState: ConnectionState {
         switch state {
         case .idle: return .idle
         case .handshaking(let h):
@@ -308,7 +293,7 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// The cursor the loop would continue from, if any.
-    public var cursor: Cursor? {
+    package var cursor: Cursor? {
         switch state {
         case .idle: return nil
         case .handshaking(let h): return h.resume.map { Cursor(timetoken: $0, region: h.last?.region ?? 0) } ?? h.last
@@ -320,7 +305,7 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// A summary for tests and logs: the state's name.
-    public var stateName: String {
+    package var stateName: String {
         switch state {
         case .idle: return "idle"
         case .handshaking: return "handshaking"
@@ -339,7 +324,7 @@ public struct SubscribeMachine: Sendable {
     /// The app changed the subscription to exactly `channels` and `groups` (presence channels as
     /// `-pnpres` names). Subscribing to the same set restarts the long-poll (seed 001); an empty
     /// set unsubscribes from everything. `timetoken` overrides the cursor to continue from.
-    public mutating func subscriptionChanged(channels newChannels: [String], groups newGroups: [String], timetoken: Timetoken? = nil,
+    package mutating func subscriptionChanged(channels newChannels: [String], groups newGroups: [String], timetoken: Timetoken? = nil,
                                              now: Duration) -> [Action] {
         let removedChannels = channels.filter { !newChannels.contains($0) }
         let removedGroups = groups.filter { !newGroups.contains($0) }
@@ -432,7 +417,7 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// The app called `disconnect()`: everything stops, the cursor is kept for `reconnect()`.
-    public mutating func disconnect(now: Duration) -> [Action] {
+    package mutating func disconnect(now: Duration) -> [Action] {
         let before = connectionState
         switch state {
         case .idle, .disconnected:
@@ -449,7 +434,7 @@ public struct SubscribeMachine: Sendable {
 
     /// The app called `reconnect(timetoken:)`: start again at once, from `timetoken` or the saved
     /// cursor. While receiving it restarts the long-poll.
-    public mutating func reconnect(timetoken: Timetoken?, now: Duration) -> [Action] {
+    package mutating func reconnect(timetoken: Timetoken?, now: Duration) -> [Action] {
         let before = connectionState
         guard !channels.isEmpty || !groups.isEmpty else { return [] }
         var actions: [Action] = []
@@ -478,7 +463,7 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// The app called `cancelAutomaticRetry()` on a status of `episode`: stop retrying.
-    public mutating func cancelAutomaticRetry(episode: Int, now: Duration) -> [Action] {
+    package mutating func cancelAutomaticRetry(episode: Int, now: Duration) -> [Action] {
         let before = connectionState
         switch state {
         case .retrying(let r) where r.outage.episode == episode:
@@ -498,7 +483,7 @@ public struct SubscribeMachine: Sendable {
     // MARK: Events — subscribe results
 
     /// A subscribe request answered 200.
-    public mutating func subscribeSucceeded(_ id: RequestID, response: SubscribeResponse, gaps: [RetentionGap] = [],
+    package mutating func subscribeSucceeded(_ id: RequestID, response: SubscribeResponse, gaps: [RetentionGap] = [],
                                             now: Duration) -> [Action] {
         let before = connectionState
         switch state {
@@ -573,7 +558,7 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// A subscribe request failed (already classified). `randomness` in `0...1` picks the jitter.
-    public mutating func subscribeFailed(_ id: RequestID, status: Status, now: Duration, randomness: Double) -> [Action] {
+    package mutating func subscribeFailed(_ id: RequestID, status: Status, now: Duration, randomness: Double) -> [Action] {
         if status.category == .cancelled { return [] }
         switch state {
         case .handshaking(let h) where h.request == id:
@@ -589,7 +574,7 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// History for a backfill arrived (events oldest first, any channels).
-    public mutating func backfillCompleted(_ id: RequestID, events: [ReceivedEvent], now: Duration) -> [Action] {
+    package mutating func backfillCompleted(_ id: RequestID, events: [ReceivedEvent], now: Duration) -> [Action] {
         guard case .receiving(var r) = state, case .backfilling(let current, let held) = r.phase, current == id else { return [] }
         let sorted = events.sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
         var actions: [Action] = []
@@ -609,14 +594,14 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// A backfill failed: what the server sent is delivered, and the gap stays reported.
-    public mutating func backfillFailed(_ id: RequestID, status: Status, now: Duration) -> [Action] {
+    package mutating func backfillFailed(_ id: RequestID, status: Status, now: Duration) -> [Action] {
         backfillCompleted(id, events: [], now: now)
     }
 
     // MARK: Events — timers and probes
 
     /// A timer the machine scheduled fired.
-    public mutating func timerFired(_ timer: TimerID, now: Duration, randomness: Double) -> [Action] {
+    package mutating func timerFired(_ timer: TimerID, now: Duration, randomness: Double) -> [Action] {
         let before = connectionState
         switch (timer, state) {
         case (.retry, .retrying(let r)):
@@ -644,20 +629,20 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// A Time API probe answered: restore the subscription (seed 001).
-    public mutating func timeProbeSucceeded(now: Duration) -> [Action] {
+    package mutating func timeProbeSucceeded(now: Duration) -> [Action] {
         let before = connectionState
         guard case .stopped(let s) = state, s.probing else { return [] }
         return resume(from: s) + connectionChange(from: before)
     }
 
     /// A Time API probe failed: probe again later.
-    public mutating func timeProbeFailed(now: Duration) -> [Action] {
+    package mutating func timeProbeFailed(now: Duration) -> [Action] {
         guard case .stopped(let s) = state, s.probing else { return [] }
         return [.schedule(.timeProbe, after: configuration.timeProbeInterval)]
     }
 
     /// A liveness probe (heartbeat or Time) answered.
-    public mutating func livenessProbeSucceeded(now: Duration) -> [Action] {
+    package mutating func livenessProbeSucceeded(now: Duration) -> [Action] {
         guard case .receiving(var r) = state, var tracker = r.liveness else { return [] }
         var actions: [Action] = []
         if case .probeAfter(let delay) = tracker.probeSucceeded() { actions.append(.schedule(.liveness, after: delay)) }
@@ -671,7 +656,7 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// A liveness probe failed: a dead link (seed 001's broken pipe) restarts the loop at once.
-    public mutating func livenessProbeFailed(status: Status, now: Duration, randomness: Double) -> [Action] {
+    package mutating func livenessProbeFailed(status: Status, now: Duration, randomness: Double) -> [Action] {
         let before = connectionState
         guard case .receiving(var r) = state, var tracker = r.liveness else { return [] }
         var actions: [Action] = []
@@ -697,7 +682,7 @@ public struct SubscribeMachine: Sendable {
     // MARK: Events — network
 
     /// The network monitor reports no usable network: stop pointless retries.
-    public mutating func networkDown(now: Duration) -> [Action] {
+    package mutating func networkDown(now: Duration) -> [Action] {
         let before = connectionState
         guard network != .down else { return [] }
         network = .down
@@ -724,7 +709,7 @@ public struct SubscribeMachine: Sendable {
     }
 
     /// The network monitor reports the network back: one immediate attempt, then the policy resumes.
-    public mutating func networkUp(now: Duration) -> [Action] {
+    package mutating func networkUp(now: Duration) -> [Action] {
         let before = connectionState
         guard network != .up else { return [] }
         let wasDown = network == .down
@@ -754,7 +739,7 @@ public struct SubscribeMachine: Sendable {
     /// with no error to come, so the long-poll restarts at once from its cursor over the new
     /// path (no status: nothing was lost), a running handshake is re-sent, and a scheduled retry
     /// runs now. From down, this is ``networkUp(now:)``.
-    public mutating func networkChanged(now: Duration) -> [Action] {
+    package mutating func networkChanged(now: Duration) -> [Action] {
         guard network == .up else { return networkUp(now: now) }
         let before = connectionState
         switch state {

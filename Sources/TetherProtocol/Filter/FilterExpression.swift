@@ -16,19 +16,19 @@
 /// Parsing and evaluation never trap and take time linear in the expression plus the message
 /// values it reads; input is limited to ``maximumLength`` characters and ``maximumDepth`` levels.
 /// Two expressions are equal when they have the same canonical form (``description``).
-public struct FilterExpression: Sendable, Hashable, CustomStringConvertible {
+package struct FilterExpression: Sendable, Hashable, CustomStringConvertible {
     /// The syntax tree.
     let root: FilterCondition
 
     /// The longest accepted expression, in characters.
-    public static let maximumLength: Int = 4096
+    package static let maximumLength: Int = 4096
 
     /// The deepest accepted nesting: each enclosing parenthesis, `!` and `~` counts one level.
-    public static let maximumDepth: Int = 32
+    package static let maximumDepth: Int = 32
 
     /// Parses `text`.
     /// - Throws: ``FilterExpressionError`` with the character offset of the first problem.
-    public init(parsing text: String) throws(FilterExpressionError) {
+    package init(parsing text: String) throws(FilterExpressionError) {
         var work = 0
         self = try Self.parse(text, work: &work)
     }
@@ -37,7 +37,7 @@ public struct FilterExpression: Sendable, Hashable, CustomStringConvertible {
 
     /// Whether a message with this `meta` (its publish metadata) and `data` (its payload) passes
     /// the filter. `nil` means absent; fields of an absent or non-object value are missing.
-    public func matches(meta: JSONValue?, data: JSONValue?) -> Bool {
+    package func matches(meta: JSONValue?, data: JSONValue?) -> Bool {
         var work = 0
         return evaluate(meta: meta, data: data, work: &work)
     }
@@ -46,7 +46,7 @@ public struct FilterExpression: Sendable, Hashable, CustomStringConvertible {
     /// `meta.name`, strings are single-quoted, keywords are upper case, operators are separated by
     /// single spaces and only necessary parentheses remain. It can be longer than the input
     /// (spaces, `meta.` prefixes), so for an input near ``maximumLength`` it may exceed the limit.
-    public var description: String {
+    package var description: String {
         var out = ""
         root.write(to: &out)
         return out
