@@ -682,7 +682,7 @@ def test_tiny_configured_rate_saturates_retry_after(server_factory, tmp_path):
     """A valid but tiny configured rate (1e-300 per second) made the wait astronomically long;
     converting it to `Retry-After` trapped. It saturates at one day."""
     config = write_keysets_config(str(tmp_path), [dict(OPEN, limits={"publishRatePerSecond": 1e-300, "publishBurst": 1})])
-    server = server_factory.start(args=["--config", config])
+    server = server_factory.start(args=["--config", config, "--rate-limits", "on"])
     conn = Connection(server.origin)
     try:
         statuses = []
