@@ -18,6 +18,8 @@ let package = Package(
         .library(name: "TetherServer", targets: ["TetherServer"]),
         .library(name: "Tether", targets: ["Tether"]),
         .library(name: "TetherTesting", targets: ["TetherTesting"]),
+        // The pure cores, as products only so that Benchmarks/ (a separate package) can link them.
+        .library(name: "TetherServerCore", targets: ["TetherServerCore"]),
         .executable(name: "tether", targets: ["TetherCLI"]),
     ],
     dependencies: [

@@ -1,6 +1,6 @@
 public import Logging
 public import TetherClientCore
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 
 /// Everything a ``TetherClient`` needs to know, as a value. Creating one does no I/O.
 ///

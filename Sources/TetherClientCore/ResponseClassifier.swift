@@ -1,4 +1,4 @@
-package import TetherProtocol
+@_spi(Benchmarks) package import TetherProtocol
 
 /// What the server said when it refused a request, decoded from its error body.
 package struct ServerErrorDetails: Sendable, Hashable {

@@ -16,7 +16,7 @@ public enum EventKind: Int, Sendable, Hashable, Codable {
 ///
 /// The server encodes each envelope once, when the event is published, and splices in the
 /// per-subscription `b` field at delivery time (see ``encodedWithMatch(_:)``).
-package struct SubscribeEnvelope: Sendable, Hashable {
+@_spi(Benchmarks) public struct SubscribeEnvelope: Sendable, Hashable {
     /// Publish timetoken (`p.t`).
     package var timetoken: Timetoken
     /// Region (`p.r`); never 0.
@@ -41,7 +41,7 @@ package struct SubscribeEnvelope: Sendable, Hashable {
     package var shard: String
 
     /// Creates an envelope.
-    package init(
+    @_spi(Benchmarks) public init(
         timetoken: Timetoken, region: Int = 1, subscribeKey: String, channel: String, payload: String,
         publisher: String? = nil, meta: String? = nil, kind: EventKind = .message, customMessageType: String? = nil,
         sequence: Int? = nil, shard: String = "1"
@@ -60,7 +60,7 @@ package struct SubscribeEnvelope: Sendable, Hashable {
     }
 
     /// The envelope as JSON object bytes, without `b`.
-    package func encoded() -> [UInt8] {
+    @_spi(Benchmarks) public func encoded() -> [UInt8] {
         var w = JSONWriter(capacity: 128 + payload.utf8.count + (meta?.utf8.count ?? 0))
         w.raw("{\"a\":")
         w.string(shard)
@@ -101,7 +101,7 @@ package struct SubscribeEnvelope: Sendable, Hashable {
 
     /// Splices the subscription match `b` (a group, wildcard pattern or presence name) into an
     /// envelope produced by ``encoded()``.
-    package static func encodedWithMatch(_ encoded: [UInt8], match: String?) -> [UInt8] {
+    @_spi(Benchmarks) public static func encodedWithMatch(_ encoded: [UInt8], match: String?) -> [UInt8] {
         guard let match else { return encoded }
         var w = JSONWriter(capacity: encoded.count + match.utf8.count + 8)
         w.raw("{\"b\":")
@@ -113,9 +113,9 @@ package struct SubscribeEnvelope: Sendable, Hashable {
 }
 
 /// Builds the body of a subscribe v2 response: `{"t":{"t":"<cursor>","r":1},"m":[…]}`.
-package enum SubscribeResponseBody {
+@_spi(Benchmarks) public enum SubscribeResponseBody {
     /// Encodes the cursor and already-encoded envelopes into a response body.
-    package static func encode(cursor: Timetoken, region: Int, envelopes: [[UInt8]]) -> [UInt8] {
+    @_spi(Benchmarks) public static func encode(cursor: Timetoken, region: Int, envelopes: [[UInt8]]) -> [UInt8] {
         var capacity = 48
         for e in envelopes { capacity += e.count + 1 }
         var w = JSONWriter(capacity: capacity)

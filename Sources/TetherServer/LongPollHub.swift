@@ -2,8 +2,8 @@ import Foundation
 public import Logging
 package import NIOCore
 import Synchronization
-public import TetherProtocol
-public import TetherServerCore
+@_spi(Benchmarks) public import TetherProtocol
+@_spi(Benchmarks) public import TetherServerCore
 
 /// Why a waiting long-poll stopped waiting.
 enum WakeReason: Sendable {

@@ -2,8 +2,8 @@ import Foundation
 import GRDB
 public import Logging
 import Synchronization
-public import TetherProtocol
-public import TetherServerCore
+@_spi(Benchmarks) public import TetherProtocol
+@_spi(Benchmarks) public import TetherServerCore
 
 /// A stored message: everything history and catch-up need to rebuild its envelope.
 public struct StoredMessage: Sendable, Hashable {

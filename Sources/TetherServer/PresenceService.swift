@@ -1,6 +1,6 @@
 public import Logging
 import Synchronization
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 public import TetherServerCore
 
 /// The presence shell: a mutex around ``PresenceTracker``, group resolution, event publishing

@@ -1,7 +1,7 @@
 import HTTPTypes
 import Hummingbird
 import NIOCore
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 
 /// Response construction with the headers PubNub clients expect (pubnub-wire §1.4): a JSON
 /// body with a `javascript` content type, no caching, CORS open.

@@ -5,7 +5,7 @@ public import Hummingbird
 public import Logging
 public import NIOCore
 public import Prometheus
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 import TetherServerCore
 
 /// Everything a request handler needs, shared by all requests.

@@ -1,4 +1,4 @@
-public import TetherProtocol
+@_spi(Benchmarks) public import TetherProtocol
 import Synchronization
 
 /// One event held in memory for live and catching-up subscribers.
@@ -21,7 +21,7 @@ public struct BufferedEvent: Sendable {
     public var timetoken: Timetoken { envelope.timetoken }
 
     /// Creates a buffered event, encoding the envelope.
-    package init(envelope: SubscribeEnvelope, isStored: Bool) {
+    @_spi(Benchmarks) public init(envelope: SubscribeEnvelope, isStored: Bool) {
         self.envelope = envelope
         self.encoded = envelope.encoded()
         self.isStored = isStored

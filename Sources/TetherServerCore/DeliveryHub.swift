@@ -1,4 +1,4 @@
-public import TetherProtocol
+@_spi(Benchmarks) public import TetherProtocol
 
 /// Identifies one waiting long-poll in a ``DeliveryHub``.
 public struct WaiterID: Hashable, Sendable, CustomStringConvertible {
@@ -51,7 +51,7 @@ public struct StoreRangeResult: Sendable {
     public var reachedLimit: Bool
 
     /// Creates a result.
-    package init(range: StoreRange, envelopes: [SubscribeEnvelope], reachedLimit: Bool) {
+    @_spi(Benchmarks) public init(range: StoreRange, envelopes: [SubscribeEnvelope], reachedLimit: Bool) {
         self.range = range
         self.envelopes = envelopes
         self.reachedLimit = reachedLimit

@@ -1,6 +1,6 @@
 import Testing
 import TetherClientCore
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 
 @Suite("Response classification (pubnub-wire §3, §13.2)")
 struct ResponseClassifierTests {

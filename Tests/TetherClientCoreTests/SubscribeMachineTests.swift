@@ -1,6 +1,6 @@
 import Testing
 import TetherClientCore
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 
 /// Drives a ``SubscribeMachine`` with explicit time, remembering the last request it started.
 struct Harness {

@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-@testable import TetherProtocol
+@_spi(Benchmarks) @testable import TetherProtocol
 
 /// The message every match case is evaluated against unless it says otherwise.
 private let sampleMeta: JSONValue = [

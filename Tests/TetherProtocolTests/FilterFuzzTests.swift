@@ -1,6 +1,6 @@
 import Foundation
 import Testing
-@testable import TetherProtocol
+@_spi(Benchmarks) @testable import TetherProtocol
 
 /// Property-based fuzzing of the filter parser and evaluator (deterministic, seeded).
 ///

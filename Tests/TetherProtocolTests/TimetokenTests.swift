@@ -1,5 +1,5 @@
 import Testing
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 
 @Suite struct TimetokenTests {
     @Test(arguments: ["0", "1", "17953281264739664", "99999999999999999"])

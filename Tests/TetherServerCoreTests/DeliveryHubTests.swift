@@ -1,6 +1,6 @@
 import Testing
-import TetherProtocol
-import TetherServerCore
+@_spi(Benchmarks) import TetherProtocol
+@_spi(Benchmarks) import TetherServerCore
 
 private func envelope(_ tt: Timetoken, _ channel: String, key: String = "k", payload: String = "1") -> SubscribeEnvelope {
     SubscribeEnvelope(timetoken: tt, subscribeKey: key, channel: channel, payload: payload)

@@ -1,6 +1,6 @@
 import Testing
-import TetherProtocol
-import TetherServerCore
+@_spi(Benchmarks) import TetherProtocol
+@_spi(Benchmarks) import TetherServerCore
 
 @Suite struct PresenceTrackerTests {
     let timeout = Duration.seconds(20)

@@ -1,4 +1,4 @@
-package import TetherProtocol
+@_spi(Benchmarks) package import TetherProtocol
 
 /// The subscribe loop as a pure state machine (ARCHITECTURE.md, STYLE.md §1–3).
 ///

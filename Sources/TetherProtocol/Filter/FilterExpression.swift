@@ -16,7 +16,7 @@
 /// Parsing and evaluation never trap and take time linear in the expression plus the message
 /// values it reads; input is limited to ``maximumLength`` characters and ``maximumDepth`` levels.
 /// Two expressions are equal when they have the same canonical form (``description``).
-package struct FilterExpression: Sendable, Hashable, CustomStringConvertible {
+@_spi(Benchmarks) public struct FilterExpression: Sendable, Hashable, CustomStringConvertible {
     /// The syntax tree.
     let root: FilterCondition
 
@@ -28,7 +28,7 @@ package struct FilterExpression: Sendable, Hashable, CustomStringConvertible {
 
     /// Parses `text`.
     /// - Throws: ``FilterExpressionError`` with the character offset of the first problem.
-    package init(parsing text: String) throws(FilterExpressionError) {
+    @_spi(Benchmarks) public init(parsing text: String) throws(FilterExpressionError) {
         var work = 0
         self = try Self.parse(text, work: &work)
     }
@@ -37,7 +37,7 @@ package struct FilterExpression: Sendable, Hashable, CustomStringConvertible {
 
     /// Whether a message with this `meta` (its publish metadata) and `data` (its payload) passes
     /// the filter. `nil` means absent; fields of an absent or non-object value are missing.
-    package func matches(meta: JSONValue?, data: JSONValue?) -> Bool {
+    @_spi(Benchmarks) public func matches(meta: JSONValue?, data: JSONValue?) -> Bool {
         var work = 0
         return evaluate(meta: meta, data: data, work: &work)
     }
@@ -46,7 +46,7 @@ package struct FilterExpression: Sendable, Hashable, CustomStringConvertible {
     /// `meta.name`, strings are single-quoted, keywords are upper case, operators are separated by
     /// single spaces and only necessary parentheses remain. It can be longer than the input
     /// (spaces, `meta.` prefixes), so for an input near ``maximumLength`` it may exceed the limit.
-    package var description: String {
+    @_spi(Benchmarks) public var description: String {
         var out = ""
         root.write(to: &out)
         return out
