@@ -24,6 +24,8 @@ public final class PresenceService: Sendable {
         var refusedJoinsReported = 0
         var lastRefusalWarning: ContinuousClock.Instant?
         var journal: JournalState = .notStarted
+        /// Whether the journal is writing changes it took from the tracker.
+        var saving = false
     }
 
     /// A request waiting for its presence changes to be durable.
@@ -207,10 +209,13 @@ public final class PresenceService: Sendable {
             // Waiters stay listed while the save runs, so one whose wait runs out (a stalled
             // store) can take itself out and be answered; whoever removes a waiter resumes it.
             let (changes, covered) = locked.withLock { locked in
-                (locked.tracker.takeUnsavedChanges(), Set(locked.flushWaiters.map(\.id)))
+                let changes = locked.tracker.takeUnsavedChanges()
+                locked.saving = !changes.isEmpty
+                return (changes, Set(locked.flushWaiters.map(\.id)))
             }
             defer {
                 let waiters = locked.withLock { locked in
+                    locked.saving = false
                     let done = locked.flushWaiters.filter { covered.contains($0.id) }
                     locked.flushWaiters.removeAll { covered.contains($0.id) }
                     return done
@@ -236,10 +241,15 @@ public final class PresenceService: Sendable {
     /// realtime traffic and keeps flowing while the store is stalled or full (the change stays
     /// in memory and is saved when the store can write again).
     private func durableTransition(_ body: (inout PresenceTracker) -> [PresenceEvent]) async {
-        let id = locked.withLock { locked in
+        // Most transitions (a heartbeat that only moves a deadline) leave nothing to save: they
+        // return here, without a waiter or a timer task.
+        let id: UInt64? = locked.withLock { locked in
+            publish(body(&locked.tracker))
+            guard locked.tracker.hasUnsavedChanges || locked.saving else { return nil }
             locked.nextWaiterID += 1
             return locked.nextWaiterID
         }
+        guard let id else { return }
         let limit = store.options.writeTimeout
         await withDiscardingTaskGroup { group in
             group.addTask {
@@ -252,9 +262,10 @@ public final class PresenceService: Sendable {
                 waiter?.continuation.resume()
             }
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                // Still unsaved, or taken by a save in progress: wait for the journal's next
+                // round (rung below), which answers every waiter listed when it starts.
                 let waits = locked.withLock { locked in
-                    publish(body(&locked.tracker))
-                    guard locked.tracker.hasUnsavedChanges else { return false }
+                    guard locked.tracker.hasUnsavedChanges || locked.saving else { return false }
                     switch locked.journal {
                     case .notStarted, .running:
                         locked.flushWaiters.append(FlushWaiter(id: id, continuation: continuation))

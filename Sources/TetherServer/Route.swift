@@ -60,6 +60,33 @@ public enum Route: String, CaseIterable, Sendable {
         }
     }
 
+    /// The `service` its JSON error bodies name.
+    var service: String {
+        switch self {
+        case .subscribe: "Subscribe"
+        case .hereNowGlobal, .hereNow, .whereNow, .heartbeat, .leave, .getState, .setState: "Presence"
+        case .history, .fetch, .historyWithActions, .deleteMessages, .messageCounts: "Storage"
+        case .groupList, .groupChannels, .groupUpdate, .groupDelete: "channel-registry"
+        case .grant, .audit, .grantToken, .revokeToken: "Access Manager"
+        case .options, .time, .publish, .signal, .health, .metrics: "Tether"
+        }
+    }
+
+    /// The rate-limit bucket a request of this route takes and the path segment holding its
+    /// subscribe key; `nil` for routes never limited. Subscribe is limited for handshakes only
+    /// (`TetherResponder.rateLimit`).
+    var rateLimit: (kind: RateLimits.Kind, subscribeKeySegment: Int)? {
+        switch self {
+        case .options, .time, .health, .metrics: nil
+        case .publish, .signal: (.publish, 2)
+        case .subscribe, .grantToken, .revokeToken: (.request, 2)
+        case .grant, .audit: (.request, 4)
+        case .history, .fetch, .historyWithActions, .deleteMessages, .messageCounts, .hereNowGlobal, .hereNow, .whereNow,
+             .heartbeat, .leave, .getState, .setState, .groupList, .groupChannels, .groupUpdate, .groupDelete:
+            (.request, 3)
+        }
+    }
+
     /// Classifies a request by its method and decoded path segments (and, for channel groups,
     /// whether it adds or removes channels); `nil` when no route matches (404).
     static func classify(_ method: HTTPRequest.Method, _ s: [String], _ wire: WireRequest) -> Route? {

@@ -80,7 +80,7 @@ public struct TetherResponder: HTTPResponder {
             let service = family == "presence" ? "Presence" : family == "channel-registration" ? "channel-registry" : "Tether"
             return ("unknown", Reply.error(.notFound, service: service, "Not found: '\(request.uri.path)'"))
         }
-        if let limited = rateLimit(wire, context: context) { return ("rate-limited", limited) }
+        if let limited = rateLimit(route, wire, context: context) { return ("rate-limited", limited) }
         do {
             let response: Response
             // Exhaustive: a new route is dispatched here and needs a row in AccessTableTests.
@@ -110,7 +110,7 @@ public struct TetherResponder: HTTPResponder {
         } catch let error as RequestError {
             return ("invalid", error.response)
         } catch let error as ParameterError {
-            return ("invalid", Self.invalidParameter(error, segments: s, now: state.hub.currentCursor))
+            return ("invalid", Self.invalidParameter(error, route: route, now: state.hub.currentCursor))
         } catch let error as AccessDeniedError {
             if case .denied(let channels, let groups, let message) = error.check.decision {
                 return ("subscribe", Self.forbidden(channels: channels, groups: groups, message: message))
@@ -162,52 +162,29 @@ public struct TetherResponder: HTTPResponder {
 
     /// The 400 for a malformed or out-of-range parameter, in the body of the route's family
     /// (pubnub-wire §3): the publish array, the v3 history object, or the service object.
-    static func invalidParameter(_ error: ParameterError, segments s: [String], now: Timetoken) -> Response {
+    static func invalidParameter(_ error: ParameterError, route: Route, now: Timetoken) -> Response {
         let message = error.description
-        switch s.first {
-        case "publish", "signal":
+        switch route {
+        case .publish, .signal:
             return Reply.publishError(.badRequest, message, timetoken: now)
-        case "v3" where s.count > 1 && (s[1] == "history" || s[1] == "history-with-actions"):
+        case .fetch, .historyWithActions, .deleteMessages, .messageCounts:
             return Reply.historyError(.badRequest, message)
         default:
-            return Reply.error(.badRequest, service: serviceName(segments: s), message)
-        }
-    }
-
-    /// The `service` a route's JSON errors name.
-    static func serviceName(segments s: [String]) -> String {
-        switch (s.first, s.count > 1 ? s[1] : nil) {
-        case ("v2", "subscribe"): "Subscribe"
-        case ("v2", "presence"): "Presence"
-        case ("v2", "history"), ("v3", "history"), ("v3", "history-with-actions"): "Storage"
-        case ("v1", "channel-registration"): "channel-registry"
-        case ("v2", "auth"), ("v3", "pam"): "Access Manager"
-        default: "Tether"
+            return Reply.error(.badRequest, service: route.service, message)
         }
     }
 
     // MARK: - Rate limits
 
-    /// 429 with `Retry-After` when the client is over its keyset's rate (subscribes, time,
-    /// health and metrics are never limited).
-    private func rateLimit(_ wire: WireRequest, context: TetherRequestContext) -> Response? {
+    /// 429 with `Retry-After` when the client is over its keyset's rate (long-polls that follow
+    /// their cursor, time, health and metrics are never limited).
+    private func rateLimit(_ route: Route, _ wire: WireRequest, context: TetherRequestContext) -> Response? {
+        guard let (kind, index) = route.rateLimit else { return nil }
+        // A long-poll that follows its cursor is never limited (one request per answer); a
+        // handshake (no `tt`, or 0) is, since each one can join its uuid to 200 channels.
+        if route == .subscribe, !(wire.query["tt"] ?? "0").allSatisfy({ $0 == "0" }) { return nil }
         let s = wire.segments
-        guard let first = s.first else { return nil }
-        let kind: RateLimits.Kind
-        let subscribeKeyIndex: Int
-        switch first {
-        case "publish", "signal": (kind, subscribeKeyIndex) = (.publish, 2)
-        case "v2" where s.count > 1 && s[1] == "subscribe":
-            // A long-poll that follows its cursor is never limited (one request per answer);
-            // a handshake (no `tt`, or 0) is, since each one can join its uuid to 200 channels.
-            guard (wire.query["tt"] ?? "0").allSatisfy({ $0 == "0" }) else { return nil }
-            (kind, subscribeKeyIndex) = (.request, 2)
-        case "v2" where s.count > 1 && s[1] == "auth": (kind, subscribeKeyIndex) = (.request, 4)
-        case "v3" where s.count > 1 && s[1] == "pam": (kind, subscribeKeyIndex) = (.request, 2)
-        case "v1", "v2", "v3": (kind, subscribeKeyIndex) = (.request, 3)
-        default: return nil
-        }
-        guard s.count > subscribeKeyIndex, let keyset = state.keysets.keyset(subscribeKey: s[subscribeKeyIndex]) else { return nil }
+        guard s.count > index, let keyset = state.keysets.keyset(subscribeKey: s[index]) else { return nil }
         let uuid = wire.query["uuid"].flatMap { $0.isEmpty ? nil : $0 }
         let address = context.channel.remoteAddress?.ipAddress ?? "unknown"
         guard let wait = state.rateLimits.take(kind, uuid: uuid, address: address, subscribeKey: keyset.subscribeKey,
