@@ -428,3 +428,19 @@ async def test_sdk_asyncio_certificate_failure(request, monkeypatch, which, trus
         assert str(exc).startswith(CERT_VERIFY_FAILED + detail), str(exc)
     finally:
         await pn.stop()
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "ON-ish", "2", "off;rm"])
+def test_rate_limits_switch_refuses_anything_but_on_or_off(value, tmp_path):
+    """`--rate-limits` and TETHER_RATE_LIMITS take on/off (true/false, 1/0); anything else stops
+    the server before it listens, with a message naming the option."""
+    import subprocess
+    from helpers import TETHER_BIN
+    flag = subprocess.run([TETHER_BIN, "serve", "--port", "0", "--data-dir", str(tmp_path / "a"), "--rate-limits", value],
+                          capture_output=True, text=True, timeout=30)
+    assert flag.returncode != 0 and "--rate-limits must be on or off" in flag.stderr, flag.stderr
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TETHER_")}
+    env["TETHER_RATE_LIMITS"] = value
+    by_env = subprocess.run([TETHER_BIN, "serve", "--port", "0", "--data-dir", str(tmp_path / "b")],
+                            capture_output=True, text=True, timeout=30, env=env)
+    assert by_env.returncode != 0 and "TETHER_RATE_LIMITS must be on or off" in by_env.stderr, by_env.stderr

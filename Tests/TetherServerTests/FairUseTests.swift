@@ -63,6 +63,26 @@ import TetherProtocol
         #expect(limits.trackedBuckets == 0)
     }
 
+    /// The presence cap and the rate-limit switch from a configuration file: hostile values are
+    /// refused with a message naming the key, never a trap or a silent default.
+    @Test(arguments: ["0", "-1", "99", "100000001", "9223372036854775807", "1e300", "\"many\"", "null"])
+    func hostilePresenceCapsAreRefused(_ value: String) throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("tether-cap-\(UUID().uuidString).json").path
+        try Data(#"{"maxPresenceMemberships": \#(value)}"#.utf8).write(to: URL(fileURLWithPath: path))
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        if value == "null" {
+            // Absent: the default applies.
+            #expect(try ConfigurationFile.load(path: path).maxPresenceMemberships == nil)
+            return
+        }
+        #expect(throws: ConfigurationError.self) { try ConfigurationFile.load(path: path) }
+        try Data(#"{"maxPresenceMemberships": 250000, "rateLimiting": false}"#.utf8).write(to: URL(fileURLWithPath: path))
+        let file = try ConfigurationFile.load(path: path)
+        #expect(file.maxPresenceMemberships == 250_000 && file.rateLimiting == false)
+        try Data(#"{"rateLimiting": "off"}"#.utf8).write(to: URL(fileURLWithPath: path))
+        #expect(throws: ConfigurationError.self) { try ConfigurationFile.load(path: path) }
+    }
+
     /// Handshakes are requests (each may join a uuid to 200 channels); long-polls that follow
     /// their cursor never are.
     @Test func handshakesAreRateLimitedLongPollsAreNot() async throws {
