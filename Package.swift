@@ -118,6 +118,7 @@ let package = Package(
         .target(
             name: "TetherTesting",
             dependencies: [
+                "Tether",
                 "TetherProtocol",
                 "TetherServer",
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -13,8 +13,8 @@ struct TestServer {
     let task: Task<Void, any Error>
     let directory: String
 
-    static func start(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
-                      clock: ServerClock = .continuous) async throws -> TestServer {
+    static func start<C: Clock>(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
+                                clock: C = ContinuousClock()) async throws -> TestServer where C.Duration == Duration {
         let directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("tether-test-\(UUID().uuidString)").path
         var logger = Logger(label: "test-server")
