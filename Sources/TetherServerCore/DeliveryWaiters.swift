@@ -31,7 +31,7 @@ public enum WakeReason: Sendable, Hashable {
 ///   once with `reason`).
 /// - `parked(parked, connection)` — waiting. Can transition to: gone (resumed by a wake-up).
 public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable> {
-    private enum State {
+    fileprivate enum State {
         case registered
         case wokenEarly(WakeReason)
         case parked(Parked, connection: Connection)
@@ -180,3 +180,5 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
 }
 
 extension DeliveryWaiters: Sendable where Parked: Sendable, Connection: Sendable, Deadline: Sendable {}
+
+extension DeliveryWaiters.State: Sendable where Parked: Sendable, Connection: Sendable {}

@@ -149,7 +149,7 @@ private struct BodyCollector: ResponseBodyWriter {
 
     mutating func write(_ buffer: ByteBuffer) async throws {
         var buffer = buffer
-        sink.buffer.withLock { $0.writeBuffer(&buffer) }
+        _ = sink.buffer.withLock { $0.writeBuffer(&buffer) }
     }
 
     consuming func finish(_ trailingHeaders: HTTPFields?) async throws {}

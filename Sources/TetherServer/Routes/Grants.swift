@@ -215,4 +215,3 @@ extension TetherResponder {
         return Reply.json(.ok, #"{"data":{"message":"Success"},"service":"Access Manager","status":200}"#)
     }
 }
-}
