@@ -5,20 +5,6 @@ import Synchronization
 @_spi(Benchmarks) public import TetherProtocol
 @_spi(Benchmarks) public import TetherServerCore
 
-/// Why a waiting long-poll stopped waiting.
-enum WakeReason: Sendable {
-    /// A visible event matches it.
-    case event
-    /// Its expiry (280 s by default) passed.
-    case timeout
-    /// The server is shutting down gracefully.
-    case shutdown
-    /// Grants or tokens changed: re-check access before waiting again.
-    case accessChanged
-    /// Its client closed the connection.
-    case clientGone
-}
-
 /// One page of a subscribe response.
 public struct SubscribePage: Sendable {
     /// The cursor for the client's next request.
@@ -29,28 +15,20 @@ public struct SubscribePage: Sendable {
     public var gaps: [RetentionGap]
 }
 
-/// The shell around ``DeliveryHub``: a mutex-protected core plus the continuations of waiting
-/// long-polls. Every transition runs under the lock; continuations are resumed and timers
-/// cancelled after it is released.
+/// The shell around ``DeliveryHub``: a mutex-protected core and the lifecycle of its waiters
+/// (``DeliveryWaiters``), plus the continuations and timers of waiting long-polls. Every
+/// transition runs under the lock; continuations are resumed and timers cancelled after it is
+/// released.
 public final class LongPollHub: Sendable {
-    private struct Waiting {
+    /// What a parked long-poll leaves with the waiter machine: what resumes it.
+    private struct Parked {
         var continuation: CheckedContinuation<WakeReason, Never>
         var timer: Scheduled<Void>
-        var connection: ObjectIdentifier?
     }
 
     private struct State {
         var core: DeliveryHub
-        var waiting: [WaiterID: Waiting] = [:]
-        /// Registered in the core, continuation not yet installed.
-        var installing: Set<WaiterID> = []
-        /// Wake-ups that arrived before the continuation was installed.
-        var early: [WaiterID: WakeReason] = [:]
-        /// The waiting long-poll of each watched connection.
-        var byConnection: [ObjectIdentifier: WaiterID] = [:]
-        /// Connections whose close is already observed.
-        var watched: Set<ObjectIdentifier> = []
-        var shuttingDown = false
+        var waiters = DeliveryWaiters<Parked, ObjectIdentifier, NIODeadline>()
     }
 
     private let state: Mutex<State>
@@ -83,7 +61,7 @@ public final class LongPollHub: Sendable {
     }
 
     /// Number of long-polls currently waiting.
-    public var waitingCount: Int { state.withLock { $0.waiting.count } }
+    public var waitingCount: Int { state.withLock { $0.waiters.waitingCount } }
 
     /// Publishes an event: reserves its timetoken, makes it durable when `store` is set, then
     /// commits it and wakes matching long-polls. Returns the event's timetoken once durable.
@@ -183,9 +161,9 @@ public final class LongPollHub: Sendable {
             enum Step { case read(ReadPlan), wait(WaiterID) }
             let step: Step = state.withLock { s in
                 let plan = s.core.plan(spec, after: after, now: clock())
-                if !plan.isEmpty || s.shuttingDown || finishing { return .read(plan) }
+                if !plan.isEmpty || s.waiters.isShuttingDown || finishing { return .read(plan) }
                 let id = s.core.register(spec)
-                s.installing.insert(id)
+                s.waiters.registered(id)
                 return .wait(id)
             }
             switch step {
@@ -204,7 +182,7 @@ public final class LongPollHub: Sendable {
                     results.append(try await store.read(range, limit: limit))
                 }
                 let (cursor, envelopes) = plan.merge(storeResults: results, limit: limit, include: include)
-                let shuttingDown = state.withLock { $0.shuttingDown }
+                let shuttingDown = state.withLock { $0.waiters.isShuttingDown }
                 if envelopes.isEmpty, !shuttingDown, !finishing, NIODeadline.now() < deadline {
                     after = cursor  // the store had nothing newer: wait from here
                     continue
@@ -234,16 +212,16 @@ public final class LongPollHub: Sendable {
 
     private func wait(_ id: WaiterID, deadline: NIODeadline, channel: any Channel) async -> WakeReason {
         let connection = ObjectIdentifier(channel)
-        let mustWatch = state.withLock { $0.watched.insert(connection).inserted }
-        if mustWatch {
+        switch state.withLock({ $0.waiters.watch(connection) }) {
+        case .observeClose:
             channel.closeFuture.whenComplete { [weak self] _ in
                 guard let self else { return }
-                let id = self.state.withLock { s -> WaiterID? in
-                    s.watched.remove(connection)
-                    return s.byConnection.removeValue(forKey: connection)
+                if let id = self.state.withLock({ $0.waiters.connectionClosed(connection) }) {
+                    self.wake([id], reason: .clientGone)
                 }
-                if let id { self.wake([id], reason: .clientGone) }
             }
+        case .none:
+            break
         }
         metrics.longPollStarted()
         defer { metrics.longPollEnded() }
@@ -253,24 +231,19 @@ public final class LongPollHub: Sendable {
                     guard let self else { return }
                     self.wake([id], reason: .timeout)
                 }
-                let immediate: WakeReason? = state.withLock { s in
-                    s.installing.remove(id)
-                    if let reason = s.early.removeValue(forKey: id) { return reason }
-                    if s.shuttingDown {
-                        s.core.unregister(id)
-                        return .shutdown
-                    }
-                    if !channel.isActive {
-                        s.core.unregister(id)
-                        return .clientGone
-                    }
-                    s.waiting[id] = Waiting(continuation: continuation, timer: timer, connection: connection)
-                    s.byConnection[connection] = id
-                    return nil
+                let parked = Parked(continuation: continuation, timer: timer)
+                let action = state.withLock { s in
+                    let action = s.waiters.park(id, parked, connection: connection, connectionIsOpen: channel.isActive,
+                                                deadline: deadline, now: .now())
+                    if case .resume(_, unregister: true) = action { s.core.unregister(id) }
+                    return action
                 }
-                if let immediate {
+                switch action {
+                case .wait:
+                    break
+                case .resume(let reason, _):
                     timer.cancel()
-                    continuation.resume(returning: immediate)
+                    continuation.resume(returning: reason)
                 }
             }
         } onCancel: {
@@ -280,41 +253,27 @@ public final class LongPollHub: Sendable {
 
     private func wake(_ ids: [WaiterID], reason: WakeReason) {
         guard !ids.isEmpty else { return }
-        let resumed = state.withLock { s -> [Waiting] in
-            var resumed: [Waiting] = []
-            for id in ids {
-                s.core.unregister(id)
-                if let waiting = s.waiting.removeValue(forKey: id) {
-                    if let connection = waiting.connection, s.byConnection[connection] == id {
-                        s.byConnection[connection] = nil
-                    }
-                    resumed.append(waiting)
-                } else if s.installing.contains(id), s.early[id] == nil {
-                    s.early[id] = reason
-                }
-            }
-            return resumed
+        let resumed = state.withLock { s in
+            for id in ids { s.core.unregister(id) }
+            return s.waiters.wake(ids, reason: reason)
         }
-        for waiting in resumed {
-            waiting.timer.cancel()
-            waiting.continuation.resume(returning: reason)
+        for parked in resumed {
+            parked.timer.cancel()
+            parked.continuation.resume(returning: reason)
         }
     }
 
     /// Wakes every waiting long-poll to re-check its access (a grant changed or a token was
     /// revoked); those still allowed wait again.
     public func recheckAccess() {
-        let ids = state.withLock { Array($0.waiting.keys) }
+        let ids = state.withLock { $0.waiters.parkedWaiters }
         wake(ids, reason: .accessChanged)
     }
 
     /// Answers every waiting long-poll (empty page, current cursor) and makes new ones answer
     /// at once. Called when graceful shutdown starts.
     public func shutdown() {
-        let ids = state.withLock { s -> [WaiterID] in
-            s.shuttingDown = true
-            return Array(s.waiting.keys)
-        }
+        let ids = state.withLock { $0.waiters.shutdown() }
         logger.info("answering waiting long-polls for shutdown", metadata: ["count": "\(ids.count)"])
         wake(ids, reason: .shutdown)
     }

@@ -8,6 +8,9 @@ import NIOCore
 enum Reply {
     static let malformedFilterExpression = HTTPResponse.Status(code: 481, reasonPhrase: "Malformed Filter Expression")
 
+    /// PubNub's 414: the URI is too long, or the request names too many channels and groups.
+    static let uriTooLong = json(.uriTooLong, ErrorBody.service(status: 414, service: "Balancer", message: "Request URI Too Long"))
+
     static func json(_ status: HTTPResponse.Status, _ body: [UInt8], extraHeaders: HTTPFields = [:]) -> Response {
         json(status, body: .init(byteBuffer: ByteBuffer(bytes: body)), extraHeaders: extraHeaders)
     }

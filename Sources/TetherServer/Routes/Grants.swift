@@ -2,97 +2,60 @@ import Foundation
 import HTTPTypes
 import Hummingbird
 import NIOCore
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 import TetherServerCore
 
-/// Access Manager enforcement (pubnub-wire §11.5) and its admin endpoints (§11.1–§11.3).
+/// A v2 grant (pubnub-wire §11.1), read after the signature is checked: who gets which
+/// permissions on what, for how long.
+struct GrantRequest {
+    /// `ttl` in minutes (default 1,440); 0 never expires.
+    var ttlMinutes: Int
+    var permissions: Permissions
+    /// Channels, groups and uuids named; the whole keyset when none is.
+    var targets: [GrantTarget]
+    /// `auth` keys named; `[nil]` (everybody) when none is.
+    var authKeys: [String?]
+
+    init(_ wire: WireRequest) throws(ParameterError) {
+        ttlMinutes = try wire.integer("ttl", in: ParameterBounds.grantTTLMinutes) ?? 1440
+        permissions = Permissions(r: wire.bool("r"), w: wire.bool("w"), m: wire.bool("m"), d: wire.bool("d"),
+                                  g: wire.bool("g"), u: wire.bool("u"), j: wire.bool("j"))
+        targets = wire.queryNames("channel").map { .channel($0) } + wire.queryNames("channel-group").map { .group($0) }
+            + wire.queryNames("target-uuid").map { .uuid($0) }
+        if targets.isEmpty { targets = [.keyset] }
+        let auths = wire.queryNames("auth")
+        authKeys = auths.isEmpty ? [nil] : auths.map { $0 }
+    }
+
+    /// One grant row per target and auth key.
+    func grants(subscribeKey: String, expiresAt: Timetoken?) -> [Grant] {
+        var grants: [Grant] = []
+        for target in targets {
+            for auth in authKeys {
+                grants.append(Grant(subscribeKey: subscribeKey, target: target, authKey: auth, permissions: permissions,
+                                    ttlMinutes: ttlMinutes, expiresAt: expiresAt))
+            }
+        }
+        return grants
+    }
+}
+
+/// Access Manager's admin endpoints (pubnub-wire §11.1–§11.3): grant and audit, token grant and
+/// revoke.
 extension TetherResponder {
-    /// Verifies the request signature (when present) and checks `permission` on the resources.
-    /// Throws a 403 with only the denied channels and groups listed.
-    @discardableResult
-    func authorize(_ keyset: Keyset, _ wire: WireRequest, method: String = "GET", channels: [String], groups: [String],
-                   permission: Permissions, body: [UInt8] = []) throws(RequestError) -> AccessManager.Check {
-        guard keyset.secretKey != nil else { return AccessManager.Check(decision: .allowed, validUntil: nil) }
-        let verdict = state.access.verifySignature(keyset: keyset, method: method, rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: body)
-        if case .invalid(let reason) = verdict {
-            throw RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: reason)))
-        }
-        let request = AccessRequest(channels: channels, groups: groups, permission: permission, uuid: wire.query["uuid"])
-        let check = state.access.check(request, keyset: keyset, auth: wire.query["auth"], signature: verdict)
-        if case .denied(let deniedChannels, let deniedGroups, let message) = check.decision {
-            throw RequestError(response: Self.forbidden(channels: deniedChannels, groups: deniedGroups, message: message))
-        }
-        return check
-    }
-
-    /// Like ``authorize(_:_:method:channels:groups:permission:body:)`` for requests that act on
-    /// behalf of `uuid` (leave, set-state): besides `permission` on every channel and group, the
-    /// request must prove it speaks for that uuid — a request signed with the secret key, a v3
-    /// token whose authorized uuid is `uuid`, or (v2 auth keys, which bind no uuid) the request's
-    /// own `uuid`. A Tether deviation from PubNub, which lets anybody send a leave for anybody
-    /// (docs/compatibility.md).
-    func authorizeActing(as uuid: String, _ keyset: Keyset, _ wire: WireRequest, channels: [String], groups: [String],
-                         permission: Permissions) throws(RequestError) {
-        guard keyset.secretKey != nil else { return }
-        let verdict = state.access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: [])
-        switch verdict {
-        case .valid: return
-        case .invalid(let reason):
-            throw RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: reason)))
-        case .absent: break
-        }
-        func refuse(_ message: String) -> RequestError {
-            RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: message),
-                                              extraHeaders: [.pnCause: "9500"]))
-        }
-        guard wire.query["uuid"] == uuid else { throw refuse("Forbidden: a client can only act for its own uuid") }
-        if let auth = wire.query["auth"], !auth.isEmpty, let token = try? state.access.verifiedToken(auth, keyset: keyset),
-           token.grant.authorizedUUID != uuid {
-            throw refuse("Forbidden: the token is not authorized for this uuid")
-        }
-        try authorize(keyset, wire, channels: channels, groups: groups, permission: permission)
-    }
-
-    /// The 403 body of §3, with `X-Pn-Cause`. A revoked token gets the recorded body, which
-    /// has no resource list.
-    static func forbidden(channels: [String], groups: [String], message: String) -> Response {
-        if channels.isEmpty && groups.isEmpty && message != "Forbidden" {
-            return Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: message),
-                              extraHeaders: [.pnCause: "9500"])
-        }
-        return Reply.json(.forbidden, ErrorBody.forbidden(channels: channels, groups: groups, message: message),
-                          extraHeaders: [.pnCause: "9500"])
-    }
-
-    /// Admin calls must be signed with the keyset's secret key.
-    func requireAdmin(_ keyset: Keyset, _ wire: WireRequest, method: String, body: [UInt8] = []) throws(RequestError) {
-        guard keyset.secretKey != nil else {
-            throw RequestError(response: Reply.json(.badRequest, ErrorBody.service(
-                status: 400, service: "Access Manager", message: "This keyset has no secret key: Access Manager is off")))
-        }
-        switch state.access.verifySignature(keyset: keyset, method: method, rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: body) {
-        case .valid: return
-        case .absent:
-            throw RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager",
-                                                                                   message: "Signature required: sign with the secret key")))
-        case .invalid(let reason):
-            throw RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: reason)))
-        }
-    }
-
     // MARK: - v2 grant / audit (§11.1)
 
+    /// v2 grant, or audit of what is granted.
     func grantV2(_ wire: WireRequest, audit: Bool) async throws -> Response {
         let s = wire.segments
         guard s.count == 5, s[3] == "sub-key" else {
             return Reply.error(.notFound, service: "Access Manager", "Not found: '\(wire.rawPath)'")
         }
-        let keyset = try keyset(subscribeKey: s[4], service: "Access Manager", uriLength: wire.uriLength)
+        let keyset = try state.keysets.keyset(subscribeKey: s[4], service: "Access Manager", uriLength: wire.uriLength)
         try requireAdmin(keyset, wire, method: "GET")
         let auths = wire.queryNames("auth")
         let channels = wire.queryNames("channel")
         let groups = wire.queryNames("channel-group")
-        let uuids = wire.queryNames("target-uuid")
         if audit {
             var grants: [Grant] = []
             let auth = auths.first
@@ -107,23 +70,12 @@ extension TetherResponder {
             }
             return Reply.json(.ok, Self.grantPayload(keyset: keyset, grants: grants, ttl: grants.first?.ttlMinutes ?? 0))
         }
-        let ttl = try wire.integer("ttl", in: ParameterBounds.grantTTLMinutes) ?? 1440
-        let permissions = Permissions(r: wire.bool("r"), w: wire.bool("w"), m: wire.bool("m"), d: wire.bool("d"),
-                                      g: wire.bool("g"), u: wire.bool("u"), j: wire.bool("j"))
-        let expiresAt = ttl == 0 ? nil : state.hub.currentCursor.adding(seconds: Double(ttl) * 60)
-        var targets: [GrantTarget] = channels.map { .channel($0) } + groups.map { .group($0) } + uuids.map { .uuid($0) }
-        if targets.isEmpty { targets = [.keyset] }
-        let authKeys: [String?] = auths.isEmpty ? [nil] : auths.map { $0 }
-        var grants: [Grant] = []
-        for target in targets {
-            for auth in authKeys {
-                grants.append(Grant(subscribeKey: keyset.subscribeKey, target: target, authKey: auth, permissions: permissions,
-                                    ttlMinutes: ttl, expiresAt: expiresAt))
-            }
-        }
+        let request = try GrantRequest(wire)
+        let expiresAt = request.ttlMinutes == 0 ? nil : state.hub.currentCursor.adding(seconds: Double(request.ttlMinutes) * 60)
+        let grants = request.grants(subscribeKey: keyset.subscribeKey, expiresAt: expiresAt)
         try await state.access.apply(grants)
         state.hub.recheckAccess()
-        return Reply.json(.ok, Self.grantPayload(keyset: keyset, grants: grants, ttl: ttl))
+        return Reply.json(.ok, Self.grantPayload(keyset: keyset, grants: grants, ttl: request.ttlMinutes))
     }
 
     /// The grant/audit response payload in the shapes of §11.1.
@@ -217,9 +169,10 @@ extension TetherResponder {
 
     // MARK: - v3 tokens (§11.2, §11.3)
 
+    /// Issues a token for the grant in the body.
     func grantToken(_ request: Request, _ wire: WireRequest) async throws -> Response {
         let s = wire.segments
-        let keyset = try keyset(subscribeKey: s[2], service: "Access Manager", uriLength: wire.uriLength)
+        let keyset = try state.keysets.keyset(subscribeKey: s[2], service: "Access Manager", uriLength: wire.uriLength)
         guard let buffer = try? await request.body.collect(upTo: 64 * 1024) else {
             return Reply.json(.contentTooLarge, ErrorBody.service(status: 413, service: "Access Manager", message: "Request Entity Too Large"))
         }
@@ -243,9 +196,10 @@ extension TetherResponder {
         }
     }
 
+    /// Revokes a token.
     func revokeToken(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
-        let keyset = try keyset(subscribeKey: s[2], service: "Access Manager", uriLength: wire.uriLength)
+        let keyset = try state.keysets.keyset(subscribeKey: s[2], service: "Access Manager", uriLength: wire.uriLength)
         try requireAdmin(keyset, wire, method: "DELETE")
         let verified: AccessManager.VerifiedToken
         do {
@@ -260,8 +214,4 @@ extension TetherResponder {
         state.hub.recheckAccess()
         return Reply.json(.ok, #"{"data":{"message":"Success"},"service":"Access Manager","status":200}"#)
     }
-}
-
-extension HTTPField.Name {
-    static let pnCause = HTTPField.Name("X-Pn-Cause")!
 }

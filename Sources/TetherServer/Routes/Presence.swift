@@ -1,17 +1,23 @@
 import HTTPTypes
 import Hummingbird
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 import TetherServerCore
 
-/// Presence (pubnub-wire §7) and channel groups (§16).
-extension TetherResponder {
-    // MARK: - Shared parsing
+/// A presence request (pubnub-wire §7): its keyset, and the channels and groups it names.
+struct PresenceRequest {
+    var keyset: Keyset
+    var limits: Limits
 
-    /// Channels from a path segment and groups from `channel-group`, validated; presence names
-    /// are kept here and ignored by the presence model.
-    func presenceTargets(_ channels: [String], _ wire: WireRequest, limits: Limits) throws(RequestError) -> (channels: [String], groups: [String]) {
+    init(_ wire: WireRequest, keysets: KeysetRegistry) throws(RequestError) {
+        keyset = try keysets.keyset(subscribeKey: wire.segments[3], service: "Presence", uriLength: wire.uriLength)
+        limits = keysets.limits(for: keyset)
+    }
+
+    /// Channels (from a path segment) and groups (from `channel-group`), validated; presence
+    /// names are kept here and ignored by the presence model.
+    func targets(_ channels: [String], _ wire: WireRequest) throws(RequestError) -> (channels: [String], groups: [String]) {
         let groups = wire.queryNames("channel-group")
-        try checkCounts(channels: channels, groups: groups, limits: limits, service: "Presence")
+        try RequestValidation.checkCounts(channels: channels, groups: groups, limits: limits, service: "Presence")
         for channel in channels {
             do { try NameRules.validateChannel(channel) } catch {
                 throw RequestError(response: Reply.error(.badRequest, service: "Presence", "Invalid channel \(String(reflecting: channel)): \(error)"))
@@ -24,57 +30,45 @@ extension TetherResponder {
         }
         return (channels, groups)
     }
+}
 
-    func requireUserId(_ wire: WireRequest, service: String) throws(RequestError) -> String {
-        guard let uuid = wire.query["uuid"], !uuid.isEmpty else {
-            throw RequestError(response: Reply.error(.badRequest, service: service, "Missing uuid"))
-        }
-        do { try NameRules.validateUserId(uuid) } catch {
-            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid uuid: \(error)"))
-        }
-        return uuid
+/// Here-now's options, read after the access check.
+struct HereNowOptions {
+    /// `state`: list each occupant's state.
+    var includeState: Bool
+    /// Not `disable_uuids`: list occupants, not only count them.
+    var includeUUIDs: Bool
+    /// `limit`: occupants listed per channel, at most 1,000.
+    var limit: Int
+    /// `offset`: occupants skipped per channel.
+    var offset: Int
+
+    init(_ wire: WireRequest) throws(ParameterError) {
+        includeState = wire.bool("state")
+        includeUUIDs = !wire.bool("disable_uuids")
+        limit = min(try wire.integer("limit", in: ParameterBounds.hereNowLimit) ?? 1000, 1000)
+        offset = try wire.integer("offset", in: ParameterBounds.hereNowOffset) ?? 0
     }
+}
 
-    /// `heartbeat=<seconds>`.
-    func heartbeatSeconds(_ wire: WireRequest, service: String) throws(ParameterError) -> Int? {
-        try wire.integer("heartbeat", in: ParameterBounds.heartbeatSeconds)
-    }
-
-    /// `state=` as sent on subscribe and heartbeat: a JSON object keyed by channel
-    /// (`{"ch1":{"k":"v"}}`), or — as the Python SDK's heartbeat sends it — one flat state object
-    /// for every channel in the request.
-    func channelStates(_ wire: WireRequest, service: String, channels: [String]) throws(RequestError) -> [String: String] {
-        guard let text = wire.query["state"], !text.isEmpty else { return [:] }
-        guard case .object(let object)? = try? JSONValue(parsing: text) else {
-            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid state: expected a JSON object"))
-        }
-        let keyedByChannel = !object.isEmpty && object.allSatisfy { key, value in
-            if case .object = value { return channels.contains(key) }
-            return false
-        }
-        if keyedByChannel { return object.mapValues(\.jsonText) }
-        let flat = JSONValue.object(object).jsonText
-        return Dictionary(uniqueKeysWithValues: channels.filter { !NameRules.isPresence($0) }.map { ($0, flat) })
-    }
-
-    // MARK: - Endpoints
-
+extension TetherResponder {
+    /// Here-now, where-now, heartbeat, leave, and presence state.
     func presence(_ route: Route, _ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         // /v2/presence/sub-key/{sub}[/channel/{chs}[/heartbeat|/leave|/uuid/{uuid}[/data]]] or /uuid/{uuid}
-        let keyset = try keyset(subscribeKey: s[3], service: "Presence", uriLength: wire.uriLength)
+        let request = try PresenceRequest(wire, keysets: state.keysets)
+        let keyset = request.keyset
         let key = keyset.subscribeKey
-        let limits = state.keysets.limits(for: keyset)
         switch route {
         case .hereNowGlobal:
             if keyset.secretKey != nil { try requireAdmin(keyset, wire, method: "GET") }
             return try hereNow(key: key, channels: nil, groups: [], wire)
         case .hereNow where s.count == 4:
-            let groups = try presenceTargets([], wire, limits: limits).groups
+            let groups = try request.targets([], wire).groups
             try authorize(keyset, wire, channels: [], groups: groups, permission: .read)
             return try hereNow(key: key, channels: nil, groups: groups, wire)
         case .hereNow:
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
+            let (channels, groups) = try request.targets(wire.pathNames(5), wire)
             try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
             return try hereNow(key: key, channels: channels, groups: groups, wire)
         case .whereNow:
@@ -90,17 +84,17 @@ extension TetherResponder {
             w.raw("},\"service\":\"Presence\"}")
             return Reply.json(.ok, w.bytes)
         case .heartbeat:
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
-            let uuid = try requireUserId(wire, service: "Presence")
+            let (channels, groups) = try request.targets(wire.pathNames(5), wire)
+            let uuid = try RequestValidation.requiredUserId(wire, service: "Presence")
             try authorize(keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
                           groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
-            let timeout = try heartbeatSeconds(wire, service: "Presence")
-            let states = try channelStates(wire, service: "Presence", channels: channels)
+            let timeout = try RequestValidation.heartbeatSeconds(wire)
+            let states = try RequestValidation.channelStates(wire, service: "Presence", channels: channels)
             await state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
             return Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#)
         case .leave:
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
-            let uuid = try requireUserId(wire, service: "Presence")
+            let (channels, groups) = try request.targets(wire.pathNames(5), wire)
+            let uuid = try RequestValidation.requiredUserId(wire, service: "Presence")
             // Tether deviation (docs/compatibility.md): on an access-controlled keyset a leave
             // must come from a subscriber of those channels acting for itself, so nobody forges
             // leave events for other users.
@@ -109,11 +103,11 @@ extension TetherResponder {
             await state.presence.leave(subscribeKey: key, uuid: uuid, channels: channels, groups: groups)
             return Reply.json(.ok, #"{"status":200,"action":"leave","message":"OK","service":"Presence"}"#)
         case .getState:
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
+            let (channels, groups) = try request.targets(wire.pathNames(5), wire)
             try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
             return getState(key: key, uuid: s[7], channels: channels, groups: groups)
         case .setState:
-            let (channels, groups) = try presenceTargets(wire.pathNames(5), wire, limits: limits)
+            let (channels, groups) = try request.targets(wire.pathNames(5), wire)
             let uuid = s[7]
             do { try NameRules.validateUserId(uuid) } catch {
                 return Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)")
@@ -139,11 +133,9 @@ extension TetherResponder {
     }
 
     private func hereNow(key: String, channels requested: [String]?, groups: [String], _ wire: WireRequest) throws(ParameterError) -> Response {
-        let includeState = wire.bool("state")
-        let includeUUIDs = !wire.bool("disable_uuids")
+        let options = try HereNowOptions(wire)
+        let (includeState, includeUUIDs, limit, offset) = (options.includeState, options.includeUUIDs, options.limit, options.offset)
         let presence = state.presence
-        let limit = min(try wire.integer("limit", in: ParameterBounds.hereNowLimit) ?? 1000, 1000)
-        let offset = try wire.integer("offset", in: ParameterBounds.hereNowOffset) ?? 0
 
         func occupantsJSON(_ w: inout JSONWriter, _ occupants: [(uuid: String, state: String?)]) {
             w.raw("[")
@@ -251,73 +243,5 @@ extension TetherResponder {
             w.raw("}")
         }
         return Reply.json(.ok, w.bytes)
-    }
-
-    // MARK: - Channel groups (§16)
-
-    func channelGroups(_ route: Route, _ wire: WireRequest) async throws -> Response {
-        let s = wire.segments
-        // /v1/channel-registration/sub-key/{sub}/channel-group[/{cg}[/remove]]
-        guard s.count >= 5, s[2] == "sub-key", s[4] == "channel-group" else {
-            return Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'")
-        }
-        let keyset = try keyset(subscribeKey: s[3], service: "channel-registry", uriLength: wire.uriLength)
-        let key = keyset.subscribeKey
-        let ok: Response = Reply.json(.ok, #"{"status":200,"message":"OK","service":"channel-registry","error":false}"#)
-        func registryError(_ message: String) -> Response {
-            var w = JSONWriter()
-            w.raw("{\"status\":400,\"message\":")
-            w.string(message)
-            w.raw(",\"service\":\"channel-registry\",\"error\":true}")
-            return Reply.json(.badRequest, w.bytes)
-        }
-        if s.count == 5 {
-            if keyset.secretKey != nil { try requireAdmin(keyset, wire, method: "GET") }
-            let groups = try await state.store.groupNames(subscribeKey: key)
-            var w = JSONWriter()
-            w.raw("{\"status\":200,\"payload\":{\"namespace\":\"\",\"groups\":")
-            w.stringArray(groups)
-            w.raw("},\"service\":\"channel-registry\",\"error\":false}")
-            return Reply.json(.ok, w.bytes)
-        }
-        let group = s[5]
-        do { try NameRules.validateGroup(group) } catch {
-            return registryError("Reserved character in input parameters.")
-        }
-        try authorize(keyset, wire, channels: [], groups: [group], permission: .manage)
-        if s.count == 7, s[6] == "remove" {
-            try await state.store.deleteGroup(subscribeKey: key, group: group)
-            state.hub.setGroup(subscribeKey: key, group: group, channels: [])
-            return ok
-        }
-        guard s.count == 6 else {
-            return Reply.error(.notFound, service: "channel-registry", "Not found: '/\(s.joined(separator: "/"))'")
-        }
-        let add = wire.queryNames("add")
-        let remove = wire.queryNames("remove")
-        if add.isEmpty && remove.isEmpty {
-            let channels = state.hub.channels(subscribeKey: key, group: group).sorted()
-            var w = JSONWriter()
-            w.raw("{\"status\":200,\"payload\":{\"channels\":")
-            w.stringArray(channels)
-            w.raw(",\"group\":")
-            w.string(group)
-            w.raw("},\"service\":\"channel-registry\",\"error\":false}")
-            return Reply.json(.ok, w.bytes)
-        }
-        for channel in add + remove {
-            do { try NameRules.validateChannel(channel) } catch {
-                return registryError("Reserved character in input parameters.")
-            }
-            if NameRules.isPresence(channel) { return registryError("Reserved character in input parameters.") }
-        }
-        let maximum = state.keysets.limits(for: keyset).maxChannelsPerGroup
-        let current = state.hub.channels(subscribeKey: key, group: group)
-        if current.union(add).subtracting(remove).count > maximum {
-            return registryError("Maximum channel count exceeded.")
-        }
-        let channels = try await state.store.updateGroup(subscribeKey: key, group: group, add: add, remove: remove)
-        state.hub.setGroup(subscribeKey: key, group: group, channels: channels)
-        return ok
     }
 }

@@ -1,0 +1,139 @@
+import HTTPTypes
+import Hummingbird
+import Synchronization
+@_spi(Benchmarks) import TetherProtocol
+import TetherServerCore
+
+/// A subscribe (pubnub-wire §6): what it subscribes to and its filter, checked before access;
+/// its cursor and presence options, read after.
+struct SubscribeRequest {
+    var keyset: Keyset
+    var limits: Limits
+    var channels: [String]
+    var groups: [String]
+    var filter: FilterExpression?
+
+    init(_ wire: WireRequest, keysets: KeysetRegistry, filters: FilterCache) throws {
+        let s = wire.segments
+        let keyset = try keysets.keyset(subscribeKey: s[2], service: "Subscribe", uriLength: wire.uriLength)
+        let limits = keysets.limits(for: keyset)
+        try RequestValidation.optionalUserId(wire, service: "Subscribe")
+        let names = wire.pathNames(3)
+        let groups = wire.queryNames("channel-group")
+        try RequestValidation.checkCounts(channels: names, groups: groups, limits: limits, service: "Subscribe")
+        if names.isEmpty && groups.isEmpty {
+            throw Refusal(response: Reply.error(.badRequest, service: "Subscribe", "No channels or channel groups given"))
+        }
+        for name in names {
+            do { try NameRules.validateSubscribeChannel(name) } catch {
+                throw Refusal(response: Reply.error(.badRequest, service: "Subscribe", "Invalid channel \(String(reflecting: name)): \(error)"))
+            }
+        }
+        for group in groups {
+            do { try NameRules.validateGroup(group) } catch {
+                throw Refusal(response: Reply.error(.badRequest, service: "Subscribe",
+                                                    "Invalid channel group \(String(reflecting: group)): \(error)"))
+            }
+        }
+        if let text = wire.query["filter-expr"], !text.isEmpty {
+            do {
+                filter = try filters.expression(text)
+            } catch {
+                throw Refusal(response: Reply.json(Reply.malformedFilterExpression, ErrorBody.service(
+                    status: 481, service: "Subscribe", message: "Invalid filter expression: \(error.reason) at position \(error.position)")))
+            }
+        }
+        self.keyset = keyset
+        self.limits = limits
+        self.channels = names
+        self.groups = groups
+    }
+
+    /// What is read after the access check.
+    struct Options {
+        /// `tt`: 0 (or absent) for a handshake.
+        var cursor: Timetoken
+        /// `heartbeat`: the presence timeout the client asks for.
+        var heartbeat: Int?
+        /// `state`: presence state by channel.
+        var states: [String: String]
+        /// `uuid`, when not empty.
+        var uuid: String?
+
+        init(_ wire: WireRequest, channels: [String]) throws {
+            cursor = try wire.timetoken("tt") ?? .zero
+            _ = try wire.integer("tr", in: ParameterBounds.region)
+            heartbeat = try RequestValidation.heartbeatSeconds(wire)
+            states = try RequestValidation.channelStates(wire, service: "Subscribe", channels: channels)
+            uuid = wire.query["uuid"].flatMap { $0.isEmpty ? nil : $0 }
+        }
+    }
+}
+
+extension TetherResponder {
+    /// Subscribe: a heartbeat for its uuid, then the handshake cursor or a long-poll on the hub.
+    func subscribe(_ wire: WireRequest, context: TetherRequestContext) async throws -> Response {
+        let request = try SubscribeRequest(wire, keysets: state.keysets, filters: state.filters)
+        let keyset = request.keyset
+        let names = request.channels
+        let groups = request.groups
+        let check = try authorize(keyset, wire, channels: names, groups: groups, permission: .read)
+        let options = try SubscribeRequest.Options(wire, channels: names)
+        // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
+        if let uuid = options.uuid {
+            await state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
+                                           timeoutSeconds: options.heartbeat, states: options.states)
+        }
+        if options.cursor == .zero {
+            // Handshake: the current cursor, never backlog (pubnub-wire §6.4.1).
+            return Reply.json(.ok, SubscribeResponseBody.encode(cursor: state.hub.currentCursor, region: 1, envelopes: []))
+        }
+        let spec = SubscriptionSpec(subscribeKey: keyset.subscribeKey, names: names, groups: groups)
+        // A cursor from the future is treated as current rather than waited for.
+        let after = min(options.cursor, state.hub.currentCursor)
+        let access = state.access
+        let accessRequest = AccessRequest(channels: names, groups: groups, permission: .read, uuid: wire.query["uuid"])
+        let auth = wire.query["auth"]
+        let signature = keyset.secretKey == nil ? AccessManager.SignatureVerdict.absent
+            : access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: [])
+        var recheck: (@Sendable () -> AccessManager.Check)?
+        if keyset.secretKey != nil {
+            recheck = { access.check(accessRequest, keyset: keyset, auth: auth, signature: signature) }
+        }
+        let page = try await state.hub.receive(
+            spec, after: after, limit: request.limits.maxEnvelopesPerResponse, timeout: state.subscribeTimeout,
+            channel: context.channel, access: check, recheck: recheck, filter: request.filter)
+        if let uuid = options.uuid {
+            // The connection was alive for the whole long-poll: its end extends the uuid's
+            // presence where it still is — but never re-joins one that left meanwhile.
+            await state.presence.refresh(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
+                                         timeoutSeconds: options.heartbeat)
+        }
+        var headers: HTTPFields = [:]
+        if !page.gaps.isEmpty {
+            let value = page.gaps.map { "\(PercentCoding.encode($0.channel));from=\($0.from.rawValue);through=\($0.through.rawValue)" }
+                .joined(separator: ", ")
+            headers[.tetherGap] = value
+        }
+        return Reply.json(.ok, SubscribeResponseBody.encode(cursor: page.cursor, region: 1, envelopes: page.envelopes), extraHeaders: headers)
+    }
+}
+
+/// Parsed filter expressions by their text, shared by every subscriber sending the same filter.
+/// Bounded: when full it starts over (a subscriber's next long-poll parses its filter again).
+final class FilterCache: Sendable {
+    private let entries = Mutex<[String: FilterExpression]>([:])
+    /// Filters kept at most.
+    static let capacity = 4096
+
+    /// The parsed expression for `text`, parsed on first use.
+    func expression(_ text: String) throws(FilterExpressionError) -> FilterExpression {
+        if let cached = entries.withLock({ $0[text] }) { return cached }
+        let parsed = try FilterExpression(parsing: text)
+        entries.withLock { entries in
+            if entries.count >= Self.capacity { entries.removeAll(keepingCapacity: true) }
+            entries[text] = parsed
+        }
+        return parsed
+    }
+}

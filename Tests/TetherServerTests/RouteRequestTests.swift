@@ -1,0 +1,156 @@
+import HTTPTypes
+import Hummingbird
+import NIOCore
+import Synchronization
+import Testing
+@_spi(Benchmarks) import TetherProtocol
+@testable import TetherServer
+
+/// The typed requests of `Routes/` parse the wire once and refuse bad input with the PubNub
+/// error body of their family, without a server: each row is a request and the status and body
+/// it is refused with (or `nil` when it parses).
+@Suite struct RouteRequestTests {
+    static let keysets = KeysetRegistry(configuration: ConfigurationFile())
+    static let arrivedAt = Timetoken(17_000_000_000_000_000)
+
+    struct Row: Sendable, CustomStringConvertible {
+        var target: String
+        var status: Int?
+        var body: String?
+        var description: String { target }
+    }
+
+    static func wire(_ target: String) throws -> WireRequest {
+        let pieces = target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
+        var wire = try WireRequest(rawPath: String(pieces[0]), rawQuery: pieces.count > 1 ? String(pieces[1]) : nil)
+        wire.uriLength = target.utf8.count
+        return wire
+    }
+
+    /// The status and the body as text.
+    static func body(_ response: Response) async throws -> (Int, String) {
+        let sink = BodySink()
+        try await response.body.write(BodyCollector(sink: sink))
+        return (response.status.code, sink.buffer.withLock { String(buffer: $0) })
+    }
+
+    static let publishTargets: [Row] = [
+        Row(target: "/publish/demo/demo/0/c/0/1", status: nil, body: nil),
+        Row(target: "/publish/nope/demo/0/c/0/1", status: 400, body: #"[0,"Invalid Key","17000000000000000"]"#),
+        Row(target: "/publish/demo/nope/0/c/0/1", status: 400, body: #"[0,"Invalid Key","17000000000000000"]"#),
+        Row(target: "/publish/demo/demo/0/c-pnpres/0/1", status: 400,
+            body: #"[0,"Invalid Channel: presence channels are written by the server","17000000000000000"]"#),
+    ]
+
+    @Test(arguments: publishTargets)
+    func publishTarget(_ row: Row) async throws {
+        let wire = try Self.wire(row.target)
+        do {
+            _ = try PublishRequest.Target(wire, kind: .message, keysets: Self.keysets, now: Self.arrivedAt)
+            #expect(row.status == nil, "accepted")
+        } catch {
+            let (status, body) = try await Self.body(error.response)
+            #expect(status == row.status)
+            #expect(body == row.body)
+        }
+    }
+
+    static let publishMessages: [Row] = [
+        Row(target: "/publish/demo/demo/0/c/0/1?seqn=1&ttl=1.5&store=0", status: nil, body: nil),
+        Row(target: "/publish/demo/demo/0/c/0/%7Bbad", status: 400, body: #"[0,"Invalid JSON","17000000000000000"]"#),
+        Row(target: "/publish/demo/demo/0/c/0/1?meta=%5B1%5D", status: 400,
+            body: #"[0,"Invalid meta: must be a JSON object","17000000000000000"]"#),
+        Row(target: "/publish/demo/demo/0/c/0/1?custom_message_type=a", status: 400,
+            body: #"[0,"Invalid custom_message_type: 3-50 characters of A-Z a-z 0-9 _ -","17000000000000000"]"#),
+        Row(target: "/publish/demo/demo/0/c/0/1?store=2", status: 400,
+            body: #"[0,"Invalid store: expected 0 or 1","17000000000000000"]"#),
+    ]
+
+    @Test(arguments: publishMessages)
+    func publishMessage(_ row: Row) async throws {
+        let wire = try Self.wire(row.target)
+        let target = try PublishRequest.Target(wire, kind: .message, keysets: Self.keysets, now: Self.arrivedAt)
+        do {
+            let request = try PublishRequest(target, message: Array(wire.segments[6].utf8), wire)
+            #expect(row.status == nil, "accepted")
+            #expect(request.payload == "1")
+            #expect(request.sequence == 1)
+            #expect(request.ttlHours == 1.5)
+            #expect(!request.store)
+            #expect(!request.isFire)
+        } catch let refusal as Refusal {
+            let (status, body) = try await Self.body(refusal.response)
+            #expect(status == row.status)
+            #expect(body == row.body)
+        }
+    }
+
+    @Test func aMalformedNumberIsLeftToTheRoutersParameterAnswer() throws {
+        let wire = try Self.wire("/publish/demo/demo/0/c/0/1?seqn=x")
+        let target = try PublishRequest.Target(wire, kind: .message, keysets: Self.keysets, now: Self.arrivedAt)
+        #expect(throws: ParameterError.self) { try PublishRequest(target, message: Array("1".utf8), wire) }
+    }
+
+    @Test func fireIsAMessageNeitherStoredNorReplicated() throws {
+        let wire = try Self.wire("/publish/demo/demo/0/c/0/1?store=0&norep=1")
+        let target = try PublishRequest.Target(wire, kind: .message, keysets: Self.keysets, now: Self.arrivedAt)
+        #expect(try PublishRequest(target, message: Array("1".utf8), wire).isFire)
+        let signal = try PublishRequest.Target(wire, kind: .signal, keysets: Self.keysets, now: Self.arrivedAt)
+        #expect(try !PublishRequest(signal, message: Array("1".utf8), wire).isFire)
+    }
+
+    static let subscribes: [Row] = [
+        Row(target: "/v2/subscribe/demo/a,b/0?channel-group=g", status: nil, body: nil),
+        Row(target: "/v2/subscribe/demo/,/0", status: 400,
+            body: #"{"status":400,"error":true,"service":"Subscribe","message":"No channels or channel groups given"}"#),
+        Row(target: "/v2/subscribe/demo/c/0?filter-expr=%3D%3D", status: 481, body: nil),
+        Row(target: "/v2/subscribe/nope/c/0", status: 400,
+            body: #"{"status":400,"error":true,"service":"Subscribe","message":"Invalid Subscribe Key"}"#),
+    ]
+
+    @Test(arguments: subscribes)
+    func subscribe(_ row: Row) async throws {
+        do {
+            let request = try SubscribeRequest(try Self.wire(row.target), keysets: Self.keysets, filters: FilterCache())
+            #expect(row.status == nil, "accepted")
+            #expect(request.channels == ["a", "b"])
+            #expect(request.groups == ["g"])
+        } catch let refusal as Refusal {
+            let (status, body) = try await Self.body(refusal.response)
+            #expect(status == row.status)
+            if let expected = row.body { #expect(body == expected) }
+        } catch let error as RequestError {
+            let (status, body) = try await Self.body(error.response)
+            #expect(status == row.status)
+            if let expected = row.body { #expect(body == expected) }
+        }
+    }
+
+    @Test(arguments: [(StorageRequest.ErrorShape.history, #"{"status":400,"error":true,"error_message":"No channels given","channels":{}}"#),
+                      (.service, #"{"status":400,"error":true,"service":"Storage","message":"No channels given"}"#)])
+    func storageRequestsAnswerInTheirFamilysShape(_ shape: StorageRequest.ErrorShape, _ expected: String) async throws {
+        do {
+            _ = try StorageRequest(try Self.wire("/v3/history/sub-key/demo/channel/,"), keysets: Self.keysets, errors: shape)
+            Issue.record("a request naming no channel was accepted")
+        } catch let error as RequestError {
+            let (status, body) = try await Self.body(error.response)
+            #expect(status == 400)
+            #expect(body == expected)
+        }
+    }
+}
+
+private final class BodySink: Sendable {
+    let buffer = Mutex(ByteBuffer())
+}
+
+private struct BodyCollector: ResponseBodyWriter {
+    let sink: BodySink
+
+    mutating func write(_ buffer: ByteBuffer) async throws {
+        var buffer = buffer
+        _ = sink.buffer.withLock { $0.writeBuffer(&buffer) }
+    }
+
+    consuming func finish(_ trailingHeaders: HTTPFields?) async throws {}
+}
