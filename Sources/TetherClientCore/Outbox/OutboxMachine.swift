@@ -134,16 +134,19 @@ package struct OutboxMachine: Sendable {
 
     /// Where one message is.
     ///
-    /// Can transition to: `ready → sending`; `sending → (removed) | backingOff | ready | failed`;
-    /// `backingOff → ready | failed (never) | (removed by cancel)`; `failed → ready (resend) |
-    /// (removed by cancel)`.
+    /// Each case carries the retry bookkeeping of the message's current outage (`nil` before its
+    /// first retryable failure, and again after a reconnect or a resend).
+    ///
+    /// Can transition to: `ready → sending | (removed by cancel)`; `sending → (removed: sent) |
+    /// backingOff | ready (failed while offline) | failed`; `backingOff → ready | (removed by
+    /// cancel)`; `failed → ready (resend) | (removed by cancel)`.
     private enum Phase: Sendable, Hashable {
         /// Sent as soon as it is its channel's head, a send slot is free and the link is up.
-        case ready
+        case ready(Outage?)
         /// A request is in flight.
-        case sending
+        case sending(Outage?)
         /// Waiting for its retry timer (only a channel's head).
-        case backingOff(Wait)
+        case backingOff(Wait, Outage?)
         /// Settled by failure; off its channel's queue, still held and counted.
         case failed(StatusCategory)
     }
@@ -169,7 +172,6 @@ package struct OutboxMachine: Sendable {
         var phase: Phase
         /// Sends made so far (the next one is `attempts + 1`).
         var attempts: Int
-        var outage: Outage?
         /// Position in the outbox: acceptance order, renewed on resend.
         var sequence: UInt64
     }
@@ -231,7 +233,7 @@ package struct OutboxMachine: Sendable {
             return .refused(OutboxError(.duplicateMessage, "message \(message.id) is already in the outbox"))
         }
         if let refusal = admission(byteCount: message.byteCount) { return .refused(refusal) }
-        insert(message, phase: .ready)
+        insert(message, phase: .ready(nil))
         return .accepted([.changed(message.id, .pending)] + pump())
     }
 
@@ -242,7 +244,7 @@ package struct OutboxMachine: Sendable {
     package mutating func restore(_ restored: [Restored], now: Duration) -> [Action] {
         for item in restored.sorted(by: { $0.message.id < $1.message.id }) where records[item.message.id] == nil {
             switch item.state {
-            case .pending: insert(item.message, phase: .ready)
+            case .pending: insert(item.message, phase: .ready(nil))
             case .failed(let category): insert(item.message, phase: .failed(category))
             }
         }
@@ -265,9 +267,10 @@ package struct OutboxMachine: Sendable {
     /// fail the message at once. `randomness` in `0...1` picks the jitter.
     package mutating func sendFailed(_ id: OutboxMessage.ID, _ failure: OutboxSendFailure, now: Duration, randomness: Double) -> [Action] {
         guard var record = records[id] else { return [] }
+        let current: Outage?
         switch record.phase {
-        case .sending:
-            break
+        case .sending(let outage):
+            current = outage
         case .ready, .backingOff, .failed:
             return []  // not in flight: a stale report
         }
@@ -279,7 +282,7 @@ package struct OutboxMachine: Sendable {
             case .offline:
                 // The link is down: the failure says nothing about this message. Wait for the
                 // link without using up retries.
-                record.phase = .ready
+                record.phase = .ready(current)
                 records[id] = record
                 return [.changed(id, .pending)] + pump()
             case .online:
@@ -287,22 +290,23 @@ package struct OutboxMachine: Sendable {
             }
             let delay: Duration
             let wait: Wait
+            var outage = current
             if let retryAfter = failure.retryAfter {
                 // The server says when to come back: exactly then, plus up to 1 s of jitter so its
                 // clients do not return together; at least 1 s (a `Retry-After: 0` is no loop).
                 delay = max(retryAfter, .seconds(1)) + .milliseconds(Int64(Self.unit(randomness) * 1000))
                 wait = .serverRetryAfter
             } else {
-                var outage = record.outage ?? Outage(start: now, retries: 0)
-                guard let next = configuration.retry.delay(beforeRetry: outage.retries + 1, elapsed: now - outage.start,
+                var counted = current ?? Outage(start: now, retries: 0)
+                guard let next = configuration.retry.delay(beforeRetry: counted.retries + 1, elapsed: now - counted.start,
                                                            randomness: randomness)
                 else { return fail(id, failure.category) }
-                outage.retries += 1
-                record.outage = outage
+                counted.retries += 1
+                outage = counted
                 delay = next
                 wait = .policy
             }
-            record.phase = .backingOff(wait)
+            record.phase = .backingOff(wait, outage)
             records[id] = record
             return [.changed(id, .pending), .schedule(.retry(id), after: delay)] + pump()
         }
@@ -314,8 +318,8 @@ package struct OutboxMachine: Sendable {
         case .retry(let id):
             guard var record = records[id] else { return [] }
             switch record.phase {
-            case .backingOff:
-                record.phase = .ready
+            case .backingOff(_, let outage):
+                record.phase = .ready(outage)
                 records[id] = record
                 return pump()
             case .ready, .sending, .failed:
@@ -337,13 +341,12 @@ package struct OutboxMachine: Sendable {
             for id in queues.values.compactMap(\.first).sorted() {
                 guard var record = records[id] else { continue }
                 switch record.phase {
-                case .backingOff(.policy):
+                case .backingOff(.policy, _):
                     // The outage it waited out is over: the policy's count starts again.
-                    record.phase = .ready
-                    record.outage = nil
+                    record.phase = .ready(nil)
                     records[id] = record
                     actions.append(.cancelTimer(.retry(id)))
-                case .backingOff(.serverRetryAfter), .ready, .sending, .failed:
+                case .backingOff(.serverRetryAfter, _), .ready, .sending, .failed:
                     break
                 }
             }
@@ -359,9 +362,8 @@ package struct OutboxMachine: Sendable {
         }
         switch record.phase {
         case .failed:
-            record.phase = .ready
+            record.phase = .ready(nil)
             record.attempts = 0
-            record.outage = nil
             record.sequence = takeSequence()
             records[id] = record
             queues[record.message.channel, default: []].append(id)
@@ -437,7 +439,7 @@ package struct OutboxMachine: Sendable {
     }
 
     private mutating func insert(_ message: OutboxMessage, phase: Phase) {
-        records[message.id] = Record(message: message, phase: phase, attempts: 0, outage: nil, sequence: takeSequence())
+        records[message.id] = Record(message: message, phase: phase, attempts: 0, sequence: takeSequence())
         heldBytes += message.byteCount
         switch phase {
         case .ready, .sending, .backingOff: queues[message.channel, default: []].append(message.id)
@@ -461,7 +463,6 @@ package struct OutboxMachine: Sendable {
     private mutating func fail(_ id: OutboxMessage.ID, _ category: StatusCategory) -> [Action] {
         guard var record = records[id] else { return [] }
         record.phase = .failed(category)
-        record.outage = nil
         records[id] = record
         dequeue(id, channel: record.message.channel)
         return [.changed(id, .failed(category))] + pump()
@@ -473,20 +474,21 @@ package struct OutboxMachine: Sendable {
         case .offline: return []
         case .online: break
         }
-        var heads: [Record] = []
+        var heads: [(record: Record, outage: Outage?)] = []
         var inFlight = 0
         for queue in queues.values {
             guard let head = queue.first, let record = records[head] else { continue }
             switch record.phase {
             case .sending: inFlight += 1
-            case .ready: heads.append(record)
+            case .ready(let outage): heads.append((record, outage))
             case .backingOff, .failed: break
             }
         }
-        heads.sort { $0.sequence < $1.sequence }
+        heads.sort { $0.record.sequence < $1.record.sequence }
         var actions: [Action] = []
-        for var record in heads.prefix(max(configuration.maximumConcurrentSends - inFlight, 0)) {
-            record.phase = .sending
+        for head in heads.prefix(max(configuration.maximumConcurrentSends - inFlight, 0)) {
+            var record = head.record
+            record.phase = .sending(head.outage)
             record.attempts += 1
             records[record.message.id] = record
             actions.append(.changed(record.message.id, .sending(attempt: record.attempts)))
