@@ -125,7 +125,8 @@ package final class OutboxJournal {
     package func append(_ record: Record) throws(OutboxJournalError) {
         let body = Self.encode(record)
         guard body.count <= limits.maximumRecordBytes else {
-            throw OutboxJournalError(.recordTooLarge, "a journal record of \(body.count) bytes exceeds the limit of \(limits.maximumRecordBytes)")
+            throw OutboxJournalError(.recordTooLarge,
+                                     "a journal record of \(body.count) bytes exceeds the limit of \(limits.maximumRecordBytes)")
         }
         try writeAll(Self.frame(body), to: descriptor)
         guard fsync(descriptor) == 0 else { throw OutboxJournalError(.io, "cannot fsync the outbox journal", errno: errno) }
@@ -341,7 +342,8 @@ package final class OutboxJournal {
                   let optionsJSON = try? JSONValue(parsing: optionsText),
                   let options = decodeOptions(optionsJSON)
             else { return nil }
-            record = .accepted(OutboxMessage(id: id, requestID: requestID, kind: kind, channel: channel, payload: payload, options: options))
+            record = .accepted(OutboxMessage(id: id, requestID: requestID, kind: kind, channel: channel, payload: payload,
+                                             options: options))
         case .failed:
             guard let name = reader.field().map({ String(decoding: $0, as: UTF8.self) }),
                   let category = StatusCategory(rawValue: name) else { return nil }

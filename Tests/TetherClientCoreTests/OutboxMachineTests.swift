@@ -30,7 +30,8 @@ struct OutboxHarness {
     mutating func record(_ actions: [OutboxMachine.Action]) {
         for action in actions {
             switch action {
-            case .send(let message, let attempt): sends.append(Send(id: message.id.rawValue, attempt: attempt, requestID: message.requestID))
+            case .send(let message, let attempt):
+                sends.append(Send(id: message.id.rawValue, attempt: attempt, requestID: message.requestID))
             case .schedule(let timer, let after): timers[timer] = now + after
             case .cancelTimer(let timer): timers[timer] = nil
             case .changed(let id, let state): changes.append((id, state))

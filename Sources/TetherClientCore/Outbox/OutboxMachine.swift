@@ -213,13 +213,15 @@ package struct OutboxMachine: Sendable {
     /// persists a message the outbox then refuses.
     package func admission(byteCount: Int) -> OutboxError? {
         if byteCount > configuration.maximumBytes {
-            return OutboxError(.tooLarge, "the message takes \(byteCount) bytes, more than the outbox's bound of \(configuration.maximumBytes)")
+            return OutboxError(.tooLarge,
+                               "the message takes \(byteCount) bytes, more than the outbox's bound of \(configuration.maximumBytes)")
         }
         if records.count >= configuration.maximumMessages {
             return OutboxError(.full, "the outbox holds its maximum of \(configuration.maximumMessages) messages")
         }
         if heldBytes + byteCount > configuration.maximumBytes {
-            return OutboxError(.full, "the outbox holds \(heldBytes) bytes; \(byteCount) more would pass its bound of \(configuration.maximumBytes)")
+            return OutboxError(.full,
+                               "the outbox holds \(heldBytes) bytes; \(byteCount) more would exceed \(configuration.maximumBytes)")
         }
         return nil
     }
