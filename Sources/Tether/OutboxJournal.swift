@@ -1,0 +1,485 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+package import TetherClientCore
+import TetherProtocol
+
+/// The durable side of the outbox: every message the outbox accepted, and what became of it, in a
+/// small append-only file, so that messages accepted by `publish` survive the app being killed and
+/// are sent — once — at the next launch (issue #15, item 4).
+///
+/// ## Why an append-only file and not SQLite
+///
+/// The SDK today links no database: GRDB (SQLite) is a dependency of the server only, and adding
+/// it to the SDK would bring a C library, `libsqlite3-dev` on Linux, and a large API into every
+/// app for a workload that needs none of SQLite's strengths. The outbox writes one record per
+/// accepted message and one per settled message, never updates in place, never queries (the
+/// whole live set is read once, at launch, and is bounded by the outbox's count and byte limits),
+/// and has a single writer. That is exactly what a log does well: an append is one `write` and
+/// one `fsync`; recovery is one sequential read. What a log must get right is done here:
+///
+/// - **Framing and integrity.** Each record is `length (u32 LE) | CRC-32 (u32 LE) | body`. A
+///   record whose length runs past the end of the file, exceeds ``Limits/maximumRecordBytes``,
+///   fails its CRC or does not decode is where the valid log ends: a write torn by a crash (or a
+///   damaged tail) is cut off — the file is truncated there — and everything before it is kept.
+/// - **Durability.** ``append(_:)`` returns after `fsync`: a message the shell then accepts is on
+///   disk. Compaction writes a new file, `fsync`s it, renames it over the old one and `fsync`s
+///   the directory, so a crash at any point leaves either the old log or the new one.
+/// - **Bounded size.** When settled records (and the acceptances they cancel) make up more than
+///   half of the file, and the file is at least ``Limits/compactionThreshold`` bytes, the log is
+///   rewritten with the live messages only.
+///
+/// A settle that could not be written (a full disk) means the message is sent again at the next
+/// launch with its original request id: the server's dedup window answers that repeat with the
+/// original timetoken. A record damaged in the middle of the file (disk corruption, not a torn
+/// write) ends the log there: the records after it are lost, which is reported in ``recovery``.
+///
+/// Not `Sendable`: one owner (the outbox shell's actor) appends and compacts.
+package final class OutboxJournal {
+    /// Size limits.
+    package struct Limits: Sendable, Hashable {
+        /// The largest record written or read (default 8 MiB, above the outbox's default byte bound).
+        package var maximumRecordBytes: Int
+        /// Compaction runs only on files at least this large (default 64 KiB).
+        package var compactionThreshold: Int
+
+        /// Creates limits.
+        package init(maximumRecordBytes: Int = 8 << 20, compactionThreshold: Int = 64 << 10) {
+            self.maximumRecordBytes = maximumRecordBytes
+            self.compactionThreshold = compactionThreshold
+        }
+    }
+
+    /// One entry of the log.
+    package enum Record: Sendable, Hashable {
+        /// The outbox accepted the message.
+        case accepted(OutboxMessage)
+        /// The message failed; it stays failed until resent or cancelled.
+        case failed(OutboxMessage.ID, StatusCategory)
+        /// A failed message was resent: it is pending again.
+        case requeued(OutboxMessage.ID)
+        /// The message left the outbox (sent or cancelled).
+        case removed(OutboxMessage.ID)
+        /// The next message id to assign (written first by compaction, so ids never repeat).
+        case watermark(OutboxMessage.ID)
+    }
+
+    /// What recovery found when the journal was opened.
+    package struct Recovery: Sendable, Hashable {
+        /// Valid records read.
+        package var records: Int
+        /// Bytes after the last valid record, cut off (a torn or damaged tail); 0 normally.
+        package var discardedBytes: Int
+    }
+
+    private let path: String
+    private let limits: Limits
+    private var descriptor: Int32
+    /// The live messages, in id order of acceptance, with where each was left.
+    private var live: [OutboxMessage.ID: OutboxMachine.Restored] = [:]
+    private var liveBytes = 0
+    private var fileBytes = 0
+    private var nextIDValue: UInt64 = 1
+    /// What recovery found.
+    package private(set) var recovery: Recovery
+
+    /// Opens (or creates) the journal at `path` and recovers its live messages.
+    package init(path: String, limits: Limits = Limits()) throws(OutboxJournalError) {
+        self.path = path
+        self.limits = limits
+        let fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw OutboxJournalError(.io, "cannot open the outbox journal at \(path)", errno: errno) }
+        descriptor = fd
+        recovery = Recovery(records: 0, discardedBytes: 0)
+        do {
+            try recover()
+        } catch {
+            close(fd)
+            descriptor = -1
+            throw error
+        }
+    }
+
+    deinit {
+        if descriptor >= 0 { close(descriptor) }
+    }
+
+    // MARK: Reading
+
+    /// The messages to give the outbox at launch (``OutboxMachine/restore(_:now:)``), in id order.
+    package var restored: [OutboxMachine.Restored] {
+        live.values.sorted { $0.message.id < $1.message.id }
+    }
+
+    /// The id for the next accepted message: above every id the journal has ever recorded.
+    package var nextID: OutboxMessage.ID { OutboxMessage.ID(nextIDValue) }
+
+    /// The file's current size in bytes.
+    package var sizeInBytes: Int { fileBytes }
+
+    // MARK: Writing
+
+    /// Appends a record and `fsync`s it; compacts afterwards when settled records dominate.
+    package func append(_ record: Record) throws(OutboxJournalError) {
+        let body = Self.encode(record)
+        guard body.count <= limits.maximumRecordBytes else {
+            throw OutboxJournalError(.recordTooLarge,
+                                     "a journal record of \(body.count) bytes exceeds the limit of \(limits.maximumRecordBytes)")
+        }
+        try writeAll(Self.frame(body), to: descriptor)
+        guard fsync(descriptor) == 0 else { throw OutboxJournalError(.io, "cannot fsync the outbox journal", errno: errno) }
+        fileBytes += 8 + body.count
+        apply(record)
+        if fileBytes >= limits.compactionThreshold && fileBytes - liveBytes > liveBytes {
+            // The record is durable whatever happens here: a failed compaction leaves the old
+            // (valid, longer) file and is tried again after the next append.
+            try? compact()
+        }
+    }
+
+    /// Records a state change the outbox reported (``OutboxMachine/Action/changed(_:_:)``):
+    /// sent or cancelled → removed; failed → failed; pending after failed (a resend) → requeued.
+    /// Other changes (sending, pending while retrying) are not journalled: at the next launch the
+    /// message is pending, which is what it is.
+    package func record(_ id: OutboxMessage.ID, changedTo state: OutboxMessageState) throws(OutboxJournalError) {
+        guard let entry = live[id] else { return }
+        switch state {
+        case .sent, .cancelled:
+            try append(.removed(id))
+        case .failed(let category):
+            try append(.failed(id, category))
+        case .pending:
+            switch entry.state {
+            case .failed: try append(.requeued(id))
+            case .pending: break
+            }
+        case .sending:
+            break
+        }
+    }
+
+    /// Rewrites the file with the live messages only (the watermark first, then each message's
+    /// acceptance and, for failed ones, its failure), atomically.
+    package func compact() throws(OutboxJournalError) {
+        var records: [Record] = [.watermark(nextID)]
+        for entry in restored {
+            records.append(.accepted(entry.message))
+            switch entry.state {
+            case .pending: break
+            case .failed(let category): records.append(.failed(entry.message.id, category))
+            }
+        }
+        var bytes: [UInt8] = []
+        for record in records { bytes += Self.frame(Self.encode(record)) }
+        let temporary = path + ".compact"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw OutboxJournalError(.io, "cannot create \(temporary)", errno: errno) }
+        do {
+            try writeAll(bytes, to: fd)
+        } catch {
+            close(fd)
+            throw error
+        }
+        guard fsync(fd) == 0 else {
+            let code = errno
+            close(fd)
+            throw OutboxJournalError(.io, "cannot fsync \(temporary)", errno: code)
+        }
+        close(fd)
+        guard rename(temporary, path) == 0 else { throw OutboxJournalError(.io, "cannot replace the outbox journal", errno: errno) }
+        syncDirectory()
+        let reopened = open(path, O_RDWR | O_APPEND | O_CLOEXEC)
+        guard reopened >= 0 else { throw OutboxJournalError(.io, "cannot reopen the outbox journal", errno: errno) }
+        close(descriptor)
+        descriptor = reopened
+        fileBytes = bytes.count
+    }
+
+    // MARK: Recovery
+
+    private func recover() throws(OutboxJournalError) {
+        let bytes = try readAll()
+        var offset = 0
+        var count = 0
+        while let (record, size) = Self.decodeFrame(bytes, at: offset, limit: limits.maximumRecordBytes) {
+            apply(record)
+            offset += size
+            count += 1
+        }
+        if offset < bytes.count {
+            // A torn or damaged tail: keep what precedes it, so the next append starts clean.
+            guard ftruncate(descriptor, off_t(offset)) == 0, fsync(descriptor) == 0 else {
+                throw OutboxJournalError(.io, "cannot cut the damaged tail of the outbox journal", errno: errno)
+            }
+        }
+        fileBytes = offset
+        recovery = Recovery(records: count, discardedBytes: bytes.count - offset)
+    }
+
+    private func readAll() throws(OutboxJournalError) -> [UInt8] {
+        var result: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 64 << 10)
+        var position: off_t = 0
+        while true {
+            let n = chunk.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, position) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw OutboxJournalError(.io, "cannot read the outbox journal", errno: errno)
+            }
+            if n == 0 { return result }
+            result += chunk[0..<n]
+            position += off_t(n)
+        }
+    }
+
+    private func apply(_ record: Record) {
+        switch record {
+        case .accepted(let message):
+            if let old = live[message.id] { liveBytes -= Self.frame(Self.encode(.accepted(old.message))).count }
+            live[message.id] = OutboxMachine.Restored(message, .pending)
+            liveBytes += Self.frame(Self.encode(record)).count
+            nextIDValue = max(nextIDValue, message.id.rawValue &+ 1)
+        case .failed(let id, let category):
+            live[id]?.state = .failed(category)
+        case .requeued(let id):
+            live[id]?.state = .pending
+        case .removed(let id):
+            if let old = live.removeValue(forKey: id) { liveBytes -= Self.frame(Self.encode(.accepted(old.message))).count }
+        case .watermark(let id):
+            nextIDValue = max(nextIDValue, id.rawValue)
+        }
+    }
+
+    private func syncDirectory() {
+        let directory = path.lastIndex(of: "/").map { $0 == path.startIndex ? "/" : String(path[..<$0]) } ?? "."
+        let fd = open(directory, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return }
+        _ = fsync(fd)
+        close(fd)
+    }
+
+    private func writeAll(_ bytes: [UInt8], to fd: Int32) throws(OutboxJournalError) {
+        var written = 0
+        while written < bytes.count {
+            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + written, $0.count - written) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw OutboxJournalError(.io, "cannot write the outbox journal", errno: errno)
+            }
+            written += n
+        }
+    }
+
+    // MARK: Encoding
+
+    private enum Tag: UInt8 {
+        case accepted = 1, failed = 2, requeued = 3, removed = 4, watermark = 5
+    }
+
+    static func frame(_ body: [UInt8]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(8 + body.count)
+        out.appendLittleEndian(UInt32(body.count))
+        out.appendLittleEndian(CRC32.checksum(body))
+        out += body
+        return out
+    }
+
+    /// The record at `offset` and its framed size, or `nil` where the valid log ends.
+    static func decodeFrame(_ bytes: [UInt8], at offset: Int, limit: Int) -> (Record, Int)? {
+        guard bytes.count - offset >= 8 else { return nil }
+        let length = Int(bytes.readLittleEndianUInt32(at: offset))
+        let crc = bytes.readLittleEndianUInt32(at: offset + 4)
+        guard length > 0, length <= limit, bytes.count - offset - 8 >= length else { return nil }
+        let body = Array(bytes[(offset + 8)..<(offset + 8 + length)])
+        guard CRC32.checksum(body) == crc, let record = decode(body) else { return nil }
+        return (record, 8 + length)
+    }
+
+    static func encode(_ record: Record) -> [UInt8] {
+        var out: [UInt8] = []
+        switch record {
+        case .accepted(let m):
+            out.append(Tag.accepted.rawValue)
+            out.appendLittleEndian(m.id.rawValue)
+            out.appendField(Array(m.requestID.utf8))
+            out.append(m.kind.rawValue)
+            out.appendField(Array(m.channel.utf8))
+            out.appendField(m.payload)
+            out.appendField(Array(encode(m.options).jsonText.utf8))
+        case .failed(let id, let category):
+            out.append(Tag.failed.rawValue)
+            out.appendLittleEndian(id.rawValue)
+            out.appendField(Array(category.rawValue.utf8))
+        case .requeued(let id):
+            out.append(Tag.requeued.rawValue)
+            out.appendLittleEndian(id.rawValue)
+        case .removed(let id):
+            out.append(Tag.removed.rawValue)
+            out.appendLittleEndian(id.rawValue)
+        case .watermark(let id):
+            out.append(Tag.watermark.rawValue)
+            out.appendLittleEndian(id.rawValue)
+        }
+        return out
+    }
+
+    static func decode(_ body: [UInt8]) -> Record? {
+        var reader = ByteReader(bytes: body)
+        guard let tagByte = reader.byte(), let tag = Tag(rawValue: tagByte), let id = reader.uint64().map(OutboxMessage.ID.init) else {
+            return nil
+        }
+        let record: Record
+        switch tag {
+        case .accepted:
+            guard let requestID = reader.field().map({ String(decoding: $0, as: UTF8.self) }),
+                  let kind = reader.byte().flatMap(OutboxMessage.Kind.init(rawValue:)),
+                  let channel = reader.field().map({ String(decoding: $0, as: UTF8.self) }),
+                  let payload = reader.field(),
+                  let optionsText = reader.field(),
+                  let optionsJSON = try? JSONValue(parsing: optionsText),
+                  let options = decodeOptions(optionsJSON)
+            else { return nil }
+            record = .accepted(OutboxMessage(id: id, requestID: requestID, kind: kind, channel: channel, payload: payload,
+                                             options: options))
+        case .failed:
+            guard let name = reader.field().map({ String(decoding: $0, as: UTF8.self) }),
+                  let category = StatusCategory(rawValue: name) else { return nil }
+            record = .failed(id, category)
+        case .requeued: record = .requeued(id)
+        case .removed: record = .removed(id)
+        case .watermark: record = .watermark(id)
+        }
+        return reader.isAtEnd ? record : nil
+    }
+
+    static func encode(_ options: PublishOptions) -> JSONValue {
+        var object: [String: JSONValue] = ["replicate": .bool(options.replicate), "post": .bool(options.usePOST)]
+        if let meta = options.meta { object["meta"] = meta }
+        if let store = options.store { object["store"] = .bool(store) }
+        if let ttl = options.ttl { object["ttl"] = .number(JSONValue.Number(ttl)) }
+        if let type = options.customMessageType { object["customMessageType"] = .string(type) }
+        if let timeout = options.timeout {
+            // Saturating: a timeout beyond ~292 million years is stored as the largest one.
+            let (seconds, attoseconds) = timeout.components
+            let (millis, overflow) = seconds.multipliedReportingOverflow(by: 1000)
+            let (sum, sumOverflow) = millis.addingReportingOverflow(attoseconds / 1_000_000_000_000_000)
+            let total = overflow || sumOverflow ? Int64.max : sum
+            object["timeoutMilliseconds"] = .number(JSONValue.Number(max(total, 0)))
+        }
+        return .object(object)
+    }
+
+    static func decodeOptions(_ value: JSONValue) -> PublishOptions? {
+        guard let object = value.objectValue, let replicate = object["replicate"]?.boolValue, let post = object["post"]?.boolValue
+        else { return nil }
+        var options = PublishOptions(replicate: replicate, usePOST: post)
+        options.meta = object["meta"]
+        options.store = object["store"]?.boolValue
+        options.ttl = object["ttl"]?.intValue
+        options.customMessageType = object["customMessageType"]?.stringValue
+        options.timeout = object["timeoutMilliseconds"]?.intValue.map { Duration.milliseconds($0) }
+        return options
+    }
+}
+
+/// A journal failure: a code to switch on, a message for humans, and the `errno` when a system
+/// call failed.
+package struct OutboxJournalError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// What kind of failure; extensible.
+    package struct Code: Sendable, Hashable, CustomStringConvertible {
+        /// The code's name.
+        package var description: String
+        /// A system call failed (permissions, a full disk, an I/O error).
+        package static let io = Code(description: "io")
+        /// The record is larger than ``OutboxJournal/Limits/maximumRecordBytes``; nothing was written.
+        package static let recordTooLarge = Code(description: "recordTooLarge")
+    }
+
+    /// What kind of failure.
+    package var code: Code
+    /// What went wrong.
+    package var message: String
+    /// The system error number, when a system call failed.
+    package var errno: Int32?
+
+    /// Creates an error.
+    package init(_ code: Code, _ message: String, errno: Int32? = nil) {
+        self.code = code
+        self.message = message
+        self.errno = errno
+    }
+
+    /// The message, with the system error when there is one.
+    package var description: String {
+        guard let errno else { return message }
+        return "\(message) (errno \(errno): \(String(cString: strerror(errno))))"
+    }
+}
+
+/// CRC-32 (IEEE 802.3, the zlib/PNG polynomial), table-driven.
+enum CRC32 {
+    static let table: [UInt32] = (0..<256).map { n -> UInt32 in
+        var c = UInt32(n)
+        for _ in 0..<8 { c = c & 1 != 0 ? 0xEDB8_8320 ^ (c >> 1) : c >> 1 }
+        return c
+    }
+
+    static func checksum(_ bytes: [UInt8]) -> UInt32 {
+        var crc: UInt32 = 0xFFFF_FFFF
+        for byte in bytes { crc = table[Int((crc ^ UInt32(byte)) & 0xFF)] ^ (crc >> 8) }
+        return crc ^ 0xFFFF_FFFF
+    }
+}
+
+private struct ByteReader {
+    let bytes: [UInt8]
+    var offset = 0
+
+    var isAtEnd: Bool { offset == bytes.count }
+
+    mutating func byte() -> UInt8? {
+        guard offset < bytes.count else { return nil }
+        defer { offset += 1 }
+        return bytes[offset]
+    }
+
+    mutating func uint64() -> UInt64? {
+        guard bytes.count - offset >= 8 else { return nil }
+        var value: UInt64 = 0
+        for i in 0..<8 { value |= UInt64(bytes[offset + i]) << (8 * UInt64(i)) }
+        offset += 8
+        return value
+    }
+
+    mutating func field() -> [UInt8]? {
+        guard bytes.count - offset >= 4 else { return nil }
+        let length = Int(bytes.readLittleEndianUInt32(at: offset))
+        guard bytes.count - offset - 4 >= length else { return nil }
+        defer { offset += 4 + length }
+        return Array(bytes[(offset + 4)..<(offset + 4 + length)])
+    }
+}
+
+extension [UInt8] {
+    fileprivate mutating func appendLittleEndian(_ value: UInt32) {
+        for i in 0..<4 { append(UInt8(truncatingIfNeeded: value >> (8 * UInt32(i)))) }
+    }
+
+    fileprivate mutating func appendLittleEndian(_ value: UInt64) {
+        for i in 0..<8 { append(UInt8(truncatingIfNeeded: value >> (8 * UInt64(i)))) }
+    }
+
+    fileprivate mutating func appendField(_ bytes: [UInt8]) {
+        appendLittleEndian(UInt32(bytes.count))
+        append(contentsOf: bytes)
+    }
+
+    fileprivate func readLittleEndianUInt32(at offset: Int) -> UInt32 {
+        var value: UInt32 = 0
+        for i in 0..<4 { value |= UInt32(self[offset + i]) << (8 * UInt32(i)) }
+        return value
+    }
+}
