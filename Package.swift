@@ -20,6 +20,7 @@ let package = Package(
         .library(name: "TetherTesting", targets: ["TetherTesting"]),
         // The pure cores, as products only so that Benchmarks/ (a separate package) can link them.
         .library(name: "TetherServerCore", targets: ["TetherServerCore"]),
+        .library(name: "TetherClientCore", targets: ["TetherClientCore"]),
         .executable(name: "tether", targets: ["TetherCLI"]),
     ],
     dependencies: [

@@ -41,5 +41,8 @@ let package = Package(
             .product(name: "TetherProtocol", package: "Tether"),
             .product(name: "TetherServerCore", package: "Tether"),
         ]),
+        benchmarkTarget("SubscribeMachineTransitions", dependencies: [
+            .product(name: "TetherClientCore", package: "Tether"),
+        ]),
     ]
 )

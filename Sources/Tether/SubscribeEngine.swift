@@ -100,10 +100,11 @@ final class SubscribeEngine: Sendable {
             }
         case .cancelTimer(let timer):
             slots.cancel(.timer(timer))
-        case .emit(let status, let episode):
-            var delivered = status
-            if let episode {
-                delivered = status.withAutomaticRetry(AutomaticRetryCancellation { [self] in
+        case .report(let report):
+            // The edge where the machine's typed report becomes the app's status.
+            var delivered = Status(report)
+            if let episode = report.retryEpisode {
+                delivered = delivered.withAutomaticRetry(AutomaticRetryCancellation { [self] in
                     send { machine, now in machine.cancelAutomaticRetry(episode: episode, now: now) }
                 })
             }

@@ -30,9 +30,9 @@ struct Harness {
             case .cancelSubscribe: break
             case .schedule(let timer, let after): timers[timer] = now + after
             case .cancelTimer(let timer): timers[timer] = nil
-            case .emit(let status, let episode):
-                statuses.append(status)
-                if let episode { episodes.append(episode) }
+            case .report(let report):
+                statuses.append(Status(report))
+                if let episode = report.retryEpisode { episodes.append(episode) }
             case .connectionChanged(let change): changes.append(change)
             case .deliver(let events): delivered += events
             case .leave(let channels, _): leaves.append(channels)

@@ -1,0 +1,158 @@
+import Testing
+import TetherClientCore
+@_spi(Benchmarks) import TetherProtocol
+
+/// Drives one ``LongPollLoop`` and collects what it asks for.
+struct LoopHarness {
+    var loop: LongPollLoop
+    var ids = SubscribeMachine.RequestIDs()
+    var watermarks = DeliveryWatermarks()
+    var settings: ReceiveSettings
+    var lastPoll: SubscribeMachine.RequestID?
+    var lastBackfill: SubscribeMachine.RequestID?
+    var delivered: [UInt64] = []
+    var exceeded = 0
+    var continuity: [ChannelContinuity] = []
+    var undecryptable = 0
+    var watchdogCancelled = 0
+
+    init(from cursor: UInt64 = 100, catchUp: CatchUpPlanner? = nil, _ configuration: SubscribeMachine.Configuration = .init()) {
+        settings = ReceiveSettings(configuration)
+        let (loop, actions) = LongPollLoop.polling(from: SubscribeMachine.Cursor(timetoken: Timetoken(cursor), region: 1), catchUp: catchUp,
+                                                   ids: &ids)
+        self.loop = loop
+        record(actions)
+    }
+
+    mutating func record(_ actions: [ReceiveAction]) {
+        for action in actions {
+            switch action {
+            case .poll(let id, _): lastPoll = id
+            case .cancelWatchdog: watchdogCancelled += 1
+            case .deliver(let events): delivered += events.map(\.timetoken.rawValue)
+            case .decryptionFailed: undecryptable += 1
+            case .messageCountExceeded: exceeded += 1
+            case .continuity(let outcomes): continuity += outcomes
+            case .backfill(let id, _): lastBackfill = id
+            }
+        }
+    }
+
+    @discardableResult
+    mutating func answer(_ tt: UInt64, _ events: [ReceivedEvent] = [], gaps: [RetentionGap] = [],
+                         id: SubscribeMachine.RequestID? = nil) -> [ReceiveAction] {
+        guard let id = id ?? lastPoll else { return [] }
+        let actions = loop.pollSucceeded(id, response: SubscribeResponse(timetoken: Timetoken(tt), region: 1, events: events), gaps: gaps,
+                                         watermarks: &watermarks, settings: settings, ids: &ids)
+        record(actions)
+        return actions
+    }
+
+    mutating func backfilled(_ events: [ReceivedEvent]) {
+        guard let id = lastBackfill else { return }
+        record(loop.backfillCompleted(id, events: events, watermarks: &watermarks, settings: settings, ids: &ids))
+    }
+}
+
+@Suite("LongPollLoop: polls, delivery, catch-up and backfill")
+struct LongPollLoopTests {
+    enum Input: String, CaseIterable, Sendable {
+        case answer, staleAnswer, answerWithGap, backfillArrives, staleBackfill, restart
+    }
+
+    enum Start: String, CaseIterable, Sendable { case receiving, backfilling }
+
+    static func harness(in start: Start) -> LoopHarness {
+        var h = LoopHarness()
+        if start == .backfilling {
+            h.answer(300, [event("a", 300)], gaps: [RetentionGap(channel: "a", from: Timetoken(100), through: Timetoken(200))])
+        }
+        #expect(h.loop.stateName == start.rawValue)
+        return h
+    }
+
+    /// Expected state after each input, in `Input.allCases` order.
+    static let table: [Start: [String]] = [
+        .receiving: ["receiving", "receiving", "backfilling", "receiving", "receiving", "receiving"],
+        .backfilling: ["backfilling", "backfilling", "backfilling", "receiving", "backfilling", "receiving"],
+    ]
+
+    @Test(arguments: Start.allCases)
+    func everyInputFrom(_ start: Start) {
+        for (index, input) in Input.allCases.enumerated() {
+            var h = Self.harness(in: start)
+            switch input {
+            case .answer: h.answer(400)
+            case .staleAnswer: h.answer(400, id: SubscribeMachine.RequestIDs().nextID())
+            case .answerWithGap: h.answer(400, gaps: [RetentionGap(channel: "a", from: Timetoken(100), through: Timetoken(150))])
+            case .backfillArrives: h.backfilled([])
+            case .staleBackfill:
+                h.lastBackfill = SubscribeMachine.RequestIDs().nextID()
+                h.backfilled([])
+            case .restart: h.record(h.loop.restart(from: nil, ids: &h.ids))
+            }
+            #expect(h.loop.stateName == Self.table[start]?[index], "\(start) + \(input)")
+        }
+    }
+
+    @Test func answersAdvanceTheCursorAndNothingIsDeliveredTwice() {
+        var h = LoopHarness()
+        let first = h.lastPoll
+        h.answer(150, [event("a", 120), event("a", 150)])
+        #expect(h.lastPoll != first)
+        #expect(h.loop.cursor.timetoken == Timetoken(150))
+        h.answer(160, [event("a", 150), event("a", 160), event("b", 150)])
+        #expect(h.delivered == [120, 150, 160, 150])
+        h.answer(140)                                    // a cursor never goes back
+        #expect(h.loop.cursor.timetoken == Timetoken(160))
+        let stale = h.answer(170, id: first)
+        #expect(stale.isEmpty)
+        h.record(h.loop.restart(from: Timetoken(90), ids: &h.ids))
+        #expect(h.loop.cursor == SubscribeMachine.Cursor(timetoken: Timetoken(90), region: 1))
+    }
+
+    @Test func aGapIsBackfilledBeforeTheResponseThatReportedIt() {
+        var h = LoopHarness(from: 110, catchUp: CatchUpPlanner(channels: ["a"], resumedFrom: Timetoken(110), upTo: Timetoken(1000)))
+        let actions = h.answer(600, [event("a", 500), event("a", 600)],
+                               gaps: [RetentionGap(channel: "a", from: Timetoken(110), through: Timetoken(400))])
+        #expect(h.watchdogCancelled == 1)
+        #expect(actions.count == 2)
+        #expect(h.delivered.isEmpty)
+        h.backfilled([event("a", 500), event("a", 300)])
+        #expect(h.delivered == [300, 500, 600])
+        #expect(h.loop.stateName == "receiving")
+        #expect(h.loop.cursor.timetoken == Timetoken(600))
+    }
+
+    @Test func noBackfillWhenThePolicySaysNever() {
+        var h = LoopHarness(from: 110, .init(backfill: .never))
+        h.answer(600, [event("a", 600)], gaps: [RetentionGap(channel: "a", from: Timetoken(110), through: Timetoken(400))])
+        #expect(h.loop.stateName == "receiving")
+        #expect(h.delivered == [600])
+        #expect(h.lastBackfill == nil)
+    }
+
+    @Test func theMessageCountIsReportedOncePerBurst() {
+        var h = LoopHarness(.init(requestMessageCountThreshold: 2))
+        h.answer(102, [event("a", 101), event("a", 102)])
+        h.answer(104, [event("a", 103), event("a", 104)])
+        h.answer(105, [event("a", 105)])
+        h.answer(107, [event("a", 106), event("a", 107)])
+        #expect(h.exceeded == 2)
+    }
+
+    @Test func catchUpEndsWithContinuity() {
+        var h = LoopHarness(from: 100, catchUp: CatchUpPlanner(channels: ["a"], resumedFrom: Timetoken(100), upTo: Timetoken(300)))
+        h.answer(300, [event("a", 200)])
+        #expect(h.continuity == [ChannelContinuity(channel: "a", outcome: .recovered(count: 1), resumedFrom: Timetoken(100))])
+    }
+
+    @Test func undecryptableEventsAreDeliveredAndReported() {
+        var h = LoopHarness()
+        var broken = event("a", 101)
+        broken.decryptionError = Status(category: .decryptionError, operation: .subscribe)
+        h.answer(101, [broken, event("a", 102)])
+        #expect(h.delivered == [101, 102])
+        #expect(h.undecryptable == 1)
+    }
+}
