@@ -1,4 +1,4 @@
-public import Logging
+import Logging
 import Synchronization
 @_spi(Benchmarks) import TetherProtocol
 public import TetherServerCore
