@@ -6,6 +6,7 @@ import Testing
 @testable import Tether
 import TetherServer
 import TetherTesting
+import TetherTestingServer
 
 /// Collects everything a client reports, in order.
 final class Recorder: Sendable {
