@@ -1,4 +1,4 @@
-import ArgumentParser
+package import ArgumentParser
 import Foundation
 import NIOCore
 import NIOPosix
@@ -142,7 +142,7 @@ package struct Bench: AsyncParsableCommand {
     }
 
     /// Checks the options.
-    func validate() throws {
+    package func validate() throws {
         guard duration > 0 else { throw ValidationError("--duration must be positive") }
         let counts = subscriberCounts
         guard !counts.isEmpty, counts.count == subscribers.split(separator: ",").count, counts.allSatisfy({ $0 > 0 }) else {
