@@ -129,11 +129,13 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
-        // The test kit without a server: fault-injecting proxy, scripted and raw fake servers,
-        // test certificates. Client tests link it without linking TetherServer.
+        // The test kit without a server: in-memory transport, manual clock, fault-injecting proxy,
+        // scripted and raw fake servers, test certificates. Client tests link it without linking
+        // TetherServer.
         .target(
             name: "TetherTesting",
             dependencies: [
+                "Tether",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -14,13 +14,13 @@ final class SubscribeEngine: Sendable {
     private let machine: Mutex<SubscribeMachine>
     private let actions: AsyncStream<[SubscribeMachine.Action]>
     private let actionSink: AsyncStream<[SubscribeMachine.Action]>.Continuation
-    private let clock: EngineClock
+    private let clock: ElapsedClock
     private let monitor: (any NetworkMonitor)?
     private let slots = CancellationSlots()
     let listeners = ListenerRegistry()
     private let logger: Logger
 
-    init(configuration: SubscribeMachine.Configuration, clock: EngineClock, monitor: (any NetworkMonitor)?, logger: Logger) {
+    init(configuration: SubscribeMachine.Configuration, clock: ElapsedClock, monitor: (any NetworkMonitor)?, logger: Logger) {
         machine = Mutex(SubscribeMachine(configuration: configuration))
         (actions, actionSink) = AsyncStream.makeStream(of: [SubscribeMachine.Action].self)
         self.clock = clock

@@ -48,7 +48,7 @@ public final class TetherClient: Sendable {
         self.transport = transport
         self.token = Mutex(configuration.authKey)
         self.logger = configuration.logger
-        self.engine = SubscribeEngine(configuration: configuration.subscribeMachineConfiguration, clock: EngineClock(clock),
+        self.engine = SubscribeEngine(configuration: configuration.subscribeMachineConfiguration, clock: ElapsedClock(clock),
                                       monitor: networkMonitor, logger: configuration.logger)
     }
 

@@ -5,7 +5,7 @@ public import TetherServerCore
 
 /// The presence shell: a mutex around ``PresenceTracker``, group resolution, event publishing
 /// through the ``LongPollHub`` (so presence events follow the same cursor rule as messages), the
-/// timeout loop on an injected ``ServerClock``, and the presence journal that keeps the store's
+/// timeout loop on an injected `ElapsedClock`, and the presence journal that keeps the store's
 /// membership records in step with the tracker.
 ///
 /// **Durability.** A join, leave, timeout-change or state-change made by a request is written to
@@ -46,14 +46,14 @@ public final class PresenceService: Sendable {
     private let locked: Mutex<Locked>
     private let hub: LongPollHub
     private let store: MessageStore
-    private let clock: ServerClock
+    private let clock: ElapsedClock
     private let logger: Logger
     private let doorbell: AsyncStream<Void>
     private let doorbellContinuation: AsyncStream<Void>.Continuation
 
     /// Creates the service and restores the memberships stored before the last stop or crash:
     /// each keeps its presence, silently, until `clock.now()` plus its timeout.
-    public init(hub: LongPollHub, store: MessageStore, clock: ServerClock, logger: Logger,
+    init(hub: LongPollHub, store: MessageStore, clock: ElapsedClock, logger: Logger,
                 configurationBySubscribeKey: [String: PresenceConfiguration],
                 maximumMemberships: Int = PresenceTracker.defaultMaximumMemberships) throws {
         var tracker = PresenceTracker(configurationBySubscribeKey: configurationBySubscribeKey, maximumMemberships: maximumMemberships)

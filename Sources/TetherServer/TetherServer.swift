@@ -65,13 +65,15 @@ public struct TetherServer: Sendable {
     public let state: ServerState
     private let logger: Logger
 
-    /// Opens the store and prepares the server; does not listen yet.
+    /// Opens the store and prepares the server; does not listen yet. `clock` drives the presence
+    /// timeouts (tests pass a manual clock).
     ///
     /// - Throws: ``StoreOpenError`` naming the file and what to do when the store cannot be
     ///   opened, is not a database or is damaged (SQLite's quick check runs on every start
     ///   unless ``ServerConfiguration/checksStoreAtStart`` is off).
-    public init(configuration: ServerConfiguration, logger: Logger, registry: PrometheusCollectorRegistry? = nil,
-                clock: ServerClock = .continuous) throws {
+    public init<C: Clock>(configuration: ServerConfiguration, logger: Logger, registry: PrometheusCollectorRegistry? = nil,
+                          clock: C = ContinuousClock()) throws where C.Duration == Duration {
+        let clock = ElapsedClock(clock)
         self.configuration = configuration
         self.logger = logger
         let metrics: ServerMetrics

@@ -34,11 +34,11 @@ public struct InProcessServer: Sendable {
     ///   - file: the server's settings.
     ///   - directory: its data directory; a new temporary one when `nil`. Pass the directory of
     ///     a stopped server (stopped with `removingData: false`) to restart on the same store.
-    ///   - clock: the server's clock (a test clock drives presence timeouts without waiting).
+    ///   - clock: the server's clock (a manual clock drives presence timeouts without waiting).
     ///   - logLevel: the server's log level.
-    public static func start(port: Int = 0, file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 30),
-                             directory: String? = nil, clock: ServerClock = .continuous,
-                             logLevel: Logger.Level = .warning) async throws -> InProcessServer {
+    public static func start<C: Clock>(port: Int = 0, file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 30),
+                                       directory: String? = nil, clock: C = ContinuousClock(),
+                                       logLevel: Logger.Level = .warning) async throws -> InProcessServer where C.Duration == Duration {
         let directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("tether-testing-\(UUID().uuidString)").path
         var logger = Logger(label: "tether.testing.server")

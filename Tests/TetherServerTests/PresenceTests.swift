@@ -30,7 +30,7 @@ import TetherServer
 
     @Test func joinThenExactlyOneTimeoutAtTheDeadline() async throws {
         let clock = TestClock()
-        let server = try await TestServer.start(clock: ServerClock(clock))
+        let server = try await TestServer.start(clock: clock)
         var cursor = try await server.handshake("room-pnpres")
         _ = try await server.get("/v2/presence/sub-key/demo/channel/room/heartbeat?heartbeat=20&uuid=alice")
         #expect(try await events(server, "room-pnpres", from: &cursor, count: 1) == ["join:alice=1"])
@@ -49,7 +49,7 @@ import TetherServer
 
     @Test func aLongerHeartbeatMovesTheTimeoutAndAShorterOneBringsItForward() async throws {
         let clock = TestClock()
-        let server = try await TestServer.start(clock: ServerClock(clock))
+        let server = try await TestServer.start(clock: clock)
         var cursor = try await server.handshake("desk-pnpres")
         _ = try await server.get("/v2/presence/sub-key/demo/channel/desk/heartbeat?heartbeat=20&uuid=carol")
         #expect(try await events(server, "desk-pnpres", from: &cursor, count: 1) == ["join:carol=1"])
@@ -74,7 +74,7 @@ import TetherServer
 
     @Test func subscribeCountsAsAHeartbeatAndComingBackDoesNotFlap() async throws {
         let clock = TestClock()
-        let server = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 1), clock: ServerClock(clock))
+        let server = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 1), clock: clock)
         var cursor = try await server.handshake("lobby-pnpres")
         // Bob subscribes (a heartbeat with timeout 20), his long-poll drops, he returns at 15 s.
         _ = try await server.get("/v2/subscribe/demo/lobby/0?tt=0&heartbeat=20&uuid=bob")
@@ -190,7 +190,7 @@ import TetherServer
     /// and carol get nothing, and nobody is announced as joining again.
     private func expectTruthfulPresenceAfterRestart(directory: String, cursor before: Timetoken) async throws {
         let clock = TestClock()
-        let server = try await TestServer.start(directory: directory, clock: ServerClock(clock))
+        let server = try await TestServer.start(directory: directory, clock: clock)
         let here = try await server.object("/v2/presence/sub-key/demo/channel/room?state=1&uuid=x")
         #expect(here["occupancy"] as? Int == 2)
         let occupants = (here["uuids"] as? [[String: Any]]) ?? []

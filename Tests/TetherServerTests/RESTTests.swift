@@ -108,7 +108,9 @@ import TetherServer
         let before = LongPollHub.systemNow()
         let time = try json(try await server.get("/time/0").body) as! [NSNumber]
         #expect(time[0].uint64Value >= before.rawValue - 10_000_000)
-        // An idle server's time still follows the clock.
+        // An idle server's time still follows the wall clock. The time endpoint reads the system
+        // clock (not an injectable one), so 20 ms of wall time must pass: the thing under test,
+        // not a wait for an event.
         try await Task.sleep(for: .milliseconds(20))
         let later = try json(try await server.get("/time/0").body) as! [NSNumber]
         #expect(later[0].uint64Value > time[0].uint64Value + 100_000)

@@ -14,8 +14,8 @@ struct TestServer {
     var baseURL: String { inProcess.baseURL }
     var directory: String { inProcess.directory }
 
-    static func start(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
-                      clock: ServerClock = .continuous) async throws -> TestServer {
+    static func start<C: Clock>(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
+                                clock: C = ContinuousClock()) async throws -> TestServer where C.Duration == Duration {
         TestServer(inProcess: try await InProcessServer.start(file: file, directory: directory, clock: clock))
     }
 

@@ -1,5 +1,4 @@
 import AsyncHTTPClient
-import Clocks
 import Foundation
 import Logging
 import NIOCore
@@ -29,35 +28,31 @@ struct AccessDeniedEngineTests {
 
     @Test func accessDeniedIsRetriedUntilTheGrantArrives() async throws {
         let server = try await InProcessServer.start(file: ConfigurationFile(keysets: [Self.keyset], subscribeTimeoutSeconds: 5))
-        let clock = TestClock()
-        let client = try makeEngineClient(origin: server.origin, clock: clock) { configuration in
+        let (client, _, clock) = try makeObservedClient(origin: server.origin) { configuration in
             configuration.subscribeKey = "sub-s"
             configuration.publishKey = "pub-s"
             configuration.authKey = "ak"
             configuration.retry = RetryConfiguration(jitter: .zero ... .zero, accessDeniedRetryLimit: 5)
         }
-        let recorder = Recorder(client)
+        var statuses = client.statuses().makeAsyncIterator()
         let channel = "guarded-\(UUID().uuidString.prefix(6))"
         let subscription = client.subscribe(to: [channel])[0]
-        recorder.listen(subscription)
+        var messages = subscription.messages.makeAsyncIterator()
 
         // Refused: access denied with exactly the denied channel, and an automatic retry coming.
-        #expect(await eventually { recorder.categories.first == .accessDenied })
-        let denied = try #require(recorder.statuses.withLock { $0.first })
+        let denied = try #require(await statuses.next())
+        #expect(denied.category == .accessDenied)
         #expect(denied.deniedChannels == [channel])
         #expect(denied.statusCode == 403)
         #expect(denied.willAutomaticallyRetry)
 
-        // The administrator grants access; the next automatic retry connects.
+        // The administrator grants access; the next automatic retry (2 s later) connects.
         #expect(try await grant(server, channel: channel, authKey: "ak") == 200)
-        #expect(await advance(clock) { recorder.categories.contains(.connected) })
-        let categories = recorder.categories
-        #expect(categories.first == .accessDenied)
-        #expect(categories.last == .connected)
-        #expect(categories.allSatisfy { $0 == .accessDenied || $0 == .connected })
+        await clock.advanceToSleeper(after: .seconds(2))
+        #expect(await statuses.next()?.category == .connected)
 
         _ = try await client.publish(channel: channel, message: .string("welcome"))
-        #expect(await eventually { recorder.payloads == [.string("welcome")] })
+        #expect(await messages.next()?.payload == .string("welcome"))
         await client.shutdown()
         await server.stop()
     }

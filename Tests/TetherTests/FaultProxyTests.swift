@@ -65,6 +65,8 @@ struct FaultProxyTests {
         try await withServerAndProxy { _, proxy in
             try await proxy.apply(.blackhole)
             let request = Task { try await get(proxy.origin, "/time/0") }
+            // The observation window of a socket-level fault: nothing may reach the upstream
+            // within it. Real time is the thing under test here (see the suite's note).
             try await Task.sleep(for: .milliseconds(400))
             #expect(proxy.counters.bytesToUpstream == 0)
             #expect(proxy.counters.open == 1, "the socket stays open")

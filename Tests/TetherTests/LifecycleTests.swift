@@ -1,3 +1,4 @@
+import Synchronization
 import Testing
 @testable import Tether
 import TetherTesting
@@ -9,9 +10,11 @@ struct LifecycleTests {
     @Test func creatingAClientDoesNoIO() async throws {
         let server = try await ScriptedServer.start { _ in Self.timeReply }
         let client = try makeClient(origin: server.origin)
-        try await Task.sleep(for: .milliseconds(300))
+        // Nothing can connect later either: the transport has no HTTP client and thread yet, and
+        // the subscribe engine's task has not started.
         #expect(server.connectionsAccepted == 0)
         #expect((client.transport as? HTTPClientTransport)?.isRunning == false)
+        #expect(client.engineTask.withLock { if case .idle = $0 { true } else { false } })
         #expect(try await client.time() == Timetoken(17953281264739664))
         #expect(server.connectionsAccepted == 1)
         await client.shutdown()
@@ -28,34 +31,50 @@ struct LifecycleTests {
         try await server.stop()
     }
 
-    @Test func longPollRunsOnItsOwnConnection() async throws {
-        let server = try await ScriptedServer.start { request in
-            request.path.hasPrefix("/v2/subscribe") ? .hang : Self.timeReply
+    /// The handshake is answered, the next long-poll hangs: it runs on its own connection, so
+    /// other calls go through meanwhile; disconnecting cancels it.
+    static func holdingServer() async throws -> ScriptedServer {
+        try await ScriptedServer.start { request in
+            guard request.path.hasPrefix("/v2/subscribe") else { return Self.timeReply }
+            return request.query["tt"] == "0" ? .json(#"{"t":{"t":"100","r":1},"m":[]}"#) : .hang
         }
-        let client = try makeClient(origin: server.origin)
+    }
+
+    @Test func longPollRunsOnItsOwnConnection() async throws {
+        let server = try await Self.holdingServer()
+        let (client, observed, _) = try makeObservedClient(origin: server.origin)
+        var events = observed.events.makeAsyncIterator()
+        var statuses = client.statuses().makeAsyncIterator()
         _ = try await client.time()
-        let poll = Task { await failure { try await client.longPoll(channels: ["a"], cursor: (Timetoken(1), 1), timeout: .seconds(30)) } }
-        #expect(await eventually { server.requests.contains { $0.path.hasPrefix("/v2/subscribe") } })
+        client.subscribe(to: ["a"])
+        #expect(await statuses.next()?.category == .connected)
+        let poll = try #require(await events.nextLongPollSent())
         for _ in 0..<3 { _ = try await client.time() }
         #expect(server.connectionsAccepted == 2)
-        poll.cancel()
-        #expect(await poll.value?.category == .cancelled)
+        client.disconnect()
+        let outcome = await events.outcome(of: poll)
+        #expect(outcome.map { if case .failure(.cancelled) = $0 { true } else { false } } == true, "\(String(describing: outcome))")
+        #expect(await statuses.next()?.category == .disconnected)
         await client.shutdown()
         try await server.stop()
     }
 
     @Test func shutdownClosesEveryConnectionAndStopsTheTransport() async throws {
-        let server = try await ScriptedServer.start { request in
-            request.path.hasPrefix("/v2/subscribe") ? .hang : Self.timeReply
-        }
-        let client = try makeClient(origin: server.origin)
+        let server = try await Self.holdingServer()
+        let (client, observed, _) = try makeObservedClient(origin: server.origin)
+        var events = observed.events.makeAsyncIterator()
+        var statuses = client.statuses().makeAsyncIterator()
         _ = try await client.time()
-        let poll = Task { await failure { try await client.longPoll(channels: ["a"], cursor: (Timetoken(1), 1), timeout: .seconds(30)) } }
-        #expect(await eventually { server.openConnections == 2 })
+        client.subscribe(to: ["a"])
+        #expect(await statuses.next()?.category == .connected)
+        let poll = try #require(await events.nextLongPollSent())
+        #expect(server.openConnections == 2)
         await client.shutdown()
-        #expect(await poll.value?.category == .cancelled)
+        let outcome = await events.outcome(of: poll)
+        #expect(outcome.map { if case .failure(.cancelled) = $0 { true } else { false } } == true, "\(String(describing: outcome))")
+        // The server's side of the sockets closes when the FIN arrives: another party's state, polled.
         #expect(await eventually { server.openConnections == 0 })
-        #expect((client.transport as? HTTPClientTransport)?.isRunning == false)
+        #expect((observed.base as? HTTPClientTransport)?.isRunning == false)
         let after = await failure { try await client.time() }
         #expect(after?.category == .cancelled)
         try await server.stop()

@@ -99,13 +99,17 @@ struct RESTTests {
         #expect(status?.undecryptableMessage?.rawPayload == bad.first?.payload)
         #expect(bad.first?.payload.stringValue != nil)
 
-        // Live delivery: the long-poll keeps undecryptable messages too.
-        let before = try await reader.time()
+        // Live delivery through the subscribe engine: undecryptable messages are kept too.
+        let (subscriber, _, _) = try makeObservedClient(origin: server.origin) { $0.cryptoModule = .aesCBC(cipherKey: "wrong key") }
+        var statuses = subscriber.statuses().makeAsyncIterator()
+        var live = subscriber.subscribe(to: [channel])[0].messages.makeAsyncIterator()
+        #expect(await statuses.next()?.category == .connected)
         _ = try await writer.publish(channel: channel, message: "live")
-        let (response, statuses) = try await reader.longPoll(channels: [channel], cursor: (before, 1))
-        #expect(response.events.count == 1 && response.events[0].decryptionError != nil)
-        #expect(statuses.map(\.category) == [.decryptionError])
-        for c in [writer, reader, plain] { await c.shutdown() }
+        let event = await live.next()
+        #expect(event?.decryptionError?.category == .decryptionError)
+        #expect(event?.decryptionError?.undecryptableMessage?.rawPayload == event?.payload)
+        #expect(await statuses.next()?.category == .decryptionError)
+        for c in [writer, reader, plain, subscriber] { await c.shutdown() }
         await server.stop()
     }
 }

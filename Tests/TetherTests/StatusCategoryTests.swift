@@ -76,9 +76,12 @@ struct StatusCategoryTests {
 
     @Test func malformedResponseFromTruncatedJSON() async throws {
         let server = try await ScriptedServer.start { _ in .json(#"{"t":{"t":"17953281265171442","r":1},"m":[{"a":"4","#) }
-        let client = try makeClient(origin: server.origin)
-        let status = await failure { try await client.longPoll(channels: ["c"]) }
+        let (client, _, _) = try makeObservedClient(origin: server.origin)
+        var statuses = client.statuses().makeAsyncIterator()
+        client.subscribe(to: ["c"])
+        let status = await statuses.next()
         #expect(status?.category == .malformedResponse)
+        #expect(status?.operation == .subscribe && status?.willAutomaticallyRetry == true)
         await client.shutdown()
         try await server.stop()
     }
@@ -132,10 +135,13 @@ struct StatusCategoryTests {
                 ? .json(status: 481, #"{"status":481,"error":true,"service":"Subscribe","message":"Invalid filter expression"}"#)
                 : .json(#"{"t":{"t":"1","r":1},"m":[]}"#)
         }
-        let client = try makeClient(origin: server.origin) { $0.filterExpression = "meta.k == 'unterminated" }
-        let status = await failure { try await client.longPoll(channels: ["c"]) }
+        let (client, _, _) = try makeObservedClient(origin: server.origin) { $0.filterExpression = "meta.k == 'unterminated" }
+        var statuses = client.statuses().makeAsyncIterator()
+        client.subscribe(to: ["c"])
+        let status = await statuses.next()
         #expect(status?.category == .malformedFilterExpression)
         #expect(status?.operation == .subscribe)
+        #expect(status?.statusCode == 481 && status?.willAutomaticallyRetry == false)
         await client.shutdown()
         try await server.stop()
     }
@@ -146,16 +152,22 @@ struct StatusCategoryTests {
         let channel = unique()
         let before = try await publisher.time()
         for i in 0..<120 { _ = try await publisher.publish(channel: channel, message: .int(i)) }
-        let subscriber = try makeClient(origin: server.origin, userId: "subscriber")
-        let (response, statuses) = try await subscriber.longPoll(channels: [channel], cursor: (before, 1))
-        #expect(response.events.count == 100)
-        let exceeded = statuses.first { $0.category == .requestMessageCountExceeded }
-        #expect(exceeded != nil)
+        let (subscriber, _, _) = try makeObservedClient(origin: server.origin)
+        var statuses = subscriber.statuses().makeAsyncIterator()
+        let subscription = subscriber.subscribe(to: [channel], timetoken: before)[0]
+        var messages = subscription.messages.makeAsyncIterator()
+        #expect(await statuses.next()?.category == .connected)
+        let exceeded = await statuses.next()
+        #expect(exceeded?.category == .requestMessageCountExceeded)
         #expect(exceeded?.lastTimetoken == before)
-        #expect(exceeded?.currentTimetoken == response.timetoken)
-        // Below the threshold: no status.
-        let (rest, quiet) = try await subscriber.longPoll(channels: [channel], cursor: (response.timetoken, 1))
-        #expect(rest.events.count == 20 && quiet.isEmpty)
+        var received: [JSONValue] = []
+        for _ in 0..<120 { if let event = await messages.next() { received.append(event.payload) } }
+        #expect(received == (0..<120).map { .int($0) })
+        // The first response held 100 events: its cursor is the status's current timetoken.
+        #expect(exceeded?.currentTimetoken != nil && exceeded?.currentTimetoken != before)
+        // The 20 left arrive below the threshold: no second status (the next one is the disconnect).
+        subscriber.disconnect()
+        #expect(await statuses.next()?.category == .disconnected)
         await publisher.shutdown()
         await subscriber.shutdown()
         await server.stop()
@@ -172,9 +184,14 @@ struct StatusCategoryTests {
 
     @Test func cancelledWhenTheTaskIsCancelled() async throws {
         let server = try await ScriptedServer.start { _ in .hang }
-        let client = try makeClient(origin: server.origin)
+        let (client, observed, _) = try makeObservedClient(origin: server.origin)
+        var events = observed.events.makeAsyncIterator()
         let call = Task { await failure { try await client.time() } }
-        #expect(await eventually { server.requests.count == 1 })
+        guard case .sent(let request) = await events.next() else {
+            Issue.record("the call was not sent")
+            return
+        }
+        #expect(request.url.contains("/time/0"))
         call.cancel()
         #expect(await call.value?.category == .cancelled)
         await client.shutdown()

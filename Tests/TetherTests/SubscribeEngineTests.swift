@@ -1,4 +1,3 @@
-import Clocks
 import Foundation
 import Logging
 import Synchronization
@@ -7,27 +6,6 @@ import Testing
 import TetherServer
 import TetherTesting
 import TetherTestingServer
-
-/// Collects everything a client reports, in order.
-final class Recorder: Sendable {
-    let statuses = Mutex<[Status]>([])
-    let changes = Mutex<[ConnectionChange]>([])
-    let events = Mutex<[ReceivedEvent]>([])
-    let outcomes = Mutex<[ChannelContinuity]>([])
-
-    init(_ client: TetherClient) {
-        client.addStatusListener { [self] status in self.statuses.withLock { $0.append(status) } }
-        client.addConnectionListener { [self] change in self.changes.withLock { $0.append(change) } }
-        client.addContinuityListener { [self] outcome in self.outcomes.withLock { $0.append(outcome) } }
-    }
-
-    func listen(_ subscription: Subscription) {
-        subscription.onEvent { [self] event in self.events.withLock { $0.append(event) } }
-    }
-
-    var categories: [StatusCategory] { statuses.withLock { $0.map(\.category) } }
-    var payloads: [JSONValue] { events.withLock { $0.map(\.payload) } }
-}
 
 /// A Tether server that can be stopped and started again on the same port and data directory.
 final class RestartableServer: Sendable {
@@ -69,76 +47,65 @@ final class RestartableServer: Sendable {
     func remove() { try? FileManager.default.removeItem(atPath: directory) }
 }
 
-func makeEngineClient(origin: String, clock: TestClock<Duration>, monitor: (any NetworkMonitor)? = nil,
-                      configure: (inout TetherConfiguration) -> Void = { _ in }) throws -> TetherClient {
-    var logger = Logger(label: "tether.test.engine")
-    logger.logLevel = .warning
-    var configuration = try TetherConfiguration(subscribeKey: "demo", publishKey: "demo", userId: "engine-\(UUID().uuidString.prefix(6))",
-                                                origin: origin, useTLS: false, logger: logger)
-    configuration.nonSubscribeTimeout = .seconds(10)
-    configuration.deadLinkDetection = nil
-    configuration.retry = RetryConfiguration(jitter: .zero ... .zero)
-    configure(&configuration)
-    return TetherClient(configuration: configuration, transport: try HTTPClientTransport(connectTimeout: .seconds(5), logger: logger),
-                        clock: clock, networkMonitor: monitor)
-}
-
-/// Advances the test clock step by step until `condition` holds (timers registered late still fire).
-func advance(_ clock: TestClock<Duration>, by step: Duration = .seconds(1), within seconds: Double = 20,
-             until condition: () -> Bool) async -> Bool {
-    await eventually(within: seconds) {
-        if condition() { return true }
-        await clock.advance(by: step)
-        return condition()
-    }
-}
-
-@Suite("Subscribe engine against the real server", .serialized)
+/// The engine over real loopback sockets against the real server (or a scripted one): what
+/// needs the wire. Timers run on a ``ManualClock`` moved by the test; every wait is for an event
+/// (a status, a message, a request sent or finished), never for wall time.
+@Suite("Subscribe engine against the real server", .serialized, .timeLimit(.minutes(2)))
 struct SubscribeEngineTests {
     @Test func receivesInOrderAndAnnouncesConnected() async throws {
         let server = try await InProcessServer.start(file: ConfigurationFile(subscribeTimeoutSeconds: 5))
-        let clock = TestClock()
-        let client = try makeEngineClient(origin: server.origin, clock: clock)
-        let recorder = Recorder(client)
+        let (client, _, _) = try makeObservedClient(origin: server.origin)
+        var statuses = client.statuses().makeAsyncIterator()
         let channel = unique()
         let subscription = client.subscribe(to: [channel])[0]
-        recorder.listen(subscription)
-        #expect(await eventually { recorder.categories == [.connected] })
-        let connected = try #require(recorder.statuses.withLock { $0.first })
+        // The closure listener and the messages stream carry the same events.
+        let (listened, sink) = AsyncStream.makeStream(of: ReceivedEvent.self)
+        subscription.onEvent { sink.yield($0) }
+        var heard = listened.makeAsyncIterator()
+        var messages = subscription.messages.makeAsyncIterator()
+        let connected = try #require(await statuses.next())
+        #expect(connected.category == .connected)
         #expect(connected.affectedChannels == [channel] && connected.subscribedChannels == [channel])
         #expect(connected.lastTimetoken == .zero && connected.currentTimetoken != nil)
         #expect(client.connectionState == .connected)
         for index in 0..<5 { _ = try await client.publish(channel: channel, message: .string("m\(index)")) }
-        #expect(await eventually { recorder.payloads.count == 5 })
-        #expect(recorder.payloads == (0..<5).map { .string("m\($0)") })
-
-        // The messages stream carries the same events.
-        var iterator = subscription.messages.makeAsyncIterator()
-        #expect(await iterator.next()?.payload == .string("m0"))
+        var received: [JSONValue] = []
+        var streamed: [JSONValue] = []
+        for _ in 0..<5 {
+            if let event = await heard.next() { received.append(event.payload) }
+            if let event = await messages.next() { streamed.append(event.payload) }
+        }
+        #expect(received == (0..<5).map { .string("m\($0)") })
+        #expect(streamed == received)
         await client.shutdown()
         await server.stop()
     }
 
     @Test func channelChangesDuringALongPoll() async throws {
         let server = try await InProcessServer.start(file: ConfigurationFile(subscribeTimeoutSeconds: 30))
-        let clock = TestClock()
-        let client = try makeEngineClient(origin: server.origin, clock: clock)
-        let recorder = Recorder(client)
+        let (client, observed, _) = try makeObservedClient(origin: server.origin)
+        var events = observed.events.makeAsyncIterator()
+        var statuses = client.statuses().makeAsyncIterator()
         let (a, b) = (unique("a"), unique("b"))
-        recorder.listen(client.subscribe(to: [a])[0])
-        #expect(await eventually { recorder.categories == [.connected] })
-        try await Task.sleep(for: .milliseconds(100))   // the long-poll is waiting (30 s server timeout)
-        recorder.listen(client.subscribe(to: [b])[0])
-        #expect(await eventually { recorder.categories == [.connected, .subscriptionChanged] })
+        let first = client.subscribe(to: [a])[0]
+        #expect(await statuses.next()?.category == .connected)
+        _ = await events.nextLongPollSent()          // the long-poll is waiting (30 s server timeout)
+        let second = client.subscribe(to: [b])[0]
+        #expect(await statuses.next()?.category == .subscriptionChanged)
+        var onA = first.messages.makeAsyncIterator()
+        var onB = second.messages.makeAsyncIterator()
         _ = try await client.publish(channel: b, message: "on b")
         _ = try await client.publish(channel: a, message: "on a")
-        #expect(await eventually(within: 5) { recorder.payloads == ["on b", "on a"] })
+        #expect(await onB.next()?.payload == "on b")
+        #expect(await onA.next()?.payload == "on a")
         client.unsubscribe(from: [a])
+        #expect(await statuses.next()?.category == .subscriptionChanged)
+        #expect(await onA.next() == nil)            // the subscription object finished
         _ = try await client.publish(channel: a, message: "gone")
         _ = try await client.publish(channel: b, message: "still")
-        #expect(await eventually(within: 5) { recorder.payloads == ["on b", "on a", "still"] })
+        #expect(await onB.next()?.payload == "still")
         client.unsubscribeAll()
-        #expect(await eventually { recorder.categories == [.connected, .subscriptionChanged, .subscriptionChanged, .disconnected] })
+        #expect(await statuses.next()?.category == .disconnected)
         #expect(client.connectionState == .idle)
         await client.shutdown()
         await server.stop()
@@ -150,32 +117,41 @@ struct SubscribeEngineTests {
         // 1,000 publishes at once from one uuid: more than the default rate limits allow.
         let server = RestartableServer(file: ConfigurationFile(subscribeTimeoutSeconds: 5, rateLimiting: false))
         try await server.start()
-        let clock = TestClock()
-        let client = try makeEngineClient(origin: server.origin, clock: clock)
-        let recorder = Recorder(client)
+        let (client, _, clock) = try makeObservedClient(origin: server.origin)
+        var statuses = client.statuses().makeAsyncIterator()
+        var changes = client.connectionChanges().makeAsyncIterator()
+        var outcomes = client.continuityOutcomes().makeAsyncIterator()
         let channel = unique()
-        recorder.listen(client.subscribe(to: [channel])[0])
-        #expect(await eventually { recorder.categories == [.connected] })
+        let subscription = client.subscribe(to: [channel])[0]
+        var messages = subscription.messages.makeAsyncIterator()
+        #expect(await statuses.next()?.category == .connected)
         _ = try await client.publish(channel: channel, message: "before")
-        #expect(await eventually { recorder.payloads == ["before"] })
+        #expect(await messages.next()?.payload == "before")
 
         await server.stop()
-        #expect(await eventually { recorder.categories == [.connected, .unexpectedDisconnect] })
-        #expect(recorder.statuses.withLock { $0.last?.willAutomaticallyRetry } == true)
+        let lost = try #require(await statuses.next())
+        #expect(lost.category == .unexpectedDisconnect && lost.willAutomaticallyRetry)
         #expect(client.connectionState == .reconnecting(attempt: 1))
         try await server.start()
         let publisher = try makeClient(origin: server.origin)
         for index in 0..<1000 { _ = try await publisher.publish(channel: channel, message: .string("m\(index)")) }
 
-        #expect(await advance(clock) { recorder.categories.count >= 3 })
-        #expect(await eventually(within: 20) { recorder.payloads.count == 1001 })
-        #expect(recorder.payloads == ["before"] + (0..<1000).map { .string("m\($0)") })
-        let timetokens = recorder.events.withLock { $0.map(\.timetoken) }
+        // Nothing listened at the origin: the retry comes within about a second (fast reconnect).
+        let delay = await clock.advanceToSleeper(within: .zero ... .seconds(2))
+        #expect(delay <= .seconds(1))
+        #expect(await statuses.next()?.category == .reconnected)
+        #expect(await statuses.next()?.category == .requestMessageCountExceeded)
+        var received: [ReceivedEvent] = []
+        for _ in 0..<1000 { if let event = await messages.next() { received.append(event) } }
+        #expect(received.map(\.payload) == (0..<1000).map { .string("m\($0)") })
+        let timetokens = received.map(\.timetoken)
         #expect(timetokens == timetokens.sorted() && Set(timetokens).count == timetokens.count)
-        #expect(await eventually { recorder.outcomes.withLock { $0.count } == 1 })
-        #expect(recorder.outcomes.withLock { $0.first?.outcome } == .recovered(count: 1000))
-        #expect(recorder.categories == [.connected, .unexpectedDisconnect, .reconnected, .requestMessageCountExceeded])
-        #expect(recorder.changes.withLock { $0.compactMap(\.reconnectEvent) } == [.started, .succeeded])
+        #expect(await outcomes.next()?.outcome == .recovered(count: 1000))
+        var reconnectEvents: [ReconnectEvent] = []
+        while reconnectEvents.count < 2, let change = await changes.next() {
+            if let event = change.reconnectEvent { reconnectEvents.append(event) }
+        }
+        #expect(reconnectEvents == [.started, .succeeded])
         await publisher.shutdown()
         await client.shutdown()
         await server.stop()
@@ -186,28 +162,29 @@ struct SubscribeEngineTests {
     @Test func unreachableForAWhileThenRestoredByTimeProbes() async throws {
         let server = RestartableServer()
         try await server.start()
-        let clock = TestClock()
-        let client = try makeEngineClient(origin: server.origin, clock: clock) {
-            $0.retry = RetryConfiguration(policy: .linear(delay: .seconds(2), maximumRetries: 2), jitter: .zero ... .zero)
+        let (client, _, clock) = try makeObservedClient(origin: server.origin) {
+            $0.retry = RetryConfiguration(policy: .linear(delay: .seconds(2), maximumRetries: 2), jitter: .zero ... .zero, fastReconnect: nil)
         }
-        let recorder = Recorder(client)
+        var statuses = client.statuses().makeAsyncIterator()
         let channel = unique()
-        recorder.listen(client.subscribe(to: [channel])[0])
-        #expect(await eventually { recorder.categories == [.connected] })
+        var messages = client.subscribe(to: [channel])[0].messages.makeAsyncIterator()
+        #expect(await statuses.next()?.category == .connected)
         await server.stop()
-        #expect(await advance(clock) { recorder.categories.count == 3 })
-        #expect(recorder.categories == [.connected, .unexpectedDisconnect, .disconnectedUnexpectedly])
+        #expect(await statuses.next()?.category == .unexpectedDisconnect)
+        // Each retry is scheduled only once the one before has failed.
+        await clock.advanceToSleeper(after: .seconds(2))
+        await clock.advanceToSleeper(after: .seconds(2))
+        #expect(await statuses.next()?.category == .disconnectedUnexpectedly)
         #expect(client.connectionState == .failed(.disconnectedUnexpectedly))
-        // Probes keep failing while the server is away.
-        for _ in 0..<3 { await clock.advance(by: .seconds(10)); try await Task.sleep(for: .milliseconds(50)) }
-        #expect(recorder.categories.count == 3)
+        // Probes keep failing while the server is away: three of them, each failure scheduling the next.
+        for _ in 0..<3 { await clock.advanceToSleeper(after: .seconds(10)) }
+        await clock.waitForSleeper(until: clock.now.advanced(by: .seconds(10)))
         try await server.start()
         let publisher = try makeClient(origin: server.origin)
         _ = try await publisher.publish(channel: channel, message: "while away")
-        #expect(await advance(clock, by: .seconds(10)) { recorder.categories.count == 4 })
-        #expect(recorder.categories == [.connected, .unexpectedDisconnect, .disconnectedUnexpectedly, .reconnected])
-        #expect(await eventually { recorder.payloads == ["while away"] })
-        #expect(recorder.changes.withLock { $0.compactMap(\.reconnectEvent) } == [.started, .failed, .succeeded])
+        await clock.advanceToSleeper(after: .seconds(10))
+        #expect(await statuses.next()?.category == .reconnected)
+        #expect(await messages.next()?.payload == "while away")
         await publisher.shutdown()
         await client.shutdown()
         await server.stop()
@@ -216,48 +193,49 @@ struct SubscribeEngineTests {
 
     @Test func disconnectAndReconnectKeepTheCursor() async throws {
         let server = try await InProcessServer.start(file: ConfigurationFile(subscribeTimeoutSeconds: 5))
-        let clock = TestClock()
-        let client = try makeEngineClient(origin: server.origin, clock: clock)
-        let recorder = Recorder(client)
+        let (client, observed, _) = try makeObservedClient(origin: server.origin)
+        var events = observed.events.makeAsyncIterator()
+        var statuses = client.statuses().makeAsyncIterator()
         let channel = unique()
-        recorder.listen(client.subscribe(to: [channel])[0])
-        #expect(await eventually { recorder.categories == [.connected] })
+        var messages = client.subscribe(to: [channel])[0].messages.makeAsyncIterator()
+        #expect(await statuses.next()?.category == .connected)
+        let held = try #require(await events.nextLongPollSent())
         client.disconnect()
-        #expect(await eventually { recorder.categories == [.connected, .disconnected] })
+        #expect(await events.outcome(of: held)?.isFailure == true)
+        #expect(await statuses.next()?.category == .disconnected)
+        let cursor = try #require(client.currentTimetoken)
         _ = try await client.publish(channel: channel, message: "missed?")
         client.subscribe(to: [channel])          // seed 000: does not reconnect
-        try await Task.sleep(for: .milliseconds(200))
-        #expect(recorder.payloads.isEmpty)
         client.reconnect()
-        #expect(await eventually { recorder.payloads == ["missed?"] })
-        #expect(recorder.categories == [.connected, .disconnected, .reconnected])
+        let resumed = try #require(await events.nextLongPollSent())
+        #expect(resumed.url.contains("tt=\(cursor)"))
+        #expect(await messages.next()?.payload == "missed?")
+        #expect(await statuses.next()?.category == .reconnected)
         await client.shutdown()
         await server.stop()
     }
 
     /// A scripted network monitor: network down stops retries, network up reconnects at once.
     @Test func networkDownAndUpFromAMonitor() async throws {
-        let server = RestartableServer()
-        try await server.start()
-        let clock = TestClock()
+        let server = try await InProcessServer.start(file: ConfigurationFile(subscribeTimeoutSeconds: 5))
         let monitor = ScriptedNetworkMonitor()
-        let client = try makeEngineClient(origin: server.origin, clock: clock, monitor: monitor)
-        let recorder = Recorder(client)
+        let (client, _, _) = try makeObservedClient(origin: server.origin, monitor: monitor)
+        var statuses = client.statuses().makeAsyncIterator()
         let channel = unique()
-        recorder.listen(client.subscribe(to: [channel])[0])
-        #expect(await eventually { recorder.categories == [.connected] })
+        var messages = client.subscribe(to: [channel])[0].messages.makeAsyncIterator()
+        #expect(await statuses.next()?.category == .connected)
         monitor.send(.down)
-        #expect(await eventually { recorder.categories == [.connected, .networkDown] })
+        #expect(await statuses.next()?.category == .networkDown)
         #expect(client.connectionState == .waitingForNetwork)
         let publisher = try makeClient(origin: server.origin)
         _ = try await publisher.publish(channel: channel, message: "offline")
         monitor.send(.up)
-        #expect(await eventually { recorder.categories == [.connected, .networkDown, .networkUp, .reconnected] })
-        #expect(await eventually { recorder.payloads == ["offline"] })
+        #expect(await statuses.next()?.category == .networkUp)
+        #expect(await statuses.next()?.category == .reconnected)
+        #expect(await messages.next()?.payload == "offline")
         await publisher.shutdown()
         await client.shutdown()
         await server.stop()
-        server.remove()
     }
 
     @Test func deadLinkIsNoticedByTheLivenessProbe() async throws {
@@ -270,18 +248,18 @@ struct SubscribeEngineTests {
             }
             return broken.withLock { $0 } ? .close : .json("[100]")
         }
-        let clock = TestClock()
-        let client = try makeEngineClient(origin: scripted.origin, clock: clock) {
+        let (client, observed, clock) = try makeObservedClient(origin: scripted.origin) {
             $0.deadLinkDetection = DeadLinkDetection(probeInterval: .seconds(25), probeTimeout: .seconds(10))
         }
-        let recorder = Recorder(client)
+        var events = observed.events.makeAsyncIterator()
+        var statuses = client.statuses().makeAsyncIterator()
         client.subscribe(to: ["a"])
-        #expect(await eventually { recorder.categories == [.connected] })
-        let start = clock.now
+        #expect(await statuses.next()?.category == .connected)
+        _ = await events.nextLongPollSent()
         broken.withLock { $0 = true }
-        #expect(await advance(clock, by: .seconds(5)) { recorder.categories.count >= 2 })
-        #expect(recorder.categories.prefix(2) == [.connected, .unexpectedDisconnect])
-        #expect(start.duration(to: clock.now) <= .seconds(35))
+        await clock.advanceToSleeper(after: .seconds(25))
+        #expect(await statuses.next()?.category == .unexpectedDisconnect)
+        #expect(clock.now.offset <= .seconds(35))
         await client.shutdown()
         try await scripted.stop()
     }
