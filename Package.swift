@@ -18,6 +18,7 @@ let package = Package(
         .library(name: "TetherServer", targets: ["TetherServer"]),
         .library(name: "Tether", targets: ["Tether"]),
         .library(name: "TetherTesting", targets: ["TetherTesting"]),
+        .library(name: "TetherTestingServer", targets: ["TetherTestingServer"]),
         // The pure cores, as products only so that Benchmarks/ (a separate package) can link them.
         .library(name: "TetherServerCore", targets: ["TetherServerCore"]),
         .library(name: "TetherClientCore", targets: ["TetherClientCore"]),
@@ -37,7 +38,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
         .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.1.1"),
-        .package(url: "https://github.com/apple/swift-async-algorithms.git", from: "1.1.4"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
     ],
     targets: [
@@ -61,13 +62,14 @@ let package = Package(
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -75,11 +77,25 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The `tether` executable: the operator's tool (serve, store, client commands). Its
+        // `bench` and `chaos` subcommands come from TetherHarness.
         .executableTarget(
             name: "TetherCLI",
             dependencies: [
-                "TetherProtocol",
                 "TetherServer",
+                "Tether",
+                "TetherHarness",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // Benchmark and chaos harness behind `tether bench` and `tether chaos`: load generators,
+        // spawned `tether serve` processes, fault-injection scenarios and their reports.
+        .target(
+            name: "TetherHarness",
+            dependencies: [
                 "Tether",
                 "TetherTesting",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -87,7 +103,6 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings
@@ -104,7 +119,6 @@ let package = Package(
                 "TetherProtocol",
                 "TetherClientCore",
                 .target(name: "CTetherNetlink", condition: .when(platforms: [.linux])),
-                .product(name: "AsyncAlgorithms", package: "swift-async-algorithms"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -116,12 +130,13 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The test kit without a server: in-memory transport, manual clock, fault-injecting proxy,
+        // scripted and raw fake servers, test certificates. Client tests link it without linking
+        // TetherServer.
         .target(
             name: "TetherTesting",
             dependencies: [
                 "Tether",
-                "TetherProtocol",
-                "TetherServer",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -129,6 +144,15 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: [.copy("Certificates")],
+            swiftSettings: strictSettings
+        ),
+        // The one in-process launcher of a real Tether server, for tests that need the server.
+        .target(
+            name: "TetherTestingServer",
+            dependencies: [
+                "TetherServer",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(
@@ -141,6 +165,7 @@ let package = Package(
             dependencies: [
                 "Tether",
                 "TetherTesting",
+                "TetherTestingServer",
                 "TetherServer",
                 "TetherProtocol",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -163,6 +188,7 @@ let package = Package(
             dependencies: [
                 "TetherServer",
                 "TetherProtocol",
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
@@ -178,6 +204,8 @@ let package = Package(
             name: "TetherServerTests",
             dependencies: [
                 "TetherServer",
+                "TetherServerCore",
+                "TetherTestingServer",
                 "TetherProtocol",
                 "CZlib",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

@@ -1,4 +1,5 @@
 import ArgumentParser
+import TetherHarness
 
 /// The `tether` command (named `TetherCommand` so it does not clash with the `Tether` SDK module): run a server, measure it, talk to it.
 @main

@@ -120,7 +120,7 @@ public final class AccessManager: Sendable {
     /// A parsed token whose signature is valid for the keyset.
     public struct VerifiedToken: Sendable {
         /// Its permissions.
-        public var grant: TokenGrant
+        public var grant: VerifiedTokenGrant
         /// Its signature, hex (identifies it for revocation).
         public var signature: String
     }
@@ -228,7 +228,7 @@ public final class AccessManager: Sendable {
         let issuedSeconds = UInt64(min(max(issued, 0), 900_000_000_000))
         let ttlMinutes = UInt64(min(max(ttl, 0), 1_000_000_000))
         let expiresAt = Timetoken((issuedSeconds + ttlMinutes * 60) * 10_000_000)
-        let grant = TokenGrant(channels: permissions("res", "chan"), groups: permissions("res", "grp"),
+        let grant = VerifiedTokenGrant(channels: permissions("res", "chan"), groups: permissions("res", "grp"),
                                channelPatterns: permissions("pat", "chan"), groupPatterns: permissions("pat", "grp"),
                                authorizedUUID: root["uuid"]?.string, expiresAt: expiresAt)
         return VerifiedToken(grant: grant, signature: signature.map { String(format: "%02x", $0) }.joined())

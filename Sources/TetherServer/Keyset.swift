@@ -41,15 +41,15 @@ public struct Limits: Sendable, Codable, Equatable {
 
     /// Checks every limit against its documented range (docs/configuration.md), so no
     /// configured value can overflow the arithmetic that uses it.
-    func validate(_ context: String) throws(ConfigurationError) {
-        func check(_ name: String, _ value: Int, _ range: ClosedRange<Int>) throws(ConfigurationError) {
+    func validate(_ context: String) throws(ServerConfigurationError) {
+        func check(_ name: String, _ value: Int, _ range: ClosedRange<Int>) throws(ServerConfigurationError) {
             guard range.contains(value) else {
-                throw ConfigurationError("\(context): \(name) must be between \(range.lowerBound) and \(range.upperBound)")
+                throw ServerConfigurationError("\(context): \(name) must be between \(range.lowerBound) and \(range.upperBound)")
             }
         }
-        func check(_ name: String, _ value: Double, _ range: ClosedRange<Double>) throws(ConfigurationError) {
+        func check(_ name: String, _ value: Double, _ range: ClosedRange<Double>) throws(ServerConfigurationError) {
             guard value.isFinite, range.contains(value) else {
-                throw ConfigurationError("\(context): \(name) must be between \(range.lowerBound) and \(range.upperBound)")
+                throw ServerConfigurationError("\(context): \(name) must be between \(range.lowerBound) and \(range.upperBound)")
             }
         }
         try check("maxMessageBytes", maxMessageBytes, 64...(4 * 1024 * 1024))
@@ -272,15 +272,15 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     /// Reads and validates a configuration file, with errors that name the problem.
     public static func load(path: String) throws -> ConfigurationFile {
         guard let data = FileManager.default.contents(atPath: path) else {
-            throw ConfigurationError("cannot read configuration file at \(path)")
+            throw ServerConfigurationError("cannot read configuration file at \(path)")
         }
         let file: ConfigurationFile
         do {
             file = try JSONDecoder().decode(ConfigurationFile.self, from: data)
         } catch let DecodingError.keyNotFound(key, context) {
-            throw ConfigurationError("\(path): missing \"\(key.stringValue)\" at \(context.codingPath.map(\.stringValue).joined(separator: "."))")
+            throw ServerConfigurationError("\(path): missing \"\(key.stringValue)\" at \(context.codingPath.map(\.stringValue).joined(separator: "."))")
         } catch {
-            throw ConfigurationError("\(path): not a valid Tether configuration: \(error)")
+            throw ServerConfigurationError("\(path): not a valid Tether configuration: \(error)")
         }
         try file.validate()
         return file
@@ -291,59 +291,59 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         var seen = Set<String>()
         for keyset in keysets {
             for key in [keyset.publishKey, keyset.subscribeKey] where !TetherProtocolKeys.isValid(key) {
-                throw ConfigurationError("invalid key \"\(key)\": use 1-100 characters of A-Z a-z 0-9 . _ -")
+                throw ServerConfigurationError("invalid key \"\(key)\": use 1-100 characters of A-Z a-z 0-9 . _ -")
             }
             if !seen.insert(keyset.subscribeKey).inserted {
-                throw ConfigurationError("subscribe key \"\(keyset.subscribeKey)\" is configured twice")
+                throw ServerConfigurationError("subscribe key \"\(keyset.subscribeKey)\" is configured twice")
             }
             let owner = "keyset \"\(keyset.subscribeKey)\""
             if !ParameterBounds.publishTTLHours.contains(keyset.historyRetentionHours) {
-                throw ConfigurationError("\(owner): historyRetentionHours must be 0 (forever) or up to 876000 (100 years)")
+                throw ServerConfigurationError("\(owner): historyRetentionHours must be 0 (forever) or up to 876000 (100 years)")
             }
             try keyset.limits?.validate(owner + " limits")
             if let value = keyset.presenceAnnounceMax, !(0...100_000).contains(value) {
-                throw ConfigurationError("\(owner): presenceAnnounceMax must be between 0 and 100000")
+                throw ServerConfigurationError("\(owner): presenceAnnounceMax must be between 0 and 100000")
             }
             if let value = keyset.presenceIntervalSeconds, !(1...3_600).contains(value) {
-                throw ConfigurationError("\(owner): presenceIntervalSeconds must be between 1 and 3600")
+                throw ServerConfigurationError("\(owner): presenceIntervalSeconds must be between 1 and 3600")
             }
             if let value = keyset.presenceMinimumTimeoutSeconds, !(1...3_600).contains(value) {
-                throw ConfigurationError("\(owner): presenceMinimumTimeoutSeconds must be between 1 and 3600")
+                throw ServerConfigurationError("\(owner): presenceMinimumTimeoutSeconds must be between 1 and 3600")
             }
         }
         try limits?.validate("limits")
         if let capacity = window?.capacity, !(1...100_000).contains(capacity) {
-            throw ConfigurationError("window.capacity must be between 1 and 100000 events")
+            throw ServerConfigurationError("window.capacity must be between 1 and 100000 events")
         }
         if let age = window?.maximumAgeSeconds, !(1...86_400).contains(age) {
-            throw ConfigurationError("window.maximumAgeSeconds must be between 1 and 86400")
+            throw ServerConfigurationError("window.maximumAgeSeconds must be between 1 and 86400")
         }
         if let budget = window?.memoryBudgetBytes, !((1 << 20)...(1 << 40)).contains(budget) {
-            throw ConfigurationError("window.memoryBudgetBytes must be between 1048576 (1 MiB) and 1099511627776 (1 TiB)")
+            throw ServerConfigurationError("window.memoryBudgetBytes must be between 1048576 (1 MiB) and 1099511627776 (1 TiB)")
         }
         if let channels = window?.maxChannels, !(100...100_000_000).contains(channels) {
-            throw ConfigurationError("window.maxChannels must be between 100 and 100000000")
+            throw ServerConfigurationError("window.maxChannels must be between 100 and 100000000")
         }
         if let memberships = maxPresenceMemberships, !(100...100_000_000).contains(memberships) {
-            throw ConfigurationError("maxPresenceMemberships must be between 100 and 100000000")
+            throw ServerConfigurationError("maxPresenceMemberships must be between 100 and 100000000")
         }
         if let bytes = store?.maxBytes, !((1 << 20)...(1 << 50)).contains(bytes) {
-            throw ConfigurationError("store.maxBytes must be between 1048576 (1 MiB) and 1125899906842624 (1 PiB)")
+            throw ServerConfigurationError("store.maxBytes must be between 1048576 (1 MiB) and 1125899906842624 (1 PiB)")
         }
         if let timeout = store?.writeTimeoutSeconds, !(0.1...60).contains(timeout) {
-            throw ConfigurationError("store.writeTimeoutSeconds must be between 0.1 and 60")
+            throw ServerConfigurationError("store.writeTimeoutSeconds must be between 0.1 and 60")
         }
         if let limit = store?.writeQueueLimit, !(1...1_000_000).contains(limit) {
-            throw ConfigurationError("store.writeQueueLimit must be between 1 and 1000000")
+            throw ServerConfigurationError("store.writeQueueLimit must be between 1 and 1000000")
         }
         if let timeout = subscribeTimeoutSeconds, !(1...300).contains(timeout) {
-            throw ConfigurationError("subscribeTimeoutSeconds must be between 1 and 300 (clients give up at 310)")
+            throw ServerConfigurationError("subscribeTimeoutSeconds must be between 1 and 300 (clients give up at 310)")
         }
     }
 }
 
 /// A configuration problem, reported to the operator before the server starts.
-public struct ConfigurationError: Error, CustomStringConvertible, Sendable {
+public struct ServerConfigurationError: Error, CustomStringConvertible, Sendable {
     /// What is wrong.
     public var description: String
     init(_ description: String) { self.description = description }

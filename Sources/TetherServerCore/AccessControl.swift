@@ -84,8 +84,10 @@ public struct Grant: Sendable, Hashable {
     }
 }
 
-/// The permissions a v3 token carries (pubnub-wire §11.4), already verified by the caller.
-public struct TokenGrant: Sendable, Hashable {
+/// The permissions a verified v3 token carries (pubnub-wire §11.4): what the server decides
+/// requests against. (The client's `TokenGrant` in TetherClientCore is the other side: a request
+/// asking the server to issue such a token.)
+public struct VerifiedTokenGrant: Sendable, Hashable {
     /// Exact channel names → permissions.
     public var channels: [String: Permissions]
     /// Exact group names → permissions.
@@ -99,7 +101,7 @@ public struct TokenGrant: Sendable, Hashable {
     /// When it expires.
     public var expiresAt: Timetoken
 
-    /// Creates a token grant.
+    /// Creates a verified token grant.
     public init(channels: [String: Permissions], groups: [String: Permissions], channelPatterns: [String: Permissions],
                 groupPatterns: [String: Permissions], authorizedUUID: String?, expiresAt: Timetoken) {
         self.channels = channels
@@ -218,7 +220,7 @@ public struct GrantTable: Sendable {
     }
 }
 
-extension TokenGrant {
+extension VerifiedTokenGrant {
     /// Decides a request made with this (verified, unexpired, unrevoked) token. `matches` tests a
     /// resource name against a pattern (regular expressions are evaluated by the shell).
     public func decide(_ request: AccessRequest, now: Timetoken, matches: (String, String) -> Bool) -> AccessDecision {
@@ -238,48 +240,4 @@ extension TokenGrant {
         if deniedChannels.isEmpty && deniedGroups.isEmpty { return .allowed }
         return .denied(channels: deniedChannels, groups: deniedGroups, message: "Forbidden")
     }
-}
-
-/// Per-client token buckets for the request rate limits. Pure: `now` is passed in (seconds).
-public struct RateLimiter: Sendable {
-    private struct Bucket: Sendable {
-        var tokens: Double
-        var updated: Double
-    }
-
-    /// Requests per second refilled.
-    public let ratePerSecond: Double
-    /// Bucket size (the burst a client may send at once).
-    public let burst: Double
-    private var buckets: [String: Bucket] = [:]
-
-    /// Creates a limiter; a rate of 0 disables it.
-    public init(ratePerSecond: Double, burst: Double) {
-        self.ratePerSecond = ratePerSecond
-        self.burst = max(1, burst)
-    }
-
-    /// Takes one request from `client`'s bucket. Returns `nil` when allowed, or the seconds to
-    /// wait before the next request would be allowed (for `Retry-After`).
-    public mutating func take(_ client: String, now: Double) -> Double? {
-        guard ratePerSecond > 0 else { return nil }
-        var bucket = buckets[client] ?? Bucket(tokens: burst, updated: now)
-        bucket.tokens = min(burst, bucket.tokens + max(0, now - bucket.updated) * ratePerSecond)
-        bucket.updated = now
-        if bucket.tokens >= 1 {
-            bucket.tokens -= 1
-            buckets[client] = bucket
-            return nil
-        }
-        buckets[client] = bucket
-        return (1 - bucket.tokens) / ratePerSecond
-    }
-
-    /// Forgets clients whose buckets are full again (idle), bounding memory.
-    public mutating func sweep(now: Double) {
-        buckets = buckets.filter { min(burst, $0.value.tokens + (now - $0.value.updated) * ratePerSecond) < burst }
-    }
-
-    /// Number of tracked clients.
-    public var trackedClients: Int { buckets.count }
 }

@@ -75,12 +75,12 @@ import TetherProtocol
             #expect(try ConfigurationFile.load(path: path).maxPresenceMemberships == nil)
             return
         }
-        #expect(throws: ConfigurationError.self) { try ConfigurationFile.load(path: path) }
+        #expect(throws: ServerConfigurationError.self) { try ConfigurationFile.load(path: path) }
         try Data(#"{"maxPresenceMemberships": 250000, "rateLimiting": false}"#.utf8).write(to: URL(fileURLWithPath: path))
         let file = try ConfigurationFile.load(path: path)
         #expect(file.maxPresenceMemberships == 250_000 && file.rateLimiting == false)
         try Data(#"{"rateLimiting": "off"}"#.utf8).write(to: URL(fileURLWithPath: path))
-        #expect(throws: ConfigurationError.self) { try ConfigurationFile.load(path: path) }
+        #expect(throws: ServerConfigurationError.self) { try ConfigurationFile.load(path: path) }
     }
 
     /// Handshakes are requests (each may join a uuid to 200 channels); long-polls that follow

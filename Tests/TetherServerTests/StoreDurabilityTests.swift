@@ -45,9 +45,9 @@ import TetherProtocol
         #expect(ConfigurationFile().store?.options ?? StoreOptions() == StoreOptions(durability: .full, maximumBytes: nil))
         var bad = ConfigurationFile()
         bad.store = .init(writeQueueLimit: 0)
-        #expect(throws: ConfigurationError.self) { try bad.validate() }
+        #expect(throws: ServerConfigurationError.self) { try bad.validate() }
         bad.store = .init(maxBytes: 1000)
-        #expect(throws: ConfigurationError.self) { try bad.validate() }
+        #expect(throws: ServerConfigurationError.self) { try bad.validate() }
     }
 
     // MARK: - The write queue (pure)

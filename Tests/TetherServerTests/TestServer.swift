@@ -1,39 +1,28 @@
 import AsyncHTTPClient
 import Foundation
-import Logging
 import NIOCore
 import NIOHTTP1
 import TetherProtocol
 import TetherServer
+import TetherTestingServer
 
-/// A real Tether server on a loopback port with its own SQLite file, for end-to-end tests.
+/// A real Tether server on a loopback port with its own SQLite file (TetherTestingServer's
+/// ``InProcessServer``), plus the raw HTTP requests the server tests send it.
 struct TestServer {
-    let server: TetherServer
-    let baseURL: String
-    let task: Task<Void, any Error>
-    let directory: String
+    let inProcess: InProcessServer
+    var server: TetherServer { inProcess.server }
+    var baseURL: String { inProcess.baseURL }
+    var directory: String { inProcess.directory }
 
     static func start<C: Clock>(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
                                 clock: C = ContinuousClock()) async throws -> TestServer where C.Duration == Duration {
-        let directory = directory ?? FileManager.default.temporaryDirectory
-            .appendingPathComponent("tether-test-\(UUID().uuidString)").path
-        var logger = Logger(label: "test-server")
-        logger.logLevel = .warning
-        let server = try TetherServer(configuration: .init(host: "127.0.0.1", port: 0, dataDirectory: directory, file: file),
-                                      logger: logger, clock: clock)
-        let (urls, continuation) = AsyncStream.makeStream(of: String.self)
-        let task = Task {
-            try await server.run(handleSignals: false) { url in continuation.yield(url) }
-        }
-        var iterator = urls.makeAsyncIterator()
-        guard let url = await iterator.next() else { throw CancellationError() }
-        return TestServer(server: server, baseURL: url, task: task, directory: directory)
+        TestServer(inProcess: try await InProcessServer.start(file: file, directory: directory, clock: clock))
     }
 
-    /// Stops the server and waits until it has closed its store.
+    /// Stops the server and waits until it has closed its store; the data directory stays, so a
+    /// test can start a server on it again.
     func stop() async {
-        task.cancel()
-        _ = await task.result
+        await inProcess.stop(removingData: false)
     }
 
     func get(_ path: String, timeout: TimeAmount = .seconds(60)) async throws -> (status: Int, body: String, headers: HTTPHeaders) {

@@ -8,6 +8,7 @@ import Testing
 @testable import Tether
 import TetherServer
 import TetherTesting
+import TetherTestingServer
 
 /// Seed 002's access-denied strategy end to end: a subscribe refused with 403 reports the denied
 /// channels and retries automatically (bounded); once the grant is given it connects and receives.

@@ -7,6 +7,7 @@ import Synchronization
 import Testing
 import Tether
 import TetherTesting
+import TetherTestingServer
 
 /// The fault proxy, observed from the client side over real loopback sockets. Socket-level
 /// behaviour (latency, bandwidth, blackhole) runs in real time and is kept to a few hundred

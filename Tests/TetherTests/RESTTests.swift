@@ -1,6 +1,7 @@
 import Testing
 @testable import Tether
 import TetherTesting
+import TetherTestingServer
 
 /// REST APIs against the real Tether server, in process.
 @Suite("REST APIs against the real server")

@@ -4,6 +4,7 @@ import Testing
 @testable import Tether
 import TetherServer
 import TetherTesting
+import TetherTestingServer
 
 /// The SDK's presence, channel-group and Access Manager calls against the real server (the
 /// scripted-server tests pin the wire; these prove the round trips).

@@ -3,6 +3,7 @@ import Testing
 @testable import Tether
 import TetherServer
 import TetherTesting
+import TetherTestingServer
 
 /// Issue 5 point 5: every category is produced for real — by a misbehaving server or the real
 /// Tether server — never constructed.

@@ -5,6 +5,7 @@ import Testing
 @testable import Tether
 import TetherServer
 import TetherTesting
+import TetherTestingServer
 
 /// A Tether server that can be stopped and started again on the same port and data directory.
 final class RestartableServer: Sendable {

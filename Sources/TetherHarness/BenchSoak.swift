@@ -76,12 +76,12 @@ struct BenchSoak: AsyncParsableCommand {
 
     func run() async throws {
         signal(SIGPIPE, SIG_IGN)
-        var spawned: SpawnedServer?
+        var spawned: BenchServer?
         if url == nil {
             let config = FileManager.default.temporaryDirectory.appendingPathComponent("tether-soak-\(UUID().uuidString).json")
             try Data(#"{"window": {"memoryBudgetBytes": \#(windowBudgetMiB << 20)}}"#.utf8).write(to: config)
             defer { try? FileManager.default.removeItem(at: config) }
-            spawned = try await SpawnedServer(subscribeTimeout: 10, extraArguments: ["--config", config.path])
+            spawned = try await BenchServer(subscribeTimeout: 10, extraArguments: ["--config", config.path])
         }
         guard let base = url ?? spawned?.target.url else { throw ValidationError("--url must look like http://host:port") }
         let serverPID = pid ?? spawned?.pid

@@ -179,7 +179,7 @@ extension BenchRunner {
     /// per present uuid, here-now latency of the large channel and the server's CPU while idle
     /// with everyone present. `server` is `nil` for an external server (no RSS or CPU then).
     func presence(
-        target: BenchTarget, server: SpawnedServer?, uuids: Int, channels: Int, largeOccupancy: Int, connections: Int,
+        target: BenchTarget, server: BenchServer?, uuids: Int, channels: Int, largeOccupancy: Int, connections: Int,
         rounds: Int, hereNowRequests: Int, idleSeconds: Double
     ) async throws -> PresenceResult {
         let heartbeat = 300

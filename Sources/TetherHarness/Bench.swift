@@ -1,4 +1,4 @@
-import ArgumentParser
+package import ArgumentParser
 import Foundation
 import NIOCore
 import NIOPosix
@@ -9,9 +9,9 @@ import Darwin
 #endif
 
 /// `tether bench`: load tests against a server (see docs/benchmarks.md).
-struct Bench: AsyncParsableCommand {
+package struct Bench: AsyncParsableCommand {
     /// The command line help.
-    static let configuration = CommandConfiguration(
+    package static let configuration = CommandConfiguration(
         abstract: "Measure fan-out throughput, publish-to-receive latency, idle long-poll memory and presence at scale.",
         discussion: """
             By default each run starts its own `tether serve` (this same binary) on a free port \
@@ -142,7 +142,7 @@ struct Bench: AsyncParsableCommand {
     }
 
     /// Checks the options.
-    func validate() throws {
+    package func validate() throws {
         guard duration > 0 else { throw ValidationError("--duration must be positive") }
         let counts = subscriberCounts
         guard !counts.isEmpty, counts.count == subscribers.split(separator: ",").count, counts.allSatisfy({ $0 > 0 }) else {
@@ -187,8 +187,10 @@ struct Bench: AsyncParsableCommand {
         var notes: [String] = []
     }
 
+    package init() {}
+
     /// Runs the selected measurements and prints the report.
-    func run() async throws {
+    package func run() async throws {
         signal(SIGPIPE, SIG_IGN)
         let threads = clientThreads ?? System.coreCount
         let external = url.flatMap(BenchTarget.init(url:))
@@ -234,7 +236,7 @@ struct Bench: AsyncParsableCommand {
                 if external != nil {
                     report.notes.append("memory run skipped: it needs a server spawned by the bench (drop --url)")
                 } else {
-                    let server = try await SpawnedServer(subscribeTimeout: 300)
+                    let server = try await BenchServer(subscribeTimeout: 300)
                     do {
                         report.memory = try await runner.memory(server: server, count: longPollCount, mode: idle, openFileLimit: limit)
                     } catch {
@@ -245,7 +247,7 @@ struct Bench: AsyncParsableCommand {
                 }
             }
             if runPresence {
-                func measure(_ target: BenchTarget, _ server: SpawnedServer?) async throws -> PresenceResult {
+                func measure(_ target: BenchTarget, _ server: BenchServer?) async throws -> PresenceResult {
                     try await runner.presence(
                         target: target, server: server, uuids: uuids, channels: channels, largeOccupancy: hereNowOccupancy,
                         connections: presenceConnections, rounds: heartbeatRounds, hereNowRequests: hereNowRequests,
@@ -255,7 +257,7 @@ struct Bench: AsyncParsableCommand {
                     report.notes.append("presence run: server memory and CPU not measured (they need a server spawned by the bench)")
                     report.presence = try await measure(external, nil)
                 } else {
-                    let server = try await SpawnedServer()
+                    let server = try await BenchServer()
                     benchLog("spawned server pid \(server.pid) at \(server.target.url)")
                     do {
                         report.presence = try await measure(server.target, server)
@@ -285,7 +287,7 @@ struct Bench: AsyncParsableCommand {
     /// Runs `body` against the external server, or a freshly spawned one that is stopped afterwards.
     private func withServer<T>(_ external: BenchTarget?, _ body: (BenchTarget, Int32?) async throws -> T) async throws -> T {
         if let external { return try await body(external, nil) }
-        let server = try await SpawnedServer()
+        let server = try await BenchServer()
         benchLog("spawned server pid \(server.pid) at \(server.target.url)")
         do {
             let result = try await body(server.target, server.pid)

@@ -463,7 +463,7 @@ struct BenchRunner {
 
     /// Memory: `count` idle long-polls (or connections) against a spawned server; the server's
     /// RSS before, with them open, after closing them, and with them open a second time.
-    func memory(server: SpawnedServer, count: Int, mode: IdleMode, openFileLimit: Int) async throws -> MemoryResult {
+    func memory(server: BenchServer, count: Int, mode: IdleMode, openFileLimit: Int) async throws -> MemoryResult {
         let target = server.target
         // Warm up: a handshake (for the cursor) and a health check, then let the server settle.
         let handshake = try await BenchConnector.get("/v2/subscribe/demo/bench-idle-0/0?tt=0&uuid=bench-idle",

@@ -84,9 +84,8 @@ struct ChaosSuite: AsyncParsableCommand {
             for item in ChaosScenario.all { print("\(item.id.rawValue.padding(toLength: 20, withPad: " ", startingAt: 0)) \(item.summary)") }
             return
         }
-        var logger = Logger(label: "tether.chaos.suite")
-        logger.logLevel = .warning
-        raiseOpenFileLimit(logger: logger)
+        // Every simulated client is a socket; children inherit the limit.
+        _ = BenchMachine.raiseOpenFileLimit(to: .max)
         let options = ChaosRunOptions(
             scale: quick ? 0.1 : scale, stormClients: quick ? min(stormClients, 50) : stormClients,
             stormThreadedClients: quick ? min(stormThreadedClients, 25) : stormThreadedClients,
@@ -198,8 +197,9 @@ struct ChaosScenarioRunner: Sendable {
             "subscribeKey": "\(keys.subscribe)", "secretKey": "\(keys.secret)"}]}
             """
         try config.write(toFile: workDirectory + "/tether.json", atomically: true, encoding: .utf8)
-        let server = ChaosServerProcess(dataDirectory: workDirectory + "/data", configPath: workDirectory + "/tether.json",
-                                        logPath: workDirectory + "/server.log")
+        let server = ServerProcess(
+            arguments: ["--data-dir", workDirectory + "/data", "--config", workDirectory + "/tether.json", "--log-level", "warning"],
+            logPath: workDirectory + "/server.log")
         try await server.start()
         defer { Task { await server.stop() } }
 
@@ -237,7 +237,7 @@ struct ChaosScenarioRunner: Sendable {
             var command = namespace?.prefix ?? []
             switch sdk {
             case .tether:
-                command += [SpawnedServer.executablePath, "chaos", "probe", "--origin", clientOrigin, "--channel", channel,
+                command += [ServerProcess.executablePath, "chaos", "probe", "--origin", clientOrigin, "--channel", channel,
                             "--clients", String(clients(for: sdk)), "--sub-key", subscribeKey, "--user-prefix", "tether"]
             case .pubnubThreaded, .pubnubAsyncio:
                 command += [absolute(pythonPath), "-u", probeScript, "--mode", sdk == .pubnubThreaded ? "threaded" : "asyncio",
@@ -343,7 +343,7 @@ struct ChaosScenarioRunner: Sendable {
     }
 
     /// Injects the scenario's fault and returns when it has ended.
-    private func inject(server: ChaosServerProcess, proxy: FaultProxy, admin: TetherClient, channel: String,
+    private func inject(server: ServerProcess, proxy: FaultProxy, admin: TetherClient, channel: String,
                         namespace: ChaosNetworkNamespace?) async throws {
         let scaled = options.scaled
         switch scenario.id {

@@ -1,16 +1,17 @@
-import ArgumentParser
+package import ArgumentParser
 import Foundation
-
 import Logging
 import TetherTesting
 
 /// `tether chaos`: fault injection between clients and a server.
-struct ChaosCommand: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
+package struct ChaosCommand: AsyncParsableCommand {
+    package static let configuration = CommandConfiguration(
         commandName: "chaos",
         abstract: "Inject network faults between clients and a server; run the resilience suite.",
         subcommands: [ChaosProxy.self, ChaosSuite.self, ChaosProbe.self]
     )
+
+    package init() {}
 }
 
 /// `tether chaos proxy`: run TetherTesting's `FaultProxy` from the command line.

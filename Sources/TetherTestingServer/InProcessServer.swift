@@ -3,7 +3,9 @@ public import Logging
 public import TetherServer
 
 /// A real Tether server running inside the test process on a loopback port, with its own
-/// SQLite file in a temporary directory.
+/// SQLite file in a temporary directory. The one in-process launcher: client end-to-end tests,
+/// server tests and tools all start their server through it (`tether serve` child processes
+/// are started by TetherHarness's `ServerProcess`).
 ///
 /// ```swift
 /// let server = try await InProcessServer.start()
@@ -17,19 +19,32 @@ public struct InProcessServer: Sendable {
     public let baseURL: String
     /// `127.0.0.1:<port>`, ready for `TetherConfiguration.origin`.
     public let origin: String
+    /// The port it listens on (pass it to ``start(port:file:directory:clock:logLevel:)`` to
+    /// restart on the same one).
+    public var port: Int { Int(origin.split(separator: ":").last ?? "") ?? 0 }
     /// The data directory (removed by ``stop(removingData:)``).
     public let directory: String
     private let task: Task<Void, any Error>
 
-    /// Starts a server on `127.0.0.1`, port 0 (a free port), and waits until it listens.
-    public static func start(file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 30), directory: String? = nil,
-                             logLevel: Logger.Level = .warning) async throws -> InProcessServer {
+    /// Starts a server on `127.0.0.1` and waits until it listens.
+    ///
+    /// - Parameters:
+    ///   - port: the port; 0 (the default) picks a free one. Pass the port of a stopped server to
+    ///     restart it where its clients expect it.
+    ///   - file: the server's settings.
+    ///   - directory: its data directory; a new temporary one when `nil`. Pass the directory of
+    ///     a stopped server (stopped with `removingData: false`) to restart on the same store.
+    ///   - clock: the server's clock (a manual clock drives presence timeouts without waiting).
+    ///   - logLevel: the server's log level.
+    public static func start<C: Clock>(port: Int = 0, file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 30),
+                                       directory: String? = nil, clock: C = ContinuousClock(),
+                                       logLevel: Logger.Level = .warning) async throws -> InProcessServer where C.Duration == Duration {
         let directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("tether-testing-\(UUID().uuidString)").path
         var logger = Logger(label: "tether.testing.server")
         logger.logLevel = logLevel
-        let server = try TetherServer(configuration: ServerConfiguration(host: "127.0.0.1", port: 0, dataDirectory: directory, file: file),
-                                      logger: logger)
+        let server = try TetherServer(configuration: ServerConfiguration(host: "127.0.0.1", port: port, dataDirectory: directory, file: file),
+                                      logger: logger, clock: clock)
         let (urls, continuation) = AsyncStream.makeStream(of: String.self)
         let task = Task {
             defer { continuation.finish() }
@@ -52,7 +67,7 @@ public struct InProcessServer: Sendable {
     }
 }
 
-/// Why ``InProcessServer/start(file:directory:logLevel:)`` failed.
+/// Why ``InProcessServer/start(port:file:directory:clock:logLevel:)`` failed.
 public enum InProcessServerError: Error, Sendable {
     /// The server exited before it started listening.
     case didNotStart
