@@ -7,6 +7,7 @@ public import Logging
 import NIOCore
 public import Prometheus
 import ServiceLifecycle
+import Synchronization
 import UnixSignals
 import TetherProtocol
 import TetherServerCore
@@ -55,15 +56,19 @@ public struct ServerConfiguration: Sendable {
 /// try await server.run { url in print("Tether listening on \(url)") }
 /// ```
 ///
-/// `run` returns after a graceful shutdown (SIGINT/SIGTERM when `handleSignals` is set, or
-/// task cancellation): waiting long-polls are answered, in-flight requests finish, the store
-/// writes everything queued, checkpoints and closes.
+/// `run` returns after a graceful shutdown (SIGINT/SIGTERM when `handleSignals` is set,
+/// ``shutdown()``, or task cancellation): waiting long-polls are answered, in-flight requests
+/// finish, the store writes everything queued, checkpoints and closes. Prefer ``shutdown()`` to
+/// cancelling the task that runs the server: cancellation can catch a connection between its
+/// accept and its handler, which swift-nio treats as a programming error (apple/swift-nio#2813).
 public struct TetherServer: Sendable {
     /// The configuration.
     public let configuration: ServerConfiguration
     /// Shared state (store, hub, keysets).
     public let state: ServerState
     private let logger: Logger
+    /// The service group while ``run(handleSignals:onReady:)`` runs, for ``shutdown()``.
+    private let running = RunningGroup()
 
     /// Opens the store and prepares the server; does not listen yet. `clock` drives the presence
     /// timeouts (tests pass a manual clock).
@@ -171,8 +176,23 @@ public struct TetherServer: Sendable {
             gracefulShutdownSignals: handleSignals ? [.sigterm, .sigint] : [],
             logger: logger
         ))
+        running.group.withLock { $0 = group }
         try await group.run()
     }
+
+    /// Shuts a running server down gracefully, as SIGTERM does: it stops accepting connections,
+    /// answers waiting long-polls, lets in-flight requests finish, writes presence and closes the
+    /// store. Returns once the shutdown has been requested; ``run(handleSignals:onReady:)``
+    /// returns when it is complete. Does nothing when the server is not running.
+    public func shutdown() async {
+        guard let group = running.group.withLock({ $0 }) else { return }
+        await group.triggerGracefulShutdown()
+    }
+}
+
+/// The service group of a running ``TetherServer``, shared by its copies.
+private final class RunningGroup: Sendable {
+    let group = Mutex<ServiceGroup?>(nil)
 }
 
 /// Runs the store's group-commit writer; on shutdown it writes what is queued, checkpoints the

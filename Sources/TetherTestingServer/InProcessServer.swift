@@ -59,9 +59,11 @@ public struct InProcessServer: Sendable {
         return InProcessServer(server: server, baseURL: url, origin: origin, directory: directory, task: task)
     }
 
-    /// Stops the server, waits until it has closed its store, and by default removes its data.
+    /// Stops the server gracefully (``TetherServer/shutdown()``, as SIGTERM does: waiting
+    /// long-polls are answered), waits until it has closed its store, and by default removes its
+    /// data.
     public func stop(removingData: Bool = true) async {
-        task.cancel()
+        await server.shutdown()
         _ = await task.result
         if removingData { try? FileManager.default.removeItem(atPath: directory) }
     }

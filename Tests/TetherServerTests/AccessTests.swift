@@ -220,7 +220,7 @@ import TetherServer
             _ = try await untrusting.execute(HTTPClientRequest(url: url + "/time/0"), timeout: .seconds(10))
         }
         try await untrusting.shutdown()
-        task.cancel()
+        await server.shutdown()
         _ = await task.result
     }
 }

@@ -11,7 +11,7 @@ import TetherTestingServer
 final class RestartableServer: Sendable {
     let directory: String
     let file: ConfigurationFile
-    private let state = Mutex<(port: Int, task: Task<Void, any Error>?)>((0, nil))
+    private let state = Mutex<(port: Int, task: Task<Void, any Error>?, server: TetherServer?)>((0, nil, nil))
 
     init(file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 5)) {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-engine-\(UUID().uuidString)").path
@@ -35,12 +35,12 @@ final class RestartableServer: Sendable {
         guard let url = await iterator.next(), let bound = Int(url.split(separator: ":").last ?? "") else {
             throw InProcessServerError.didNotStart
         }
-        state.withLock { $0 = (bound, task) }
+        state.withLock { $0 = (bound, task, server) }
     }
 
     func stop() async {
-        let task = state.withLock { $0.task }
-        task?.cancel()
+        let (task, server) = state.withLock { ($0.task, $0.server) }
+        await server?.shutdown()
         _ = await task?.result
     }
 
