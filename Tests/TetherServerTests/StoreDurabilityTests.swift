@@ -7,6 +7,7 @@ import Synchronization
 import Testing
 import TetherProtocol
 @testable import TetherServer
+import TetherTesting
 
 /// The store keeps its promise: durability as documented, clear failures, bounded waits, and
 /// realtime traffic that needs no storage unaffected by a store in trouble.

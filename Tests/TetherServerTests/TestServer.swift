@@ -4,6 +4,7 @@ import NIOCore
 import NIOHTTP1
 import TetherProtocol
 import TetherServer
+import TetherTesting
 import TetherTestingServer
 
 /// A real Tether server on a loopback port with its own SQLite file (TetherTestingServer's
@@ -94,12 +95,3 @@ extension Dictionary where Key == String, Value == Any {
     var publishTimetoken: String? { (self["p"] as? [String: Any])?["t"] as? String }
 }
 
-/// Polls `condition` until it holds or `seconds` pass (no fixed sleeps deciding outcomes).
-func eventually(within seconds: Double = 10, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1000))
-    while ContinuousClock.now < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return try await condition()
-}
