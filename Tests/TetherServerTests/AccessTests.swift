@@ -120,7 +120,7 @@ import TetherServer
         let cursor = try await server.object("/v2/subscribe/sub-s/room/0?tt=0&uuid=alice&auth=\(auth)")
         let tt = (cursor["t"] as? [String: Any])?["t"] as? String ?? "0"
         async let waiting = server.get("/v2/subscribe/sub-s/room/0?tt=\(tt)&tr=1&uuid=alice&auth=\(auth)")
-        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        #expect(await server.longPollsWaiting(1))
         let revokePath = "/v3/pam/sub-s/grant/\(PercentCoding.encode(token))"
         let revoked = try await server.send(signed(revokePath, ["uuid": "admin"], method: "DELETE"), method: .DELETE, body: nil)
         #expect(revoked.status == 200, "\(revoked.body)")

@@ -162,7 +162,7 @@ import TetherTesting
         }
         let cursor = try await server.handshake("late,other")
         async let page = server.subscribe("late,other", tt: cursor, timeout: .seconds(20))
-        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        #expect(await server.longPollsWaiting(1))
         let answer = try await server.get("/publish/demo/demo/0/late/0/%22slow%22?uuid=tester")
         #expect(answer.status == 504)
         #expect(answer.body.contains("may be stored"))
@@ -194,7 +194,7 @@ import TetherTesting
         let cursor = try await server.handshake("a,b")
         async let stalled = server.get("/publish/demo/demo/0/a/0/%22lost%22?uuid=tester")
         async let page = server.subscribe("a,b", tt: cursor, timeout: .seconds(8))
-        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        #expect(await server.longPollsWaiting(1))
         // A store=0 publish on another channel is acknowledged at once and delivered once the
         // stalled write's reservation is released at its timeout (not when the lock frees).
         #expect(try await server.get("/publish/demo/demo/0/b/0/%22free%22?uuid=tester&store=0").status == 200)

@@ -15,6 +15,13 @@ struct TestServer {
     var baseURL: String { inProcess.baseURL }
     var directory: String { inProcess.directory }
 
+    /// Awaits the moment exactly `count` long-polls are parked in the hub (for at most `seconds`);
+    /// `false` when they never are.
+    func longPollsWaiting(_ count: Int, within seconds: Double = 10) async -> Bool {
+        let hub = server.state.hub
+        return await finishes(within: seconds) { await hub.waitUntilWaiting(count) }
+    }
+
     static func start<C: Clock>(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
                                 clock: C = ContinuousClock()) async throws -> TestServer where C.Duration == Duration {
         TestServer(inProcess: try await InProcessServer.start(file: file, directory: directory, clock: clock))
