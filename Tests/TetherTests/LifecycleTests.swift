@@ -72,8 +72,8 @@ struct LifecycleTests {
         await client.shutdown()
         let outcome = await events.outcome(of: poll)
         #expect(outcome.map { if case .failure(.cancelled) = $0 { true } else { false } } == true, "\(String(describing: outcome))")
-        // The server's side of the sockets closes when the FIN arrives: another party's state, polled.
-        #expect(await eventually { server.openConnections == 0 })
+        // The server's side of the sockets closes when the FIN arrives.
+        #expect(await finishes { await server.waitUntilOpenConnections(0) })
         #expect((observed.base as? HTTPClientTransport)?.isRunning == false)
         let after = await failure { try await client.time() }
         #expect(after?.category == .cancelled)
@@ -86,7 +86,7 @@ struct LifecycleTests {
             let client = try makeClient(origin: server.origin)
             _ = try await client.time()
         }
-        #expect(await eventually { server.openConnections == 0 })
+        #expect(await finishes { await server.waitUntilOpenConnections(0) })
         try await server.stop()
     }
 }
