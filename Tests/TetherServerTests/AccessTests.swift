@@ -8,6 +8,7 @@ import Logging
 import Testing
 import TetherProtocol
 import TetherServer
+import TetherTestingServer
 
 @Suite(.serialized) struct AccessTests {
     static let keyset = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
@@ -195,17 +196,10 @@ import TetherServer
     @Test func servesHTTPSWithTheConfiguredCertificate() async throws {
         let certificates = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().appendingPathComponent("Sources/TetherTesting/Certificates")
-        var logger = Logger(label: "tls-test")
-        logger.logLevel = .warning
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-tls-\(UUID().uuidString)").path
-        let server = try TetherServer(configuration: .init(port: 0, dataDirectory: directory,
-                                                           tls: (certificates.appendingPathComponent("server.pem").path,
-                                                                 certificates.appendingPathComponent("server-key.pem").path)),
-                                      logger: logger)
-        let (urls, continuation) = AsyncStream.makeStream(of: String.self)
-        let task = Task { try await server.run(handleSignals: false) { continuation.yield($0) } }
-        var iterator = urls.makeAsyncIterator()
-        let url = try #require(await iterator.next())
+        let server = try await InProcessServer.start(file: ConfigurationFile(),
+                                                     tls: (certificates.appendingPathComponent("server.pem").path,
+                                                           certificates.appendingPathComponent("server-key.pem").path))
+        let url = server.baseURL
         #expect(url.hasPrefix("https://"))
 
         var trusting = TLSConfiguration.makeClientConfiguration()
@@ -220,7 +214,6 @@ import TetherServer
             _ = try await untrusting.execute(HTTPClientRequest(url: url + "/time/0"), timeout: .seconds(10))
         }
         try await untrusting.shutdown()
-        task.cancel()
-        _ = await task.result
+        await server.stop()
     }
 }
