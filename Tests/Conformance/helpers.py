@@ -445,6 +445,18 @@ class Collector(_SubscribeCallback):
         return await async_wait_until(enough, timeout, what=f"{n} signals")
 
 
+def start_subscription(pn, channels, with_timetoken=None) -> Collector:
+    """Subscribes `pn` (threaded or asyncio) to `channels`, from `with_timetoken` when given;
+    returns the `Collector` listening to it, without waiting for the first response."""
+    c = Collector()
+    pn.add_listener(c)
+    builder = pn.subscribe().channels(channels)
+    if with_timetoken is not None:
+        builder = builder.with_timetoken(with_timetoken)
+    builder.execute()
+    return c
+
+
 def assert_json_response(r: Resp, status: int):
     """The server's contract for every (non-metrics) response: status, content type, JSON body."""
     assert r.status == status, f"expected {status}, got {r!r}"
