@@ -139,6 +139,8 @@ import TetherTesting
         let messages = try #require((history["channels"] as? [String: Any])?["full"] as? [[String: Any]])
         #expect(messages.count == 2)  // the first and the last; the refused one is not stored
         #expect(messages.last?["timetoken"] as? String == String(stored.rawValue))
+        // Polled: /health answers from the store's last outcome while it is under a second old,
+        // then from a fresh probe; nothing announces the turn.
         #expect(await eventually { (try? await server.get("/health").status) == 200 })
         await server.stop()
     }
@@ -224,6 +226,8 @@ import TetherTesting
 
         // The lock frees: stored publishes succeed again; the timed-out one was never written.
         try await blocker.writeWithoutTransaction { try $0.execute(sql: "ROLLBACK") }
+        // Polled: the store can write again once the other connection's rollback releases
+        // SQLite's write lock, which nothing announces; publishes until then are refused.
         #expect(await eventually { (try? await server.get("/publish/demo/demo/0/a/0/%22after%22?uuid=tester").status) == 200 })
         let history = try await server.object("/v3/history/sub-key/demo/channel/a?max=25")
         let texts = ((history["channels"] as? [String: Any])?["a"] as? [[String: Any]])?.map { "\($0["message"] ?? "")" }
