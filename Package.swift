@@ -206,6 +206,7 @@ let package = Package(
                 "TetherServer",
                 "TetherServerCore",
                 "TetherTestingServer",
+                "TetherTesting",
                 "TetherProtocol",
                 "CZlib",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

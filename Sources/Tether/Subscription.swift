@@ -142,31 +142,24 @@ final class ListenerRegistry: Sendable {
 
     private let state = Mutex(Listeners())
 
-    func add(status handler: @escaping @Sendable (Status) -> Void) -> ListenerToken {
-        let id = state.withLock { s in
-            s.next += 1
-            s.status[s.next] = handler
-            return s.next
-        }
-        return token(id) { $0.status[id] = nil }
-    }
+    func add(status handler: @escaping @Sendable (Status) -> Void) -> ListenerToken { add(handler, to: \.status) }
 
     func add(connection handler: @escaping @Sendable (ConnectionChange) -> Void) -> ListenerToken {
-        let id = state.withLock { s in
-            s.next += 1
-            s.connection[s.next] = handler
-            return s.next
-        }
-        return token(id) { $0.connection[id] = nil }
+        add(handler, to: \.connection)
     }
 
     func add(continuity handler: @escaping @Sendable (ChannelContinuity) -> Void) -> ListenerToken {
+        add(handler, to: \.continuity)
+    }
+
+    private func add<Event>(_ handler: @escaping @Sendable (Event) -> Void,
+                            to listeners: any WritableKeyPath<Listeners, [Int: @Sendable (Event) -> Void]> & Sendable) -> ListenerToken {
         let id = state.withLock { s in
             s.next += 1
-            s.continuity[s.next] = handler
+            s[keyPath: listeners][s.next] = handler
             return s.next
         }
-        return token(id) { $0.continuity[id] = nil }
+        return token(id) { $0[keyPath: listeners][id] = nil }
     }
 
     private func token(_ id: Int, remove: @escaping @Sendable (inout Listeners) -> Void) -> ListenerToken {

@@ -17,7 +17,7 @@ package enum RequestSigning {
     package static func canonicalQuery(_ items: [QueryItem]) -> String {
         items.filter { $0.name != "signature" }
             .sorted { ($0.name, $0.value) < ($1.name, $1.value) }
-            .map { "\($0.name)=\(encode($0.value))" }
+            .map { "\($0.name)=\(PercentCoding.encodeForSignature($0.value))" }
             .joined(separator: "&")
     }
 
@@ -25,23 +25,6 @@ package enum RequestSigning {
     package static func signatureValue(hmac: [UInt8]) -> String {
         "v2." + Base64.encode(hmac).replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
             .replacingOccurrences(of: "=", with: "")
-    }
-
-    static func encode(_ value: String) -> String {
-        let hex = Array("0123456789ABCDEF".utf8)
-        var out: [UInt8] = []
-        for byte in value.utf8 {
-            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
-                || byte == 0x2D || byte == 0x5F || byte == 0x2E
-            {
-                out.append(byte)
-            } else {
-                out.append(0x25)
-                out.append(hex[Int(byte >> 4)])
-                out.append(hex[Int(byte & 0x0F)])
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
     }
 }
 

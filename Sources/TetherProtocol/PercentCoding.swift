@@ -23,13 +23,27 @@ package enum PercentCoding {
     /// Encodes everything except RFC 3986 unreserved characters (`A-Z a-z 0-9 - . _ ~`), which is
     /// what the PubNub Python SDK does for path segments and query values.
     package static func encode(_ text: some StringProtocol) -> String {
+        encode(text) { isSignatureRaw($0) || $0 == 0x7E }
+    }
+
+    /// Encodes the values of a signed query (pubnub-wire §12): only `A-Z a-z 0-9 - _ .` stay raw,
+    /// so unlike ``encode(_:)`` a `~` is encoded too. Client and server sign with this one.
+    package static func encodeForSignature(_ text: some StringProtocol) -> String {
+        encode(text, keeping: isSignatureRaw)
+    }
+
+    private static func isSignatureRaw(_ byte: UInt8) -> Bool {
+        (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
+            || byte == 0x2D || byte == 0x2E || byte == 0x5F
+    }
+
+    /// `%XX` (uppercase hex) for every UTF-8 byte `keeping` rejects.
+    private static func encode(_ text: some StringProtocol, keeping: (UInt8) -> Bool) -> String {
         var out: [UInt8] = []
         out.reserveCapacity(text.utf8.count)
         let hex = Array("0123456789ABCDEF".utf8)
         for byte in text.utf8 {
-            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
-                || byte == 0x2D || byte == 0x2E || byte == 0x5F || byte == 0x7E
-            {
+            if keeping(byte) {
                 out.append(byte)
             } else {
                 out.append(0x25)

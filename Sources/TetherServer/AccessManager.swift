@@ -273,13 +273,14 @@ public final class AccessManager: Sendable {
         let signed = pairs.filter { $0.0 != "signature" }.sorted { $0.0 < $1.0 }
         // Canonical form: decode each value once and re-encode; Python double-encodes a few
         // values (filter-expr, state), so the raw wire value re-encoded is also tried.
-        let decodedOnce = signed.map { "\($0.0)=\(Self.signatureEncode(PercentCoding.decode($0.1) ?? $0.1))" }.joined(separator: "&")
-        let rawReencoded = signed.map { "\($0.0)=\(Self.signatureEncode($0.1))" }.joined(separator: "&")
+        let decodedOnce = signed.map { "\($0.0)=\(PercentCoding.encodeForSignature(PercentCoding.decode($0.1) ?? $0.1))" }
+            .joined(separator: "&")
+        let rawReencoded = signed.map { "\($0.0)=\(PercentCoding.encodeForSignature($0.1))" }.joined(separator: "&")
         // The Python SDK signs `filter-expr` and `state` already encoded (double-encoded) and
         // everything else once: a per-parameter mix.
         let pythonMix = signed.map { key, value in
             let signedValue = Self.doubleEncodedByPython.contains(key) ? value : (PercentCoding.decode(value) ?? value)
-            return "\(key)=\(Self.signatureEncode(signedValue))"
+            return "\(key)=\(PercentCoding.encodeForSignature(signedValue))"
         }.joined(separator: "&")
         let key = SymmetricKey(data: Array(secret.utf8))
         let bodyText = String(decoding: body, as: UTF8.self)
@@ -306,7 +307,7 @@ public final class AccessManager: Sendable {
                                    secret: String, timestamp: Int64) -> String {
         var parameters = query
         parameters["timestamp"] = String(timestamp)
-        let canonical = parameters.keys.sorted().map { "\($0)=\(signatureEncode(parameters[$0]!))" }.joined(separator: "&")
+        let canonical = parameters.keys.sorted().map { "\($0)=\(PercentCoding.encodeForSignature(parameters[$0]!))" }.joined(separator: "&")
         let message = "\(method)\n\(publishKey)\n\(path)\n\(canonical)\n\(body)"
         let mac = HMAC<SHA256>.authenticationCode(for: Array(message.utf8), using: SymmetricKey(data: Array(secret.utf8)))
         return canonical + "&signature=v2." + Base64.encode(Array(mac), urlSafe: true, padding: false)
@@ -314,21 +315,6 @@ public final class AccessManager: Sendable {
 
     /// Parameters the Python SDK percent-encodes before signing (pubnub-wire §12 quirk).
     static let doubleEncodedByPython: Set<String> = ["filter-expr", "state"]
-
-    /// Percent-encoding for signatures: only `A-Z a-z 0-9 - _ .` stay raw, uppercase hex.
-    static func signatureEncode(_ text: String) -> String {
-        var out = ""
-        for byte in text.utf8 {
-            if (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
-                || byte == 0x2D || byte == 0x5F || byte == 0x2E
-            {
-                out.unicodeScalars.append(UnicodeScalar(byte))
-            } else {
-                out += String(format: "%%%02X", byte)
-            }
-        }
-        return out
-    }
 }
 
 /// Any JSON value, decoded with `JSONDecoder` (booleans kept distinct from numbers).

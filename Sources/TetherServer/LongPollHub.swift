@@ -26,9 +26,28 @@ public final class LongPollHub: Sendable {
         var timer: Scheduled<Void>
     }
 
+    /// Someone awaiting a number of parked long-polls (``waitUntilWaiting(_:)``).
+    private struct CountWatcher {
+        var id: UInt64
+        var count: Int
+        var continuation: CheckedContinuation<Void, Never>
+    }
+
     private struct State {
         var core: DeliveryHub
         var waiters = DeliveryWaiters<Parked, ObjectIdentifier, NIODeadline>()
+        var countWatchers: [CountWatcher] = []
+        var nextWatcherID: UInt64 = 0
+
+        /// Removes and returns the watchers whose count the waiters now hold, to be resumed once
+        /// the lock is released. Called after every transition that parks or wakes a waiter.
+        mutating func reachedCounts() -> [CheckedContinuation<Void, Never>] {
+            guard !countWatchers.isEmpty else { return [] }
+            let count = waiters.waitingCount
+            let reached = countWatchers.filter { $0.count == count }.map(\.continuation)
+            countWatchers.removeAll { $0.count == count }
+            return reached
+        }
     }
 
     private let state: Mutex<State>
@@ -62,6 +81,32 @@ public final class LongPollHub: Sendable {
 
     /// Number of long-polls currently waiting.
     public var waitingCount: Int { state.withLock { $0.waiters.waitingCount } }
+
+    /// Returns once exactly `count` long-polls are waiting (at once if they already are), or when
+    /// the calling task is cancelled. Resumed from the transition that parks or wakes the waiter
+    /// that makes the count, so a test awaits the hub's state instead of polling it.
+    package func waitUntilWaiting(_ count: Int) async {
+        let id = state.withLock { s in
+            defer { s.nextWatcherID += 1 }
+            return s.nextWatcherID
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let resumeNow = state.withLock { s in
+                    if s.waiters.waitingCount == count || Task.isCancelled { return true }
+                    s.countWatchers.append(CountWatcher(id: id, count: count, continuation: continuation))
+                    return false
+                }
+                if resumeNow { continuation.resume() }
+            }
+        } onCancel: {
+            let watcher = state.withLock { s -> CountWatcher? in
+                guard let index = s.countWatchers.firstIndex(where: { $0.id == id }) else { return nil }
+                return s.countWatchers.remove(at: index)
+            }
+            watcher?.continuation.resume()
+        }
+    }
 
     /// Publishes an event: reserves its timetoken, makes it durable when `store` is set, then
     /// commits it and wakes matching long-polls. Returns the event's timetoken once durable.
@@ -232,12 +277,13 @@ public final class LongPollHub: Sendable {
                     self.wake([id], reason: .timeout)
                 }
                 let parked = Parked(continuation: continuation, timer: timer)
-                let action = state.withLock { s in
+                let (action, reached) = state.withLock { s in
                     let action = s.waiters.park(id, parked, connection: connection, connectionIsOpen: channel.isActive,
                                                 deadline: deadline, now: .now())
                     if case .resume(_, unregister: true) = action { s.core.unregister(id) }
-                    return action
+                    return (action, s.reachedCounts())
                 }
+                for watcher in reached { watcher.resume() }
                 switch action {
                 case .wait:
                     break
@@ -253,14 +299,16 @@ public final class LongPollHub: Sendable {
 
     private func wake(_ ids: [WaiterID], reason: WakeReason) {
         guard !ids.isEmpty else { return }
-        let resumed = state.withLock { s in
+        let (resumed, reached) = state.withLock { s in
             for id in ids { s.core.unregister(id) }
-            return s.waiters.wake(ids, reason: reason)
+            let resumed = s.waiters.wake(ids, reason: reason)
+            return (resumed, s.reachedCounts())
         }
         for parked in resumed {
             parked.timer.cancel()
             parked.continuation.resume(returning: reason)
         }
+        for watcher in reached { watcher.resume() }
     }
 
     /// Wakes every waiting long-poll to re-check its access (a grant changed or a token was

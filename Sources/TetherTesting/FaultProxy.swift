@@ -91,6 +91,8 @@ public final class FaultProxy: Sendable {
         var stopped = false
         var schedule: FaultSchedule?
         var lastOperation: Task<Void, any Error>?
+        /// Those awaiting a fault (``waitUntilFault(_:)``).
+        var faultWatchers = ConditionWatchers<Fault>()
     }
 
     let state = Mutex(State())
@@ -112,6 +114,13 @@ public final class FaultProxy: Sendable {
 
     /// The fault in effect now.
     public var fault: Fault { state.withLock { $0.fault } }
+
+    /// Returns once `fault` is in effect (at once if it is), or when the calling task is
+    /// cancelled: resumed by the change itself, so a test follows a ``schedule(_:)`` without
+    /// polling ``fault``.
+    package func waitUntilFault(_ fault: Fault) async {
+        await ConditionWatchers.wait(until: { $0 == fault }) { body in state.withLock { body(&$0.faultWatchers, $0.fault) } }
+    }
 
     /// A snapshot of the counters.
     public var counters: Counters { state.withLock { $0.counters } }
@@ -260,11 +269,12 @@ public final class FaultProxy: Sendable {
     }
 
     private func perform(_ fault: Fault) async throws {
-        let (old, connections, listener, stopped) = state.withLock { state in
+        let (old, connections, listener, stopped, watchers) = state.withLock { state in
             let old = state.fault
             state.fault = fault
-            return (old, Array(state.connections.values), state.listener, state.stopped)
+            return (old, Array(state.connections.values), state.listener, state.stopped, state.faultWatchers.satisfied(by: fault))
         }
+        for watcher in watchers { watcher.resume() }
         if old != fault { logger.info("fault proxy \(origin): \(old) -> \(fault)") }
         guard !stopped else { return }
         if fault == .refuse, let listener {

@@ -76,6 +76,7 @@ public final class ScriptedServer: Sendable {
         var requests: [Request] = []
         var accepted = 0
         var open = 0
+        var openWatchers = ConditionWatchers<Int>()
     }
 
     private let state = Mutex(State())
@@ -96,6 +97,12 @@ public final class ScriptedServer: Sendable {
 
     /// How many TCP connections are open now.
     public var openConnections: Int { state.withLock { $0.open } }
+
+    /// Returns once exactly `count` TCP connections are open (at once if they are), or when the
+    /// calling task is cancelled: resumed by the accept or close that makes the count.
+    package func waitUntilOpenConnections(_ count: Int) async {
+        await ConditionWatchers.wait(until: { $0 == count }) { body in state.withLock { body(&$0.openWatchers, $0.open) } }
+    }
 
     private init(channel: any Channel, group: MultiThreadedEventLoopGroup, port: Int) {
         self.channel = channel
@@ -140,8 +147,24 @@ public final class ScriptedServer: Sendable {
     }
 
     fileprivate func record(_ request: Request) { state.withLock { $0.requests.append(request) } }
-    fileprivate func connectionOpened() { state.withLock { $0.accepted += 1; $0.open += 1 } }
-    fileprivate func connectionClosed() { state.withLock { $0.open -= 1 } }
+    fileprivate func connectionOpened() {
+        let reached = state.withLock { state in
+            state.accepted += 1
+            state.open += 1
+            let open = state.open
+            return state.openWatchers.satisfied(by: open)
+        }
+        for watcher in reached { watcher.resume() }
+    }
+
+    fileprivate func connectionClosed() {
+        let reached = state.withLock { state in
+            state.open -= 1
+            let open = state.open
+            return state.openWatchers.satisfied(by: open)
+        }
+        for watcher in reached { watcher.resume() }
+    }
 }
 
 /// Lets handlers reach the server once it exists (handlers are created before `start` returns).

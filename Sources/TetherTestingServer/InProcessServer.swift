@@ -15,11 +15,11 @@ public import TetherServer
 public struct InProcessServer: Sendable {
     /// The running server.
     public let server: TetherServer
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` with TLS).
     public let baseURL: String
     /// `127.0.0.1:<port>`, ready for `TetherConfiguration.origin`.
     public let origin: String
-    /// The port it listens on (pass it to ``start(port:file:directory:clock:logLevel:)`` to
+    /// The port it listens on (pass it to ``start(port:file:directory:tls:clock:logLevel:)`` to
     /// restart on the same one).
     public var port: Int { Int(origin.split(separator: ":").last ?? "") ?? 0 }
     /// The data directory (removed by ``stop(removingData:)``).
@@ -34,17 +34,19 @@ public struct InProcessServer: Sendable {
     ///   - file: the server's settings.
     ///   - directory: its data directory; a new temporary one when `nil`. Pass the directory of
     ///     a stopped server (stopped with `removingData: false`) to restart on the same store.
+    ///   - tls: the PEM certificate chain and private key to serve HTTPS with; plain HTTP when `nil`.
     ///   - clock: the server's clock (a manual clock drives presence timeouts without waiting).
     ///   - logLevel: the server's log level.
     public static func start<C: Clock>(port: Int = 0, file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 30),
-                                       directory: String? = nil, clock: C = ContinuousClock(),
+                                       directory: String? = nil,
+                                       tls: (certificatePath: String, privateKeyPath: String)? = nil, clock: C = ContinuousClock(),
                                        logLevel: Logger.Level = .warning) async throws -> InProcessServer where C.Duration == Duration {
         let directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("tether-testing-\(UUID().uuidString)").path
         var logger = Logger(label: "tether.testing.server")
         logger.logLevel = logLevel
-        let server = try TetherServer(configuration: ServerConfiguration(host: "127.0.0.1", port: port, dataDirectory: directory, file: file),
-                                      logger: logger, clock: clock)
+        let configuration = ServerConfiguration(host: "127.0.0.1", port: port, dataDirectory: directory, file: file, tls: tls)
+        let server = try TetherServer(configuration: configuration, logger: logger, clock: clock)
         let (urls, continuation) = AsyncStream.makeStream(of: String.self)
         let task = Task {
             defer { continuation.finish() }
@@ -55,7 +57,7 @@ public struct InProcessServer: Sendable {
             _ = await task.result
             throw InProcessServerError.didNotStart
         }
-        let origin = String(url.dropFirst("http://".count))
+        let origin = String(url.split(separator: "://", maxSplits: 1).last ?? "")
         return InProcessServer(server: server, baseURL: url, origin: origin, directory: directory, task: task)
     }
 
@@ -69,7 +71,7 @@ public struct InProcessServer: Sendable {
     }
 }
 
-/// Why ``InProcessServer/start(port:file:directory:clock:logLevel:)`` failed.
+/// Why ``InProcessServer/start(port:file:directory:tls:clock:logLevel:)`` failed.
 public enum InProcessServerError: Error, Sendable {
     /// The server exited before it started listening.
     case didNotStart

@@ -10,12 +10,11 @@ import contextlib
 import json
 import os
 import signal
-import threading
 
 import pytest
 import pytest_asyncio
 
-from helpers import TETHER_BIN, TetherServer, make_config
+from helpers import TETHER_BIN, TetherServer, make_config, run_with_callback, stop_asyncio_clients, stop_clients
 
 # Long-polls on the shared fixture answer after this many seconds, so a stray SDK thread never
 # outlives a test by long; tests of the long-poll itself start their own servers.
@@ -103,15 +102,7 @@ def make_pubnub(server):
         return pn
 
     yield make
-    for pn in clients:
-        try:
-            pn.unsubscribe_all()
-        except Exception:
-            pass
-        try:
-            pn.stop()
-        except Exception:
-            pass
+    stop_clients(clients)
 
 
 @pytest.fixture
@@ -133,13 +124,7 @@ async def make_pubnub_asyncio(server):
         return pn
 
     yield make
-    for pn in clients:
-        with contextlib.suppress(Exception):
-            pn.unsubscribe_all()
-    await asyncio.sleep(0)
-    for pn in clients:
-        with contextlib.suppress(Exception):
-            await pn.stop()
+    await stop_asyncio_clients(clients)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,13 +179,7 @@ class SdkFlavour:
     async def call_error(self, builder) -> SdkError:
         if self.threaded:
             # `.sync()` raises without a status; the callback API reports the status object.
-            done = threading.Event()
-            got = []
-
-            def callback(result, status):
-                got.append((result, status))
-                done.set()
-            builder.pn_async(callback)
+            done, got = run_with_callback(builder)
             assert await asyncio.to_thread(done.wait, 20), "no callback within 20 s"
             result, status = got[0]
         else:

@@ -6,6 +6,7 @@ Everything here talks only to servers started by the suite on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import http.client
 import json
@@ -443,6 +444,18 @@ class Collector(_SubscribeCallback):
             with self.lock:
                 return list(self.signals) if len(self.signals) >= n else None
         return await async_wait_until(enough, timeout, what=f"{n} signals")
+
+
+def start_subscription(pn, channels, with_timetoken=None) -> Collector:
+    """Subscribes `pn` (threaded or asyncio) to `channels`, from `with_timetoken` when given;
+    returns the `Collector` listening to it, without waiting for the first response."""
+    c = Collector()
+    pn.add_listener(c)
+    builder = pn.subscribe().channels(channels)
+    if with_timetoken is not None:
+        builder = builder.with_timetoken(with_timetoken)
+    builder.execute()
+    return c
 
 
 def assert_json_response(r: Resp, status: int):
@@ -906,6 +919,47 @@ def keyset_overrides(keyset: dict, admin: bool = False, **overrides) -> dict:
     return fields
 
 
+def stop_clients(clients) -> None:
+    """Unsubscribes and stops threaded SDK clients at a fixture's teardown, ignoring failures
+    (a client may already be stopped)."""
+    for pn in clients:
+        with contextlib.suppress(Exception):
+            pn.unsubscribe_all()
+        with contextlib.suppress(Exception):
+            pn.stop()
+
+
+async def stop_asyncio_clients(clients, subscribed=None) -> None:
+    """Unsubscribes `subscribed` (default: every one of `clients`), lets the event loop send the
+    leaves, then stops every asyncio client, ignoring failures (teardown)."""
+    for pn in clients if subscribed is None else subscribed:
+        with contextlib.suppress(Exception):
+            pn.unsubscribe_all()
+    await asyncio.sleep(0)
+    for pn in clients:
+        with contextlib.suppress(Exception):
+            await pn.stop()
+
+
+@contextlib.contextmanager
+def threaded_clients(default_keyset: dict):
+    """Factory of threaded `PubNub` clients on `default_keyset` (or `keyset=`) of any origin,
+    with the keyset's secret key when `admin=True`; all are stopped on exit. A module's
+    `threaded` fixture yields it."""
+    from pubnub.pubnub import PubNub
+    clients = []
+
+    def make(origin, uuid=None, *, keyset=default_keyset, admin=False, **overrides):
+        pn = PubNub(make_config(origin, uuid, **keyset_overrides(keyset, admin=admin, **overrides)))
+        clients.append(pn)
+        return pn
+
+    try:
+        yield make
+    finally:
+        stop_clients(clients)
+
+
 def signature_encode(text: str) -> str:
     """pubnub-wire §12: percent-encoding with only `A-Z a-z 0-9 - _ .` left raw, uppercase hex."""
     return urllib.parse.quote(str(text), safe="-_.").replace("~", "%7E")
@@ -956,9 +1010,9 @@ def forbidden_body(channels: list | None = None, groups: list | None = None, mes
     return {"message": message, "payload": payload, "error": True, "service": "Access Manager", "status": 403}
 
 
-def sdk_error_status(builder, timeout: float = 20.0):
-    """Runs a threaded-SDK endpoint builder through its callback API and returns the error
-    `PNStatus` (the status `.sync()` hides by raising); fails if the call succeeded."""
+def run_with_callback(builder) -> tuple[threading.Event, list]:
+    """Starts a threaded-SDK endpoint builder through its callback API; returns the event set
+    when the callback has run and the list it appends `(result, status)` to."""
     done = threading.Event()
     got = []
 
@@ -966,6 +1020,13 @@ def sdk_error_status(builder, timeout: float = 20.0):
         got.append((result, status))
         done.set()
     builder.pn_async(callback)
+    return done, got
+
+
+def sdk_error_status(builder, timeout: float = 20.0):
+    """Runs a threaded-SDK endpoint builder through its callback API and returns the error
+    `PNStatus` (the status `.sync()` hides by raising); fails if the call succeeded."""
+    done, got = run_with_callback(builder)
     assert done.wait(timeout), f"no callback within {timeout} s"
     result, status = got[0]
     assert status.is_error(), f"expected an error, got {result!r}"

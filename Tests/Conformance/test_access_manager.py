@@ -16,8 +16,6 @@ SDK behaviours these tests pin down (pubnub 10.8.0):
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 import time
 
@@ -29,8 +27,8 @@ from pubnub.models.consumer.v3.channel import Channel
 from pubnub.models.consumer.v3.group import Group
 
 from helpers import (OTHER_KEYSET, SECURE_KEYSET, Collector, async_wait_until, forbidden_body, get, keyset_overrides,
-                     make_config, q, query, sdk_error_status, signed_request, status_body, unique, wait_until,
-                     write_keysets_config)
+                     make_config, q, query, sdk_error_status, signed_request, status_body, stop_asyncio_clients,
+                     threaded_clients, unique, wait_until, write_keysets_config)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,20 +50,8 @@ def am(module_server_factory, tmp_path_factory):
 @pytest.fixture
 def threaded():
     """Factory of threaded `PubNub` clients on the `secure` keyset of any origin."""
-    from pubnub.pubnub import PubNub
-    clients = []
-
-    def make(origin, uuid=None, admin=False, keyset=SECURE_KEYSET, **overrides):
-        pn = PubNub(make_config(origin, uuid, **keyset_overrides(keyset, admin=admin, **overrides)))
-        clients.append(pn)
-        return pn
-
-    yield make
-    for pn in clients:
-        with contextlib.suppress(Exception):
-            pn.unsubscribe_all()
-        with contextlib.suppress(Exception):
-            pn.stop()
+    with threaded_clients(SECURE_KEYSET) as make:
+        yield make
 
 
 def secure(sdk, origin, uuid=None, admin=False, **overrides):
@@ -328,13 +314,7 @@ async def test_asyncio_subscriber_with_auth_key(am):
         (s,) = d.statuses
         assert (s.category, s.status_code, s.error_data) == (PNStatusCategory.PNConnectionErrorCategory, None, None)
     finally:
-        for pn in (user, denied, admin):
-            with contextlib.suppress(Exception):
-                pn.unsubscribe_all()
-        await asyncio.sleep(0)
-        for pn in (user, denied, admin):
-            with contextlib.suppress(Exception):
-                await pn.stop()
+        await stop_asyncio_clients((user, denied, admin))
 
 
 # -------------------------------------------------------------------------------- v3 tokens
@@ -411,10 +391,10 @@ async def test_token_client_allowed_where_granted_denied_elsewhere(sdk, am):
     assert history_raw(am.origin, room) == ["hi"]
 
 
-def test_threaded_subscriber_with_token(threaded, am):
-    origin = am.origin
+def subscribed_with_token(threaded, origin, room):
+    """An admin client and a user subscribed to `room` with a read token the admin granted;
+    returns the admin, the user, the user's token and its connected `Collector`."""
     admin = threaded(origin, "admin", admin=True)
-    room, no = unique("room"), unique("no")
     token = admin.grant_token().ttl(60).channels([Channel.id(room).read()]).sync().result.token
     user = threaded(origin, unique("user"))
     user.set_token(token)
@@ -422,6 +402,13 @@ def test_threaded_subscriber_with_token(threaded, am):
     user.add_listener(c)
     user.subscribe().channels([room]).execute()
     c.wait_connected()
+    return admin, user, token, c
+
+
+def test_threaded_subscriber_with_token(threaded, am):
+    origin = am.origin
+    room, no = unique("room"), unique("no")
+    admin, user, _, c = subscribed_with_token(threaded, origin, room)
     tt = admin.publish().channel(room).message("for token holders").sync().result.timetoken
     (m,) = c.wait_messages(1)
     assert (m.message, m.channel, m.timetoken) == ("for token holders", room, tt)
@@ -486,15 +473,8 @@ def test_revoke_token_answers_waiting_long_poll(threaded, am):
 
 def test_revoke_token_threaded_subscriber_told_promptly(threaded, am):
     origin = am.origin
-    admin = threaded(origin, "admin", admin=True)
     room = unique("room")
-    token = admin.grant_token().ttl(60).channels([Channel.id(room).read()]).sync().result.token
-    user = threaded(origin, unique("user"))
-    user.set_token(token)
-    c = Collector()
-    user.add_listener(c)
-    user.subscribe().channels([room]).execute()
-    c.wait_connected()
+    admin, user, token, c = subscribed_with_token(threaded, origin, room)
     admin.publish().channel(room).message("warm-up").sync()
     c.wait_messages(1)
     wait_until(lambda: user.uuid in here_now_uuids(origin, room), 5, what="the subscriber's long-poll")
@@ -540,12 +520,7 @@ async def test_revoke_token_asyncio_subscriber_told_promptly(am):
         assert (s.operation, s.affected_channels) == (PNOperationType.PNSubscribeOperation, [room])
         assert not c.has_category(ACCESS_DENIED)
     finally:
-        with contextlib.suppress(Exception):
-            user.unsubscribe_all()
-        await asyncio.sleep(0)
-        for pn in (user, admin):
-            with contextlib.suppress(Exception):
-                await pn.stop()
+        await stop_asyncio_clients((user, admin), subscribed=(user,))
 
 
 def test_v2_revocation_answers_waiting_long_poll(threaded, am):

@@ -21,8 +21,8 @@ import pytest
 from pubnub.endpoints.pubsub.subscribe import Subscribe
 from pubnub.enums import PNOperationType, PNReconnectionPolicy, PNStatusCategory
 
-from helpers import (DEMO_KEYSET, SECURE_KEYSET, Collector, async_wait_until, get, keyset_overrides, make_config,
-                     query, status_body, unique, wait_until, write_keysets_config)
+from helpers import (DEMO_KEYSET, SECURE_KEYSET, Collector, async_wait_until, get, make_config, query, status_body,
+                     stop_asyncio_clients, threaded_clients, unique, wait_until, write_keysets_config)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,20 +117,8 @@ def fserver(module_server_factory, tmp_path_factory):
 
 @pytest.fixture
 def threaded():
-    from pubnub.pubnub import PubNub
-    clients = []
-
-    def make(origin, uuid=None, keyset=DEMO_KEYSET, admin=False, **overrides):
-        pn = PubNub(make_config(origin, uuid or unique("user"), **keyset_overrides(keyset, admin=admin, **overrides)))
-        clients.append(pn)
-        return pn
-
-    yield make
-    for pn in clients:
-        with contextlib.suppress(Exception):
-            pn.unsubscribe_all()
-        with contextlib.suppress(Exception):
-            pn.stop()
+    with threaded_clients(DEMO_KEYSET) as make:
+        yield make
 
 
 def publish_all(publisher, ch, messages) -> list[int]:
@@ -234,12 +222,7 @@ async def asyncio_filtered_run(origin, manager=None):
         await asyncio.sleep(0.1)
         return [(m.message, m.timetoken) for m in c.snapshot()], sent
     finally:
-        with contextlib.suppress(Exception):
-            sub.unsubscribe_all()
-        await asyncio.sleep(0)
-        for pn in (sub, pub):
-            with contextlib.suppress(Exception):
-                await pn.stop()
+        await stop_asyncio_clients((sub, pub), subscribed=(sub,))
 
 
 @pytest.mark.asyncio

@@ -31,8 +31,8 @@ from pubnub.exceptions import PubNubException
 
 from helpers import (CA_PEM, DEMO_KEYSET, LIMITED_KEYSET, SELF_SIGNED_KEY_PEM, SELF_SIGNED_PEM, SERVER_KEY_PEM,
                      SERVER_PEM, THROTTLED_KEYSET, Collector, TlsTetherServer, get, https_get, keyset_overrides,
-                     make_config, q, request, sdk_error_status, status_body, unique, wait_until,
-                     write_keysets_config)
+                     make_config, q, request, run_with_callback, sdk_error_status, status_body, threaded_clients,
+                     unique, wait_until, write_keysets_config)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,20 +54,8 @@ def lim(module_server_factory, tmp_path_factory):
 
 @pytest.fixture
 def threaded():
-    from pubnub.pubnub import PubNub
-    clients = []
-
-    def make(origin, uuid=None, keyset=DEMO_KEYSET, **overrides):
-        pn = PubNub(make_config(origin, uuid or unique("user"), **keyset_overrides(keyset, **overrides)))
-        clients.append(pn)
-        return pn
-
-    yield make
-    for pn in clients:
-        with contextlib.suppress(Exception):
-            pn.unsubscribe_all()
-        with contextlib.suppress(Exception):
-            pn.stop()
+    with threaded_clients(DEMO_KEYSET) as make:
+        yield make
 
 
 def on(keyset, sdk, origin, uuid=None, **overrides):
@@ -202,10 +190,7 @@ def test_429_flooding_client_limited_others_unaffected(threaded, lim):
     def flood():
         t0 = time.monotonic()
         while not stop.is_set() and time.monotonic() - t0 < 1.5:
-            done = threading.Event()
-            got = []
-            flooder.publish().channel(ch).message({"flood": len(outcomes)}).pn_async(
-                lambda r, s: (got.append((r, s)), done.set()))
+            done, got = run_with_callback(flooder.publish().channel(ch).message({"flood": len(outcomes)}))
             done.wait(10)
             r, s = got[0]
             outcomes.append((time.monotonic() - t0, s if s.is_error() else r.timetoken))

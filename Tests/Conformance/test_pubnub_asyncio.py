@@ -9,7 +9,8 @@ import time
 import pytest
 from pubnub.enums import PNOperationType, PNStatusCategory
 
-from helpers import Collector, async_wait_until, fetch_all, fetch_page, message_count, publish, unique
+from helpers import (Collector, async_wait_until, fetch_all, fetch_page, message_count, publish, start_subscription,
+                     unique)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
@@ -19,12 +20,7 @@ def now_tt() -> int:
 
 
 async def subscribed(pn, channels, with_timetoken=None) -> Collector:
-    c = Collector()
-    pn.add_listener(c)
-    builder = pn.subscribe().channels(channels)
-    if with_timetoken is not None:
-        builder = builder.with_timetoken(with_timetoken)
-    builder.execute()
+    c = start_subscription(pn, channels, with_timetoken)
     await c.async_wait_connected()
     return c
 

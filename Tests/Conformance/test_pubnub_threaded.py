@@ -9,7 +9,7 @@ import pytest
 from pubnub.enums import PNOperationType, PNStatusCategory
 from pubnub.exceptions import PubNubException
 
-from helpers import (Collector, fetch_all, fetch_page, get, message_count, publish, server_time,
+from helpers import (Collector, fetch_all, fetch_page, get, message_count, publish, server_time, start_subscription,
                      unique, wait_until)
 
 pytestmark = pytest.mark.timeout(60)
@@ -21,12 +21,7 @@ def now_tt() -> int:
 
 def subscribed(pn, channels, with_timetoken=None) -> Collector:
     """Subscribes `pn` to `channels` and waits until the first subscribe response arrived."""
-    c = Collector()
-    pn.add_listener(c)
-    builder = pn.subscribe().channels(channels)
-    if with_timetoken is not None:
-        builder = builder.with_timetoken(with_timetoken)
-    builder.execute()
+    c = start_subscription(pn, channels, with_timetoken)
     c.wait_connected()
     return c
 

@@ -8,6 +8,7 @@ import Logging
 import Testing
 import TetherProtocol
 import TetherServer
+import TetherTestingServer
 
 @Suite(.serialized) struct AccessTests {
     static let keyset = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
@@ -120,7 +121,7 @@ import TetherServer
         let cursor = try await server.object("/v2/subscribe/sub-s/room/0?tt=0&uuid=alice&auth=\(auth)")
         let tt = (cursor["t"] as? [String: Any])?["t"] as? String ?? "0"
         async let waiting = server.get("/v2/subscribe/sub-s/room/0?tt=\(tt)&tr=1&uuid=alice&auth=\(auth)")
-        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        #expect(await server.longPollsWaiting(1))
         let revokePath = "/v3/pam/sub-s/grant/\(PercentCoding.encode(token))"
         let revoked = try await server.send(signed(revokePath, ["uuid": "admin"], method: "DELETE"), method: .DELETE, body: nil)
         #expect(revoked.status == 200, "\(revoked.body)")
@@ -195,17 +196,10 @@ import TetherServer
     @Test func servesHTTPSWithTheConfiguredCertificate() async throws {
         let certificates = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().appendingPathComponent("Sources/TetherTesting/Certificates")
-        var logger = Logger(label: "tls-test")
-        logger.logLevel = .warning
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-tls-\(UUID().uuidString)").path
-        let server = try TetherServer(configuration: .init(port: 0, dataDirectory: directory,
-                                                           tls: (certificates.appendingPathComponent("server.pem").path,
-                                                                 certificates.appendingPathComponent("server-key.pem").path)),
-                                      logger: logger)
-        let (urls, continuation) = AsyncStream.makeStream(of: String.self)
-        let task = Task { try await server.run(handleSignals: false) { continuation.yield($0) } }
-        var iterator = urls.makeAsyncIterator()
-        let url = try #require(await iterator.next())
+        let server = try await InProcessServer.start(file: ConfigurationFile(),
+                                                     tls: (certificates.appendingPathComponent("server.pem").path,
+                                                           certificates.appendingPathComponent("server-key.pem").path))
+        let url = server.baseURL
         #expect(url.hasPrefix("https://"))
 
         var trusting = TLSConfiguration.makeClientConfiguration()
@@ -220,7 +214,6 @@ import TetherServer
             _ = try await untrusting.execute(HTTPClientRequest(url: url + "/time/0"), timeout: .seconds(10))
         }
         try await untrusting.shutdown()
-        await server.shutdown()
-        _ = await task.result
+        await server.stop()
     }
 }

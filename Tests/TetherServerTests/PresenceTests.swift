@@ -140,7 +140,7 @@ import TetherServer
         let handshake = try await server.object("/v2/subscribe/demo/,/0?channel-group=news&tt=0&uuid=reader")
         let cursor = Timetoken(parsing: (handshake["t"] as? [String: Any])?["t"] as? String ?? "")!
         async let waiting = server.get("/v2/subscribe/demo/,/0?channel-group=news&tt=\(cursor.rawValue)&tr=1&uuid=reader")
-        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        #expect(await server.longPollsWaiting(1))
         #expect(try await server.get("\(base)/news?add=politics&uuid=x").status == 200)
         let tt = try await server.publish("politics", #""vote""#)
         let (status, body, _) = try await waiting

@@ -7,6 +7,7 @@ import Synchronization
 import Testing
 import TetherProtocol
 @testable import TetherServer
+import TetherTesting
 
 /// The store keeps its promise: durability as documented, clear failures, bounded waits, and
 /// realtime traffic that needs no storage unaffected by a store in trouble.
@@ -138,6 +139,8 @@ import TetherProtocol
         let messages = try #require((history["channels"] as? [String: Any])?["full"] as? [[String: Any]])
         #expect(messages.count == 2)  // the first and the last; the refused one is not stored
         #expect(messages.last?["timetoken"] as? String == String(stored.rawValue))
+        // Polled: /health answers from the store's last outcome while it is under a second old,
+        // then from a fresh probe; nothing announces the turn.
         #expect(await eventually { (try? await server.get("/health").status) == 200 })
         await server.stop()
     }
@@ -161,7 +164,7 @@ import TetherProtocol
         }
         let cursor = try await server.handshake("late,other")
         async let page = server.subscribe("late,other", tt: cursor, timeout: .seconds(20))
-        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        #expect(await server.longPollsWaiting(1))
         let answer = try await server.get("/publish/demo/demo/0/late/0/%22slow%22?uuid=tester")
         #expect(answer.status == 504)
         #expect(answer.body.contains("may be stored"))
@@ -193,7 +196,7 @@ import TetherProtocol
         let cursor = try await server.handshake("a,b")
         async let stalled = server.get("/publish/demo/demo/0/a/0/%22lost%22?uuid=tester")
         async let page = server.subscribe("a,b", tt: cursor, timeout: .seconds(8))
-        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        #expect(await server.longPollsWaiting(1))
         // A store=0 publish on another channel is acknowledged at once and delivered once the
         // stalled write's reservation is released at its timeout (not when the lock frees).
         #expect(try await server.get("/publish/demo/demo/0/b/0/%22free%22?uuid=tester&store=0").status == 200)
@@ -223,6 +226,8 @@ import TetherProtocol
 
         // The lock frees: stored publishes succeed again; the timed-out one was never written.
         try await blocker.writeWithoutTransaction { try $0.execute(sql: "ROLLBACK") }
+        // Polled: the store can write again once the other connection's rollback releases
+        // SQLite's write lock, which nothing announces; publishes until then are refused.
         #expect(await eventually { (try? await server.get("/publish/demo/demo/0/a/0/%22after%22?uuid=tester").status) == 200 })
         let history = try await server.object("/v3/history/sub-key/demo/channel/a?max=25")
         let texts = ((history["channels"] as? [String: Any])?["a"] as? [[String: Any]])?.map { "\($0["message"] ?? "")" }

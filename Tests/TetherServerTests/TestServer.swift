@@ -4,6 +4,7 @@ import NIOCore
 import NIOHTTP1
 import TetherProtocol
 import TetherServer
+import TetherTesting
 import TetherTestingServer
 
 /// A real Tether server on a loopback port with its own SQLite file (TetherTestingServer's
@@ -13,6 +14,13 @@ struct TestServer {
     var server: TetherServer { inProcess.server }
     var baseURL: String { inProcess.baseURL }
     var directory: String { inProcess.directory }
+
+    /// Awaits the moment exactly `count` long-polls are parked in the hub (for at most `seconds`);
+    /// `false` when they never are.
+    func longPollsWaiting(_ count: Int, within seconds: Double = 10) async -> Bool {
+        let hub = server.state.hub
+        return await finishes(within: seconds) { await hub.waitUntilWaiting(count) }
+    }
 
     static func start<C: Clock>(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
                                 clock: C = ContinuousClock()) async throws -> TestServer where C.Duration == Duration {
@@ -94,12 +102,3 @@ extension Dictionary where Key == String, Value == Any {
     var publishTimetoken: String? { (self["p"] as? [String: Any])?["t"] as? String }
 }
 
-/// Polls `condition` until it holds or `seconds` pass (no fixed sleeps deciding outcomes).
-func eventually(within seconds: Double = 10, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1000))
-    while ContinuousClock.now < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return try await condition()
-}

@@ -215,9 +215,9 @@ struct FaultProxyTests {
         await clock.advance(by: .seconds(1))
         #expect(proxy.fault == .pass)
         await clock.advance(by: .seconds(1))
-        #expect(await eventually { proxy.fault == .blackhole })
+        #expect(await finishes { await proxy.waitUntilFault(.blackhole) })
         await clock.advance(by: .seconds(30))
-        #expect(await eventually { proxy.fault == .pass })
+        #expect(await finishes { await proxy.waitUntilFault(.pass) })
         await clock.advance(by: .seconds(5))
         await schedule.finished()
         #expect(proxy.fault == .latency(base: .milliseconds(50)))
@@ -365,6 +365,10 @@ private final class RawConnection: Sendable {
     private struct State {
         var received: [UInt8] = []
         var ended: String?
+        /// Tasks awaiting a count of bytes or the end, checked on each arrival.
+        var arrivals = ConditionWatchers<(received: Int, ended: Bool)>()
+
+        var progress: (received: Int, ended: Bool) { (received.count, ended != nil) }
     }
 
     private let state: Mutex<State>
@@ -395,22 +399,48 @@ private final class RawConnection: Sendable {
 
     /// Waits until at least `count` bytes have arrived in total; returns them all.
     func receive(atLeast count: Int, within seconds: Double = 5) async throws -> [UInt8] {
-        let ok = await eventually(within: seconds) { received.count >= count }
+        let ok = await finishes(within: seconds) { await self.waitUntil { $0.received >= count } }
         try #require(ok, "received \(received.count) of \(count) bytes")
         return received
     }
 
     /// Waits until the connection ends: `"eof"` for a clean close, otherwise the error.
     func waitUntilClosed(within seconds: Double = 5) async throws -> String {
-        let ok = await eventually(within: seconds) { state.withLock { $0.ended } != nil }
+        let ok = await finishes(within: seconds) { await self.waitUntil { $0.ended } }
         try #require(ok, "the connection did not end")
         return state.withLock { $0.ended } ?? ""
     }
 
     func close() async { try? await channel.close() }
 
-    fileprivate func record(_ bytes: ByteBuffer) { state.withLock { $0.received.append(contentsOf: bytes.readableBytesView) } }
-    fileprivate func end(_ how: String) { state.withLock { if $0.ended == nil { $0.ended = how } } }
+    /// Returns once what has arrived meets `condition` (at once if it does), or when the calling
+    /// task is cancelled: each arrival re-checks it.
+    private func waitUntil(_ condition: @escaping @Sendable ((received: Int, ended: Bool)) -> Bool) async {
+        await ConditionWatchers.wait(until: condition) { body in
+            state.withLock { state in
+                let progress = state.progress
+                return body(&state.arrivals, progress)
+            }
+        }
+    }
+
+    fileprivate func record(_ bytes: ByteBuffer) {
+        let met = state.withLock { state in
+            state.received.append(contentsOf: bytes.readableBytesView)
+            let progress = state.progress
+            return state.arrivals.satisfied(by: progress)
+        }
+        for waiter in met { waiter.resume() }
+    }
+
+    fileprivate func end(_ how: String) {
+        let met = state.withLock { state in
+            if state.ended == nil { state.ended = how }
+            let progress = state.progress
+            return state.arrivals.satisfied(by: progress)
+        }
+        for waiter in met { waiter.resume() }
+    }
 
     private final class Recorder: ChannelInboundHandler, Sendable {
         typealias InboundIn = ByteBuffer

@@ -40,40 +40,54 @@ struct LifecycleTests {
         }
     }
 
+    /// A client of ``holdingServer()`` that has made one call and subscribed to `a`, with its
+    /// first long-poll hanging on the server; the iterators were made before anything was sent.
+    struct HangingLongPoll {
+        let client: TetherClient
+        let observed: ObservedTransport
+        var events: AsyncStream<ObservedTransport.Event>.Iterator
+        var statuses: AsyncStream<Status>.Iterator
+        let poll: TransportRequest
+
+        init(on server: ScriptedServer) async throws {
+            (client, observed, _) = try makeObservedClient(origin: server.origin)
+            events = observed.events.makeAsyncIterator()
+            statuses = client.statuses().makeAsyncIterator()
+            _ = try await client.time()
+            client.subscribe(to: ["a"])
+            #expect(await statuses.next()?.category == .connected)
+            poll = try #require(await events.nextLongPollSent())
+        }
+
+        /// Expects the hanging long-poll to end cancelled.
+        mutating func expectPollCancelled() async {
+            let outcome = await events.outcome(of: poll)
+            #expect(outcome.map { if case .failure(.cancelled) = $0 { true } else { false } } == true, "\(String(describing: outcome))")
+        }
+    }
+
     @Test func longPollRunsOnItsOwnConnection() async throws {
         let server = try await Self.holdingServer()
-        let (client, observed, _) = try makeObservedClient(origin: server.origin)
-        var events = observed.events.makeAsyncIterator()
-        var statuses = client.statuses().makeAsyncIterator()
-        _ = try await client.time()
-        client.subscribe(to: ["a"])
-        #expect(await statuses.next()?.category == .connected)
-        let poll = try #require(await events.nextLongPollSent())
+        var hanging = try await HangingLongPoll(on: server)
+        let client = hanging.client
         for _ in 0..<3 { _ = try await client.time() }
         #expect(server.connectionsAccepted == 2)
         client.disconnect()
-        let outcome = await events.outcome(of: poll)
-        #expect(outcome.map { if case .failure(.cancelled) = $0 { true } else { false } } == true, "\(String(describing: outcome))")
-        #expect(await statuses.next()?.category == .disconnected)
+        await hanging.expectPollCancelled()
+        #expect(await hanging.statuses.next()?.category == .disconnected)
         await client.shutdown()
         try await server.stop()
     }
 
     @Test func shutdownClosesEveryConnectionAndStopsTheTransport() async throws {
         let server = try await Self.holdingServer()
-        let (client, observed, _) = try makeObservedClient(origin: server.origin)
-        var events = observed.events.makeAsyncIterator()
-        var statuses = client.statuses().makeAsyncIterator()
-        _ = try await client.time()
-        client.subscribe(to: ["a"])
-        #expect(await statuses.next()?.category == .connected)
-        let poll = try #require(await events.nextLongPollSent())
+        var hanging = try await HangingLongPoll(on: server)
+        let (client, observed) = (hanging.client, hanging.observed)
         #expect(server.openConnections == 2)
         await client.shutdown()
-        let outcome = await events.outcome(of: poll)
-        #expect(outcome.map { if case .failure(.cancelled) = $0 { true } else { false } } == true, "\(String(describing: outcome))")
-        // The server's side of the sockets closes when the FIN arrives: another party's state, polled.
-        #expect(await eventually { server.openConnections == 0 })
+        await hanging.expectPollCancelled()
+        // The server's side of the sockets closes when the FIN arrives.
+        #expect(await finishes { await server.waitUntilOpenConnections(0) })
         #expect((observed.base as? HTTPClientTransport)?.isRunning == false)
         let after = await failure { try await client.time() }
         #expect(after?.category == .cancelled)
@@ -86,7 +100,7 @@ struct LifecycleTests {
             let client = try makeClient(origin: server.origin)
             _ = try await client.time()
         }
-        #expect(await eventually { server.openConnections == 0 })
+        #expect(await finishes { await server.waitUntilOpenConnections(0) })
         try await server.stop()
     }
 }

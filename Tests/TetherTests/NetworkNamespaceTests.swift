@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+import TetherTesting
 
 /// Issue 6 point 8, for real: a network namespace of its own, whose loopback link is taken down
 /// and up while `tether subscribe` (the SDK's engine with the rtnetlink monitor) is connected to a
@@ -89,6 +90,7 @@ struct NetworkNamespaceTests {
         defer { holder.terminate() }
         let pid = String(holder.processIdentifier)
         func inside(_ arguments: [String]) -> [String] { ["-t", pid, "-n"] + arguments }
+        // Polled: the namespace belongs to another process (`unshare`), which announces nothing.
         #expect(await eventually { (try? Self.run("/usr/bin/nsenter", inside([ip, "link", "show", "lo", "up"]))) == 0 })
 
         let directory = fm.temporaryDirectory.appendingPathComponent("tether-netns-\(UUID().uuidString)").path
@@ -97,6 +99,7 @@ struct NetworkNamespaceTests {
         let server = try Self.launch("/usr/bin/nsenter", inside([tether, "serve", "--port", port, "--data-dir", directory]))
         defer { server.terminate() }
         let origin = ["--origin", "127.0.0.1:\(port)"]
+        // Polled: the server is a child process in the namespace; it is ready when it answers.
         #expect(await eventually { (try? Self.run("/usr/bin/nsenter", inside([tether, "time"] + origin))) == 0 })
 
         let output = Output()

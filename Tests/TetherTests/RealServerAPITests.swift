@@ -19,6 +19,14 @@ struct RealServerAPITests {
         return try TetherClient(configuration: configuration)
     }
 
+    /// A server whose only keyset, `sub-s`/`pub-s`, has a secret key, and a client holding it.
+    private func secureServerWithAdmin() async throws -> (InProcessServer, TetherClient) {
+        let secure = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
+        let server = try await InProcessServer.start(file: ConfigurationFile(keysets: [secure], subscribeTimeoutSeconds: 30))
+        let admin = try client(server, userId: "admin", subscribeKey: "sub-s", publishKey: "pub-s", secretKey: "s3cret")
+        return (server, admin)
+    }
+
     @Test func presenceRoundTrips() async throws {
         let server = try await InProcessServer.start()
         let alice = try client(server, userId: "alice")
@@ -52,9 +60,7 @@ struct RealServerAPITests {
     }
 
     @Test func tokensGrantedByAnAdminClientAllowAndRevokeForReal() async throws {
-        let secure = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
-        let server = try await InProcessServer.start(file: ConfigurationFile(keysets: [secure], subscribeTimeoutSeconds: 30))
-        let admin = try client(server, userId: "admin", subscribeKey: "sub-s", publishKey: "pub-s", secretKey: "s3cret")
+        let (server, admin) = try await secureServerWithAdmin()
         let user = try client(server, userId: "bob", subscribeKey: "sub-s", publishKey: "pub-s")
         let token = try await admin.grantToken(TokenGrant(ttlMinutes: 5, authorizedUserId: "bob", channels: ["room": [.read, .write]]))
         user.setToken(token)
@@ -79,9 +85,7 @@ struct RealServerAPITests {
     }
 
     @Test func authKeyGrantsAllowAndRevokeForReal() async throws {
-        let secure = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
-        let server = try await InProcessServer.start(file: ConfigurationFile(keysets: [secure], subscribeTimeoutSeconds: 30))
-        let admin = try client(server, userId: "admin", subscribeKey: "sub-s", publishKey: "pub-s", secretKey: "s3cret")
+        let (server, admin) = try await secureServerWithAdmin()
         var configuration = try TetherConfiguration(subscribeKey: "sub-s", publishKey: "pub-s", userId: "carol", authKey: "k-carol",
                                                     origin: server.origin, useTLS: false)
         configuration.nonSubscribeTimeout = .seconds(10)

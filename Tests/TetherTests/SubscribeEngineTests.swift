@@ -7,11 +7,12 @@ import TetherServer
 import TetherTesting
 import TetherTestingServer
 
-/// A Tether server that can be stopped and started again on the same port and data directory.
+/// A Tether server that can be stopped and started again on the same port and data directory:
+/// TetherTestingServer's ``InProcessServer`` restarted where its clients expect it.
 final class RestartableServer: Sendable {
     let directory: String
     let file: ConfigurationFile
-    private let state = Mutex<(port: Int, task: Task<Void, any Error>?, server: TetherServer?)>((0, nil, nil))
+    private let state = Mutex<(port: Int, server: InProcessServer?)>((0, nil))
 
     init(file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 5)) {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-engine-\(UUID().uuidString)").path
@@ -21,27 +22,13 @@ final class RestartableServer: Sendable {
     var origin: String { "127.0.0.1:\(state.withLock { $0.port })" }
 
     func start() async throws {
-        var logger = Logger(label: "tether.test.server")
-        logger.logLevel = .critical
         let port = state.withLock { $0.port }
-        let server = try TetherServer(configuration: ServerConfiguration(host: "127.0.0.1", port: port, dataDirectory: directory, file: file),
-                                      logger: logger)
-        let (urls, continuation) = AsyncStream.makeStream(of: String.self)
-        let task = Task {
-            defer { continuation.finish() }
-            try await server.run(handleSignals: false) { url in continuation.yield(url) }
-        }
-        var iterator = urls.makeAsyncIterator()
-        guard let url = await iterator.next(), let bound = Int(url.split(separator: ":").last ?? "") else {
-            throw InProcessServerError.didNotStart
-        }
-        state.withLock { $0 = (bound, task, server) }
+        let server = try await InProcessServer.start(port: port, file: file, directory: directory, logLevel: .critical)
+        state.withLock { $0 = (server.port, server) }
     }
 
     func stop() async {
-        let (task, server) = state.withLock { ($0.task, $0.server) }
-        await server?.shutdown()
-        _ = await task?.result
+        await state.withLock { $0.server }?.stop(removingData: false)
     }
 
     func remove() { try? FileManager.default.removeItem(atPath: directory) }

@@ -28,17 +28,5 @@ func failure<T>(_ body: () async throws -> T) async -> Status? {
     }
 }
 
-/// Polls `condition` until it holds or `seconds` pass — only for state another party owns and
-/// announces to nobody (a loopback server's socket count, a child process's readiness). The
-/// client's own progress is awaited directly: its status, connection and message streams, an
-/// ``ObservedTransport``'s events, a ``ManualClock``'s sleepers.
-func eventually(within seconds: Double = 10, _ condition: () async throws -> Bool) async rethrows -> Bool {
-    let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1000))
-    while ContinuousClock.now < deadline {
-        if try await condition() { return true }
-        try? await Task.sleep(for: .milliseconds(20))
-    }
-    return try await condition()
-}
 
 func unique(_ prefix: String = "ch") -> String { "\(prefix)-\(UUID().uuidString.prefix(8))" }

@@ -115,6 +115,17 @@ extension TetherResponder {
         w.string(keyset.subscribeKey)
         w.raw(",\"ttl\":")
         w.number(ttl)
+        // `"auths":{"<auth key>":<permissions>,…}` for the rows that name an auth key.
+        func auths(_ rows: [Grant]) {
+            w.raw("\"auths\":{")
+            for (j, row) in rows.filter({ $0.authKey != nil }).enumerated() {
+                if j > 0 { w.raw(",") }
+                w.string(row.authKey!)
+                w.raw(":")
+                perms(&w, row.permissions)
+            }
+            w.raw("}")
+        }
         func section(_ name: String, _ entries: [String: [Grant]]) {
             guard !entries.isEmpty else { return }
             w.raw(",")
@@ -128,14 +139,9 @@ extension TetherResponder {
                 if rows.allSatisfy({ $0.authKey == nil }) {
                     perms(&w, rows.reduce(into: Permissions()) { $0.formUnion($1.permissions) })
                 } else {
-                    w.raw("{\"auths\":{")
-                    for (j, row) in rows.filter({ $0.authKey != nil }).enumerated() {
-                        if j > 0 { w.raw(",") }
-                        w.string(row.authKey!)
-                        w.raw(":")
-                        perms(&w, row.permissions)
-                    }
-                    w.raw("}}")
+                    w.raw("{")
+                    auths(rows)
+                    w.raw("}")
                 }
             }
             w.raw("}")
@@ -153,14 +159,8 @@ extension TetherResponder {
                     w.number(p.contains(bit) ? 1 : 0)
                 }
             } else {
-                w.raw(",\"auths\":{")
-                for (j, row) in keysetGrants.filter({ $0.authKey != nil }).enumerated() {
-                    if j > 0 { w.raw(",") }
-                    w.string(row.authKey!)
-                    w.raw(":")
-                    perms(&w, row.permissions)
-                }
-                w.raw("}")
+                w.raw(",")
+                auths(keysetGrants)
             }
         }
         w.raw("},\"service\":\"Access Manager\",\"status\":200}")
