@@ -35,9 +35,9 @@ struct OutboxCommand: AsyncParsableCommand {
         commandName: "outbox",
         abstract: "List or send what a durable outbox journal (tether publish --outbox) holds.",
         discussion: """
-            A `tether publish --outbox FILE` that was interrupted (killed, or the server was \\
-            unreachable) leaves its message in FILE. `list` shows what FILE holds without sending \\
-            anything; `flush` sends it, each message with its original request id, so a server that \\
+            A `tether publish --outbox FILE` that was interrupted (killed, or the server was \
+            unreachable) leaves its message in FILE. `list` shows what FILE holds without sending \
+            anything; `flush` sends it, each message with its original request id, so a server that \
             deduplicates stores it once even if an earlier attempt reached it.
             """,
         subcommands: [OutboxList.self, OutboxFlush.self])
@@ -49,7 +49,7 @@ struct OutboxList: ParsableCommand {
         commandName: "list",
         abstract: "Print the messages a durable outbox journal holds, without sending them.",
         discussion: """
-            One line per message: its id, state (pending or failed with its category), kind, \\
+            One line per message: its id, state (pending or failed with its category), kind, \
             channel, request id and payload as sent; then a count.
 
               tether outbox list --outbox /tmp/outbox.journal
@@ -89,10 +89,10 @@ struct OutboxFlush: AsyncParsableCommand {
         commandName: "flush",
         abstract: "Send every message a durable outbox journal holds, then exit with a summary.",
         discussion: """
-            Sends the pending messages, and resends the failed ones, in order per channel, each \\
-            with its original request id and retried as --retries says. Prints one line per \\
-            message (`sent timetoken=... request-id=...`, or `failed ...` with the reason) and \\
-            `flushed N message(s): S sent, F failed`; exits 1 when any failed (they stay in the \\
+            Sends the pending messages, and resends the failed ones, in order per channel, each \
+            with its original request id and retried as --retries says. Prints one line per \
+            message (`sent timetoken=... request-id=...`, or `failed ...` with the reason) and \
+            `flushed N message(s): S sent, F failed`; exits 1 when any failed (they stay in the \
             journal, failed, for the next flush).
 
               tether outbox flush --outbox /tmp/outbox.journal
