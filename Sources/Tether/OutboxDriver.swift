@@ -170,6 +170,7 @@ actor OutboxDriver {
         let outcome = await wait(for: id)
         if !Task.isCancelled, case .failure = outcome, case .failed? = machine.entry(id)?.state {
             _ = try? cancel(id)
+            settled[id] = outcome  // a late `result(of:)` sees the failure, not the removal
         }
         return try outcome.get()
     }
