@@ -183,6 +183,39 @@ struct OutboxStepTests {
         await client.shutdown()
     }
 
+    @Test func aSendThatReachesTheServerEndsTheOtherChannelsBackOff() async throws {
+        let (client, transport, clock) = try makeOutboxClient()
+        let a = try await client.outbox.enqueue(channel: "a", message: "x")
+        let b = try await client.outbox.enqueue(channel: "b", message: "y")
+        let first = try #require(await transport.next(path: "/publish/demo/demo/0/a"))
+        let other = try #require(await transport.next(path: "/publish/demo/demo/0/b"))
+        first.fail(.connectionRefused)
+        await clock.waitForSleeper(until: clock.now.advanced(by: .seconds(2)))   // a backs off 2 s
+        other.respond(json: #"[1,"Sent","17000000000000060"]"#)                  // …but b got through
+        // The outage a was waiting out is over: it goes again at once, without the clock moving.
+        let again = try #require(await transport.next(path: "/publish/demo/demo/0/a"))
+        #expect(again.query["requestid"] == a.requestId)
+        #expect(clock.now == ManualClock.Instant(offset: .zero))
+        again.respond(json: #"[1,"Sent","17000000000000061"]"#)
+        _ = try await client.outbox.result(of: a.id)
+        _ = try await client.outbox.result(of: b.id)
+        await client.shutdown()
+    }
+
+    @Test func aProxyErrorPageForA5xxIsRetried() async throws {
+        let (client, transport, clock) = try makeOutboxClient()
+        let publish = Task { try await client.publish(channel: "a", message: "x") }
+        let first = try #require(await transport.next(path: "/publish"))
+        first.respond(TransportResponse(statusCode: 502, headers: ["content-type": "text/html"],
+                                        body: Array("<html><body>Bad Gateway</body></html>".utf8)))
+        await clock.advanceToSleeper(after: .seconds(2))
+        let second = try #require(await transport.next(path: "/publish"))
+        #expect(second.query["requestid"] == first.query["requestid"])
+        second.respond(json: #"[1,"Sent","17000000000000062"]"#)
+        _ = try await publish.value
+        await client.shutdown()
+    }
+
     // MARK: Bounds, cancel, resend, changes
 
     @Test func aFullOutboxRefusesAndNothingAcceptedIsDropped() async throws {
