@@ -165,8 +165,13 @@ public struct TetherServer: Sendable {
             // The same port serves REST and upgrades `GET /v2/ws` to a WebSocket session.
             let endpoint = WebSocketEndpoint(sessions: webSockets, responder: TetherResponder(state: state),
                                              maxFrameBytes: WebSocketEndpoint.maxFrameBytes(keysets: state.keysets))
-            http1 = .http1WebSocketUpgrade(configuration: endpoint.configuration(http1: http1Configuration),
-                                           shouldUpgrade: endpoint.shouldUpgrade)
+            let upgradeConfiguration = endpoint.configuration(http1: http1Configuration)
+            let idleTimeout = configuration.subscribeTimeout + .seconds(30)
+            http1 = HTTPServerBuilder { responder in
+                TetherUpgradeChannel(inner: HTTP1WebSocketUpgradeChannel(responder: responder, configuration: upgradeConfiguration,
+                                                                         shouldUpgrade: endpoint.shouldUpgrade),
+                                     idleTimeout: idleTimeout)
+            }
         } else {
             http1 = .http1(configuration: http1Configuration)
         }

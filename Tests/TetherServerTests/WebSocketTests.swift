@@ -338,6 +338,92 @@ import TetherTestingServer
         await client.close()
     }
 
+    @Test func accessIsCheckedAtSubscribeAndPublishAndARevokedGrantEndsOnlyItsChannels() async throws {
+        let keyset = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
+        let server = try await Self.start(file: .init(keysets: [keyset], subscribeTimeoutSeconds: 30))
+        let rest = TestServer(inProcess: server)
+        for channel in ["open", "also"] {
+            let grant = try await rest.get(signedPath("/v2/auth/grant/sub-key/sub-s",
+                                                      ["channel": channel, "auth": "ak", "r": "1", "w": "1", "ttl": "5", "uuid": "admin"],
+                                                      keyset: keyset))
+            #expect(grant.status == 200, "\(grant.body)")
+        }
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(.object(["type": "hello", "v": 1, "subscribeKey": "sub-s", "publishKey": "pub-s", "uuid": "u", "auth": "ak"]))
+        #expect(await client.frame()?.type == "welcome")
+        client.send(Self.subscribe(["open", "also", "closed"]))
+        let subscribed = try #require(await client.frame())
+        #expect(subscribed["channels"] == ["open", "also"])
+        let denied = try #require(await client.frame())
+        #expect(denied["notice"] == "accessDenied")
+        #expect(denied["channels"] == ["closed"])
+        client.send(.object(["type": "publish", "requestId": "w1", "channel": "closed", "message": 1]))
+        #expect(await client.frame(ofType: "ack")?["error"]?["status"] == 403)
+        client.send(.object(["type": "publish", "requestId": "w2", "channel": "open", "message": 2]))
+        #expect(await client.frame(ofType: "ack")?["timetoken"] != nil)
+        #expect(await Self.envelopes(client, count: 1).count == 1)
+        // Revoking read on one channel ends that channel only.
+        let revoke = try await rest.get(signedPath("/v2/auth/grant/sub-key/sub-s",
+                                                   ["channel": "open", "auth": "ak", "r": "0", "w": "0", "ttl": "5", "uuid": "admin"],
+                                                   keyset: keyset))
+        #expect(revoke.status == 200)
+        let ended = try #require(await client.frame(ofType: "notice"))
+        #expect(ended["notice"] == "accessDenied")
+        #expect(ended["channels"] == ["open"])
+        let published = try await rest.get(signedPath("/publish/pub-s/sub-s/0/also/0/3", ["uuid": "admin"], keyset: keyset))
+        #expect(published.status == 200, "\(published.body)")
+        #expect(await Self.envelopes(client, count: 1).map(\.payload) == ["3"])
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func aCursorMovesBetweenLongPollAndWebSocketWithNoLossAndNoDuplicate() async throws {
+        let server = try await Self.start()
+        let rest = TestServer(inProcess: server)
+        var published: [String] = []
+        // Long-poll first.
+        let start = try await rest.handshake("move")
+        for i in 0..<3 { published.append(String(try await rest.publish("move", "\(i)").rawValue)) }
+        let (longPollCursor, first, _) = try await rest.subscribe("move", tt: start)
+        #expect(first.compactMap { ($0["p"] as? [String: Any])?["t"] as? String } == Array(published[0..<3]))
+        for i in 3..<6 { published.append(String(try await rest.publish("move", "\(i)").rawValue)) }
+        // Then the WebSocket from the long-poll's cursor.
+        let (client, _, _) = try await Self.session(server, channels: ["move"], cursor: String(longPollCursor.rawValue))
+        let second = await Self.envelopes(client, count: 3)
+        #expect(second.map(\.tt) == Array(published[3..<6]))
+        await client.close()
+        for i in 6..<8 { published.append(String(try await rest.publish("move", "\(i)").rawValue)) }
+        // And back to long-poll from the session's cursor.
+        let (_, third, _) = try await rest.subscribe("move", tt: try #require(Timetoken(parsing: second.last?.cursor ?? "")))
+        #expect(third.compactMap { ($0["p"] as? [String: Any])?["t"] as? String } == Array(published[6..<8]))
+        await server.stop()
+    }
+
+    @Test func aPublishFloodGetsRateLimitedAcks() async throws {
+        var limits = Limits()
+        limits.publishRatePerSecond = 1
+        limits.publishBurst = 2
+        let keyset = Keyset(name: "tight", publishKey: "pub-t", subscribeKey: "sub-t", limits: limits)
+        let server = try await Self.start(file: .init(keysets: [keyset], subscribeTimeoutSeconds: 30))
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(.object(["type": "hello", "v": 1, "subscribeKey": "sub-t", "publishKey": "pub-t", "uuid": "flooder"]))
+        #expect(await client.frame()?.type == "welcome")
+        for i in 0..<4 { client.send(.object(["type": "publish", "requestId": .string("r\(i)"), "channel": "c", "message": 1])) }
+        var statuses: [String: Int] = [:]
+        var notices = 0
+        while statuses.count < 4, let frame = await client.frame() {
+            if frame.type == "ack", let id = frame["requestId"]?.stringValue {
+                statuses[id] = frame["timetoken"] != nil ? 200 : Int(frame["error"]?["status"]?.numberValue?.exactInteger ?? 0)
+            }
+            if frame["notice"] == "rateLimited" { notices += 1 }
+        }
+        #expect(statuses == ["r0": 200, "r1": 200, "r2": 429, "r3": 429])
+        #expect(notices >= 1)
+        #expect(server.server.webSocketCounts.connections == 1)  // limited, not disconnected
+        await client.close()
+        await server.stop()
+    }
+
     @Test func overloadRefusesTheUpgradeWith503() async throws {
         let server = try await Self.start(webSocket: .init(maxConnections: 1))
         let first = WebSocketTestClient(baseURL: server.baseURL)

@@ -79,3 +79,81 @@ struct WebSocketSessionsService: Service {
         }
     }
 }
+
+/// The HTTP/1 child channel of a server with the WebSocket endpoint: Hummingbird's upgrade
+/// channel, plus what its pre-upgrade pipeline lacks compared with the plain HTTP/1 channel —
+/// a first request the HTTP parser rejects gets the protocol's JSON 400 and the connection
+/// closes (instead of hanging), and a connection that sends nothing is closed after the idle
+/// timeout.
+struct TetherUpgradeChannel: ServerChildChannel {
+    typealias Value = HTTP1WebSocketUpgradeChannel.Value
+    let inner: HTTP1WebSocketUpgradeChannel
+    let idleTimeout: TimeAmount
+
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
+        inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
+            try channel.pipeline.syncOperations.addHandler(FirstRequestGuard(idleTimeout: idleTimeout))
+            return value
+        }
+    }
+
+    func handle(value: Value, logger: Logger) async {
+        // The library logs every connection whose upgrade negotiation fails (a failed TLS
+        // handshake, a peer gone before its first request) at `error`; none of them is the
+        // operator's to act on, so its logger only speaks at `critical`. Tether's own handlers
+        // log through the server's logger.
+        var quiet = logger
+        quiet.logLevel = max(logger.logLevel, .critical)
+        await inner.handle(value: value, logger: quiet)
+    }
+}
+
+/// Guards a connection until its first request is decided (upgraded or not): answers an HTTP
+/// parser error with the JSON 400 `ParserErrorResponder` gives later requests, and closes a
+/// connection that sends nothing within the idle timeout. Removes itself at the first read that
+/// reaches it (the upgrade decision is made by then; later requests have the HTTP/1 handlers).
+final class FirstRequestGuard: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = Never
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let idleTimeout: TimeAmount
+    private var idleTimer: Scheduled<Void>?
+    private var answered = false
+
+    init(idleTimeout: TimeAmount) { self.idleTimeout = idleTimeout }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        idleTimer = context.eventLoop.scheduleTask(in: idleTimeout) { loopBound.value.close(promise: nil) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        idleTimer?.cancel()
+        idleTimer = nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        idleTimer?.cancel()
+        idleTimer = nil
+        context.fireChannelRead(data)
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        guard error is HTTPParserError else {
+            context.fireErrorCaught(error)
+            return
+        }
+        guard !answered else { return }
+        answered = true
+        let body = ErrorBody.service(status: 400, service: "Balancer", message: "Could Not Parse Request")
+        var head = HTTPResponseHead(version: .http1_1, status: .badRequest)
+        head.headers.add(name: "Content-Type", value: "text/javascript; charset=\"UTF-8\"")
+        head.headers.add(name: "Content-Length", value: String(body.count))
+        head.headers.add(name: "Connection", value: "close")
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        context.close(promise: nil)
+    }
+}
