@@ -130,6 +130,29 @@ import TetherTestingServer
         await server.stop()
     }
 
+    @Test func aResumeTakesTheSessionOverAndAForeignTokenIsUnknown() async throws {
+        let server = try await Self.start()
+        let (first, welcome, _) = try await Self.session(server)
+        let token = try #require(welcome["resumeToken"]?.stringValue)
+        // Another uuid with alice's token: not alice's session; hers is untouched.
+        let mallory = WebSocketTestClient(baseURL: server.baseURL)
+        mallory.send(Self.hello("mallory", resume: (token, nil)))
+        #expect(await mallory.frame()?["notice"] == "sessionExpired")
+        #expect(await mallory.frame()?["resumed"] == .bool(false))
+        #expect(server.server.webSocketCounts.connections == 2)
+        // Alice on a second socket while the first is open: the first is closed with 4409.
+        let second = WebSocketTestClient(baseURL: server.baseURL)
+        second.send(Self.hello(resume: (token, nil)))
+        #expect(await second.frame()?["resumed"] == .bool(true))
+        #expect(await first.closeCode() == 4409)
+        let timetoken = try await TestServer(inProcess: server).publish("chat", "1")
+        #expect(await Self.envelopes(second, count: 1).map(\.tt) == [String(timetoken.rawValue)])
+        await mallory.close()
+        await second.close()
+        await first.close()
+        await server.stop()
+    }
+
     @Test func resumeAfterTheWindowSaysExpiredAndCatchUpWorksFromTheCursor() async throws {
         let clock = ManualClock()
         let server = try await Self.start(clock: clock)

@@ -198,8 +198,12 @@ final class WebSocketConnection: Sendable {
         }
         let current = state.hub.currentCursor
         if let token = hello.resumeToken {
-            switch sessions.resume(id, token: token) {
-            case .resumed(let session, let kept, _) where kept.keyset.subscribeKey == keyset.subscribeKey && kept.uuid == hello.uuid:
+            // A token is a bearer secret, but a session is only resumed by its own uuid on its keyset.
+            let result = sessions.resume(id, token: token) { kept in
+                kept.keyset.subscribeKey == keyset.subscribeKey && kept.uuid == hello.uuid
+            }
+            switch result {
+            case .resumed(let session, let kept, _):
                 locked.withLock { $0.session = session }
                 let resumed = sessions.update(session) { s in
                     if let cursor = hello.resumeCursor, s.hasSubscribed { s.cursor = min(cursor, current) }
@@ -209,11 +213,6 @@ final class WebSocketConnection: Sendable {
                 send(welcome(session: session, token: token, resumed: true, state: resumed, cursor: current))
                 if resumed.hasSubscribed { changeContinuation.yield() }
                 return true
-            case .resumed:
-                // A token of another uuid or keyset: not this client's session.
-                send(WebSocketServerFrame.sessionExpired(message: "the resume token belongs to another uuid or keyset"))
-                fail(WebSocketCloseCode.forbidden, "forbidden", "resume token of another uuid or keyset")
-                return false
             case .unknown:
                 send(WebSocketServerFrame.sessionExpired(
                     message: "the session is not held (keep-alive lapsed, evicted, or the server restarted): subscribe again with your cursor"))

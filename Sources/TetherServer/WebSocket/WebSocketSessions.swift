@@ -101,9 +101,14 @@ final class WebSocketSessions: Sendable {
         return locked.withLock { $0.table.open(connection, token: token, payload: state, bytes: state.estimatedBytes, now: now) }
     }
 
-    func resume(_ connection: Table.ConnectionID, token: String) -> Table.ResumeResult {
+    /// `hello` with a resume token: the session, if the table holds it and `belongs` says it is
+    /// this client's (otherwise it is left as it was and the result is `.unknown`).
+    func resume(_ connection: Table.ConnectionID, token: String, belongs: (SessionState) -> Bool) -> Table.ResumeResult {
         let now = self.now
         let (result, previous) = locked.withLock { s -> (Table.ResumeResult, Handle?) in
+            guard let id = s.table.session(forToken: token), let state = s.table.payload(of: id), belongs(state) else {
+                return (.unknown, nil)
+            }
             let result = s.table.resume(connection, token: token, now: now)
             if case .resumed(_, _, let previous?) = result { return (result, s.handles[previous]) }
             return (result, nil)

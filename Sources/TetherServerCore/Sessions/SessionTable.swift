@@ -135,6 +135,9 @@ package struct SessionTable<Payload: Sendable>: Sendable {
     /// A session's payload.
     package func payload(of session: SessionID) -> Payload? { sessions[session]?.payload }
 
+    /// The session a resume token names, if the table holds it.
+    package func session(forToken token: String) -> SessionID? { byToken[token] }
+
     /// Whether the session is currently carried by a connection.
     package func isConnected(_ session: SessionID) -> Bool { sessions[session]?.connection != nil }
 
