@@ -258,6 +258,38 @@ import TetherTestingServer
         await server.stop()
     }
 
+    @Test func aSocketWithoutHelloIsClosedAtItsDeadline() async throws {
+        let clock = ManualClock()
+        let server = try await Self.start(clock: clock)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        #expect(await eventually { server.server.webSocketCounts.connections == 1 })
+        clock.advance(by: .seconds(10))
+        await server.server.tickWebSocketSessions()
+        #expect(await client.closeCode() == 4002)
+        #expect(await eventually { server.server.webSocketCounts.connections == 0 })
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func theFilterExpressionAndPresenceStateApply() async throws {
+        let server = try await Self.start()
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        #expect(await client.frame()?.type == "welcome")
+        client.send(.object(["type": "subscribe", "channels": ["f"], "filter": "priority == 'high'", "state": ["f": ["mood": "busy"]]]))
+        #expect(await client.frame()?.type == "subscribed")
+        let rest = TestServer(inProcess: server)
+        _ = try await rest.publish("f", "1", query: "&meta=" + PercentCoding.encode(#"{"priority":"low"}"#))
+        let high = try await rest.publish("f", "2", query: "&meta=" + PercentCoding.encode(#"{"priority":"high"}"#))
+        #expect(await Self.envelopes(client, count: 1).map(\.tt) == [String(high.rawValue)])
+        let state = try await rest.get("/v2/presence/sub-key/demo/channel/f/uuid/alice")
+        #expect(state.body.contains(#""mood":"busy""#), "\(state.body)")
+        client.send(.object(["type": "subscribe", "channels": ["g"], "filter": "(("]))
+        #expect(await client.frame()?["code"] == "invalidFilter")
+        await client.close()
+        await server.stop()
+    }
+
     @Test func answeredPingsKeepTheConnection() async throws {
         let clock = ManualClock()
         let server = try await Self.start(clock: clock)
