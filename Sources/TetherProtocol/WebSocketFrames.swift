@@ -343,6 +343,7 @@ package enum WebSocketServerFrame {
 package enum WebSocketCloseCode {
     package static let normal: UInt16 = 1000
     package static let tooBig: UInt16 = 1009
+    package static let internalError: UInt16 = 1011
     package static let drain: UInt16 = 1012
     package static let pingTimeout: UInt16 = 4001
     package static let helloTimeout: UInt16 = 4002

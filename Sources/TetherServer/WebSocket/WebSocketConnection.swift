@@ -450,7 +450,11 @@ final class WebSocketConnection: Sendable {
             } catch let error as AccessDeniedError {
                 removeDenied(error.check, session: session)
             } catch {
-                return  // cancelled (subscription changed, socket closed) or a store failure
+                if Task.isCancelled || error is CancellationError { return }  // subscription changed or socket closed
+                // A store read failed: the client resumes from its cursor on a new socket.
+                state.logger.error("WebSocket delivery failed", metadata: ["error": "\(error)"])
+                queue.close(code: WebSocketCloseCode.internalError, reason: "delivery failed; resume from your cursor")
+                return
             }
         }
     }
