@@ -4,6 +4,7 @@ import HummingbirdWSClient
 import Logging
 import NIOCore
 import NIOPosix
+import NIOSSL
 import NIOWebSocket
 import Synchronization
 import TetherProtocol
@@ -31,12 +32,14 @@ final class WebSocketTestClient: Sendable {
 
     /// Connects to `server`'s `/v2/ws`. `reads: false` makes a client that never reads (a slow
     /// consumer).
-    init(baseURL: String, reads: Bool = true, maxFrameSize: Int = 1 << 20, subprotocol: String? = WebSocketProtocol.jsonSubprotocol) {
+    init(baseURL: String, reads: Bool = true, maxFrameSize: Int = 1 << 20, subprotocol: String? = WebSocketProtocol.jsonSubprotocol,
+         tls: TLSConfiguration? = nil) {
         let (commands, commandContinuation) = AsyncStream.makeStream(of: Command.self)
         self.commands = commandContinuation
         let inbox = self.inbox
         let eventContinuation = Inbox(push: { event in inbox.events.withLock { $0.append(event) } })
-        let url = baseURL.replacingOccurrences(of: "http://", with: "ws://") + WebSocketProtocol.path
+        let url = baseURL.replacingOccurrences(of: "https://", with: "wss://").replacingOccurrences(of: "http://", with: "ws://")
+            + WebSocketProtocol.path
         var headers: HTTPFields = [:]
         if let subprotocol { headers[.secWebSocketProtocol] = subprotocol }
         var logger = Logger(label: "ws-test-client")
@@ -44,7 +47,8 @@ final class WebSocketTestClient: Sendable {
         let configuration = WebSocketClientConfiguration(maxFrameSize: maxFrameSize, additionalHeaders: headers, autoPing: .disabled)
         task = Task {
             struct Dropped: Error {}
-            let close = try? await WebSocketClient.connect(url: url, configuration: configuration, logger: logger) { inbound, outbound, _ in
+            let close = try? await WebSocketClient.connect(url: url, configuration: configuration, tlsConfiguration: tls,
+                                                           logger: logger) { inbound, outbound, _ in
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     if reads {
                         group.addTask {

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import NIOSSL
 import TetherProtocol
 import TetherServer
 import TetherTesting
@@ -475,6 +476,26 @@ import TetherTestingServer
         #expect(statuses == ["r0": 200, "r1": 200, "r2": 429, "r3": 429])
         #expect(notices >= 1)
         #expect(server.server.webSocketCounts.connections == 1)  // limited, not disconnected
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func sessionsWorkOverTLS() async throws {
+        let certificates = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("Sources/TetherTesting/Certificates")
+        let server = try await InProcessServer.start(tls: (certificates.appendingPathComponent("server.pem").path,
+                                                           certificates.appendingPathComponent("server-key.pem").path))
+        var trusting = TLSConfiguration.makeClientConfiguration()
+        trusting.trustRoots = .file(certificates.appendingPathComponent("ca.pem").path)
+        // The certificate names localhost (an IP address cannot be a TLS server name).
+        let client = WebSocketTestClient(baseURL: server.baseURL.replacingOccurrences(of: "127.0.0.1", with: "localhost"), tls: trusting)
+        client.send(Self.hello())
+        #expect(await client.frame()?.type == "welcome")
+        client.send(Self.subscribe(["secure"]))
+        #expect(await client.frame(ofType: "subscribed") != nil)
+        client.send(.object(["type": "publish", "requestId": "t1", "channel": "secure", "message": "s"]))
+        let ack = try #require(await client.frame(ofType: "ack"))
+        #expect(await Self.envelopes(client, count: 1).map(\.tt) == [ack["timetoken"]?.stringValue ?? ""])
         await client.close()
         await server.stop()
     }
