@@ -64,7 +64,53 @@ struct Serve: AsyncParsableCommand {
         """)
     var storeCheck: Bool?
 
+    @Option(name: .customLong("ws"), help: """
+        on or off: the WebSocket session endpoint GET /v2/ws on the same port (docs/websocket-protocol.md). \
+        [env: TETHER_WS] (default: on)
+        """)
+    var webSocket: String?
+
+    @Option(name: .customLong("ws-keepalive"), help: """
+        Seconds a WebSocket session is kept after its socket drops, for the client to resume it. \
+        [env: TETHER_WS_KEEPALIVE] (default: 300)
+        """)
+    var wsKeepAlive: Int?
+
+    @Option(name: .customLong("ws-ping-interval"), help: """
+        Idle seconds before the server pings a WebSocket; two missed pings close it. [env: TETHER_WS_PING_INTERVAL] (default: 25)
+        """)
+    var wsPingInterval: Int?
+
+    @Option(name: .customLong("ws-max-connections"), help: """
+        Open WebSocket connections at most; over it the upgrade gets 503 with Retry-After. \
+        [env: TETHER_WS_MAX_CONNECTIONS] (default: 10000)
+        """)
+    var wsMaxConnections: Int?
+
+    @Option(name: .customLong("ws-max-kept-sessions"), help: """
+        Disconnected WebSocket sessions kept at most; over it the oldest expires (logged). \
+        [env: TETHER_WS_MAX_KEPT_SESSIONS] (default: 10000)
+        """)
+    var wsMaxKeptSessions: Int?
+
+    @Option(name: .customLong("ws-outbound-buffer"), help: """
+        Frames waiting for one WebSocket at most; over it the client is disconnected as a slow consumer \
+        (its session is kept). [env: TETHER_WS_OUTBOUND_BUFFER] (default: 256)
+        """)
+    var wsOutboundBuffer: Int?
+
     func validate() throws {
+        if let webSocket, Self.switchValue(webSocket) == nil { throw ValidationError("--ws must be on or off") }
+        let bounds: [(String, Int?, ClosedRange<Int>)] = [
+            ("--ws-keepalive", wsKeepAlive, 1...86_400), ("--ws-ping-interval", wsPingInterval, 1...3_600),
+            ("--ws-max-connections", wsMaxConnections, 1...10_000_000), ("--ws-max-kept-sessions", wsMaxKeptSessions, 0...10_000_000),
+            ("--ws-outbound-buffer", wsOutboundBuffer, 1...1_000_000),
+        ]
+        for (name, value, range) in bounds {
+            if let value, !range.contains(value) {
+                throw ValidationError("\(name) must be between \(range.lowerBound) and \(range.upperBound)")
+            }
+        }
         if let rateLimits, Self.switchValue(rateLimits) == nil { throw ValidationError("--rate-limits must be on or off") }
         if let durability, StoreOptions.Durability(rawValue: durability) == nil {
             throw ValidationError("--durability must be full or normal")
@@ -73,6 +119,32 @@ struct Serve: AsyncParsableCommand {
         if let logLevel, Logger.Level(rawValue: logLevel) == nil {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
+    }
+
+    /// The `--ws…` options over their environment variables.
+    private func webSocketSettings(_ env: [String: String]) throws -> WebSocketSettings {
+        func number(_ flag: Int?, _ name: String, _ range: ClosedRange<Int>, default value: Int) throws -> Int {
+            if let flag { return flag }
+            guard let text = env[name] else { return value }
+            guard let parsed = Int(text), range.contains(parsed) else {
+                throw ValidationError("\(name) must be a whole number between \(range.lowerBound) and \(range.upperBound)")
+            }
+            return parsed
+        }
+        var enabled = true
+        if let text = webSocket ?? env["TETHER_WS"] {
+            guard let value = Self.switchValue(text) else { throw ValidationError("TETHER_WS must be on or off") }
+            enabled = value
+        }
+        let defaults = WebSocketSettings()
+        return WebSocketSettings(
+            enabled: enabled,
+            keepAliveSeconds: try number(wsKeepAlive, "TETHER_WS_KEEPALIVE", 1...86_400, default: defaults.keepAliveSeconds),
+            pingIntervalSeconds: try number(wsPingInterval, "TETHER_WS_PING_INTERVAL", 1...3_600, default: defaults.pingIntervalSeconds),
+            maxConnections: try number(wsMaxConnections, "TETHER_WS_MAX_CONNECTIONS", 1...10_000_000, default: defaults.maxConnections),
+            maxKeptSessions: try number(wsMaxKeptSessions, "TETHER_WS_MAX_KEPT_SESSIONS", 0...10_000_000, default: defaults.maxKeptSessions),
+            outboundBufferFrames: try number(wsOutboundBuffer, "TETHER_WS_OUTBOUND_BUFFER", 1...1_000_000,
+                                             default: defaults.outboundBufferFrames))
     }
 
     func run() async throws {
@@ -119,7 +191,7 @@ struct Serve: AsyncParsableCommand {
         case (nil, nil): tls = nil
         default: throw ValidationError("--tls-cert and --tls-key go together")
         }
-        let configuration = ServerConfiguration(
+        var settings = ServerConfiguration(
             host: host ?? env["TETHER_HOST"] ?? "127.0.0.1",
             port: resolvedPort,
             dataDirectory: dataDir ?? env["TETHER_DATA_DIR"] ?? ".tether-data",
@@ -127,6 +199,8 @@ struct Serve: AsyncParsableCommand {
             tls: tls,
             checksStoreAtStart: storeCheck ?? !["0", "off", "false", "no"].contains(env["TETHER_STORE_CHECK"]?.lowercased() ?? "")
         )
+        settings.webSocket = try webSocketSettings(env)
+        let configuration = settings
         raiseOpenFileLimit(logger: logger)
         // Held until the process exits: `tether store recover` and a second server wait for it.
         let lock = try DataDirectoryLock(directory: configuration.dataDirectory)

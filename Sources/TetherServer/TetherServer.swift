@@ -2,6 +2,7 @@ import Foundation
 public import Hummingbird
 import HummingbirdCore
 import HummingbirdTLS
+import HummingbirdWebSocket
 import NIOSSL
 public import Logging
 import NIOCore
@@ -27,6 +28,8 @@ public struct ServerConfiguration: Sendable {
     /// Run SQLite's quick check on the store before serving (default `true`); it reads the whole
     /// file once, about 7 s per GB on a small machine.
     public var checksStoreAtStart: Bool
+    /// The WebSocket session endpoint (`GET /v2/ws`, docs/websocket-protocol.md).
+    public var webSocket = WebSocketSettings()
 
     /// Creates a configuration.
     public init(host: String = "127.0.0.1", port: Int = 8090, dataDirectory: String = ".tether-data",
@@ -67,6 +70,8 @@ public struct TetherServer: Sendable {
     /// Shared state (store, hub, keysets).
     public let state: ServerState
     private let logger: Logger
+    /// The WebSocket sessions (connected and kept).
+    let webSockets: WebSocketSessions
     /// The service group while ``run(handleSignals:onReady:)`` runs, for ``shutdown()``.
     private let running = RunningGroup()
 
@@ -128,6 +133,19 @@ public struct TetherServer: Sendable {
                             metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
                             startedAt: .now)
+        webSockets = WebSocketSessions(settings: configuration.webSocket, presence: presence, clock: clock, logger: logger)
+    }
+
+    /// Connections open on the WebSocket endpoint, sessions held (connected or kept), and kept
+    /// sessions, for tests and metrics.
+    package var webSocketCounts: (connections: Int, sessions: Int, kept: Int) {
+        (webSockets.connectionCount, webSockets.sessionCount, webSockets.keptCount)
+    }
+
+    /// Runs the WebSocket sessions' timers once (pings, deadlines) at the clock's current time;
+    /// the server's own loop does this at least once a second.
+    package func tickWebSocketSessions() async {
+        await webSockets.tick()
     }
 
     /// Listens and serves until shutdown. `onReady` receives the base URL once listening.
@@ -138,10 +156,25 @@ public struct TetherServer: Sendable {
         // The HTTP parser's limits sit above the largest URI limit, so an over-long URI reaches
         // the responder and gets the protocol's JSON 414 instead of the parser's bare 400.
         let headerLimit = max(256 * 1024, KeysetRegistry(configuration: configuration.file).largestURILimit * 2)
-        let http1 = HTTPServerBuilder.http1(configuration: .init(
+        let http1Configuration = HTTP1Channel.Configuration(
             additionalChannelHandlers: [ParserErrorResponder(), InputClosedCloser()],
             idleTimeout: configuration.subscribeTimeout + .seconds(30),
-            httpDecoderConfiguration: .init(maxHeaderFieldSize: headerLimit, maxHeaderListSize: headerLimit)))
+            httpDecoderConfiguration: .init(maxHeaderFieldSize: headerLimit, maxHeaderListSize: headerLimit))
+        let http1: HTTPServerBuilder
+        if configuration.webSocket.enabled {
+            // The same port serves REST and upgrades `GET /v2/ws` to a WebSocket session.
+            let endpoint = WebSocketEndpoint(sessions: webSockets, responder: TetherResponder(state: state),
+                                             maxFrameBytes: WebSocketEndpoint.maxFrameBytes(keysets: state.keysets))
+            let upgradeConfiguration = endpoint.configuration(http1: http1Configuration)
+            let idleTimeout = configuration.subscribeTimeout + .seconds(30)
+            http1 = HTTPServerBuilder { responder in
+                TetherUpgradeChannel(inner: HTTP1WebSocketUpgradeChannel(responder: responder, configuration: upgradeConfiguration,
+                                                                         shouldUpgrade: endpoint.shouldUpgrade),
+                                     idleTimeout: idleTimeout)
+            }
+        } else {
+            http1 = .http1(configuration: http1Configuration)
+        }
         var server = http1
         let scheme = configuration.tls == nil ? "http" : "https"
         if let tls = configuration.tls {
@@ -163,7 +196,8 @@ public struct TetherServer: Sendable {
         let group = ServiceGroup(configuration: .init(
             // Graceful shutdown stops services in reverse order: upkeep, then the HTTP server
             // (in-flight heartbeats and leaves finish), then presence (its last changes are
-            // written), then the store writer, which closes the file.
+            // written), then the store writer, which closes the file. WebSocket sessions hear of it
+            // first: each gets its drain notice and close before the long-polls are answered.
             services: [
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
@@ -172,6 +206,7 @@ public struct TetherServer: Sendable {
                                                   rateLimits: state.rateLimits, presence: state.presence,
                                                   metrics: state.metrics, logger: logger),
                       successTerminationBehavior: .gracefullyShutdownGroup),
+                .init(service: WebSocketSessionsService(sessions: webSockets), successTerminationBehavior: .gracefullyShutdownGroup),
             ],
             gracefulShutdownSignals: handleSignals ? [.sigterm, .sigint] : [],
             logger: logger

@@ -21,7 +21,7 @@ struct PublishRequest {
         init(_ wire: WireRequest, kind: EventKind, keysets: KeysetRegistry, now: Timetoken) throws(Refusal) {
             let s = wire.segments
             func refuse(_ status: HTTPResponse.Status, _ text: String) -> Refusal {
-                Refusal(response: Reply.publishError(status, text, timetoken: now))
+                Refusal(response: Reply.publishError(status, text, timetoken: now), message: text)
             }
             guard NameRules.validateKey(s[1]), NameRules.validateKey(s[2]), let keyset = keysets.keyset(subscribeKey: s[2]),
                   keyset.publishKey == s[1]
@@ -48,7 +48,7 @@ struct PublishRequest {
         }
 
         func refuse(_ status: HTTPResponse.Status, _ text: String) -> Refusal {
-            Refusal(response: Reply.publishError(status, text, timetoken: arrivedAt))
+            Refusal(response: Reply.publishError(status, text, timetoken: arrivedAt), message: text)
         }
     }
 
@@ -142,11 +142,29 @@ extension TetherResponder {
             try authorize(target.keyset, wire, channels: [target.channel], groups: [], permission: .write)
         }
         let publish = try PublishRequest(target, message: messageBytes, wire)
+        switch try await commitPublish(publish, kind: kind) {
+        case .sent(let timetoken):
+            return Reply.json(.ok, "[1,\"Sent\",\"\(timetoken.rawValue)\"]")
+        case .failed(let status, let text, let retryAfter, let at):
+            return Reply.json(status, ErrorBody.publish(text, timetoken: at), extraHeaders: Self.retryAfterHeader(retryAfter))
+        }
+    }
 
+    /// What a publish that passed its checks came to.
+    enum PublishOutcome {
+        case sent(Timetoken)
+        /// A store failure: status, the error array's text, `Retry-After`, the error's timetoken.
+        case failed(HTTPResponse.Status, String, retryAfter: Int?, at: Timetoken)
+    }
+
+    /// The hub part of a publish, shared by REST and the WebSocket session: a fire is only
+    /// acknowledged; otherwise the hub reserves, stores and delivers the message.
+    func commitPublish(_ publish: PublishRequest, kind: EventKind) async throws -> PublishOutcome {
+        let target = publish.target
         if publish.isFire {
             // Tether has no server-side handlers yet: acknowledged with a fresh timetoken.
             state.metrics.recordPublish(kind: "fire")
-            return Reply.json(.ok, "[1,\"Sent\",\"\(state.hub.currentCursor.successor.rawValue)\"]")
+            return .sent(state.hub.currentCursor.successor)
         }
         let retentionHours = publish.ttlHours.flatMap { $0 > 0 ? $0 : nil } ?? target.keyset.historyRetentionHours
         let subscribeKey = target.keyset.subscribeKey
@@ -168,10 +186,9 @@ extension TetherResponder {
             // unknown) nothing stored.
             state.metrics.recordPublish(kind: "store-failed")
             let (status, text, retryAfter) = Self.storeFailure(error)
-            return Reply.json(status, ErrorBody.publish(text, timetoken: state.hub.currentCursor),
-                              extraHeaders: Self.retryAfterHeader(retryAfter))
+            return .failed(status, text, retryAfter: retryAfter, at: state.hub.currentCursor)
         }
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : "message")
-        return Reply.json(.ok, "[1,\"Sent\",\"\(timetoken.rawValue)\"]")
+        return .sent(timetoken)
     }
 }

@@ -12,6 +12,8 @@ struct RequestError: Error {
 /// under the route's own label (a publish refused for "Invalid JSON" is a `publish`).
 struct Refusal: Error {
     var response: Response
+    /// The error's text, where a caller other than REST needs it (the WebSocket `ack`).
+    var message: String? = nil
 }
 
 extension KeysetRegistry {

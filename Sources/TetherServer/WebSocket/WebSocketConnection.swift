@@ -1,0 +1,483 @@
+import HTTPTypes
+import HummingbirdCore
+import HummingbirdWebSocket
+import Logging
+import NIOCore
+import NIOWebSocket
+import Synchronization
+@_spi(Benchmarks) import TetherProtocol
+import TetherServerCore
+
+/// One upgraded socket speaking the session protocol (docs/websocket-protocol.md): it reads the
+/// client's frames, writes the queued server frames, and runs the session's deliveries — a
+/// long-poll loop on the same ``LongPollHub`` with the session's cursor, so timetokens and
+/// cursors are those of the REST wire. Three child tasks; the first to end ends the socket.
+final class WebSocketConnection: Sendable {
+    typealias Table = SessionTable<SessionState>
+
+    private struct Locked: Sendable {
+        var session: Table.SessionID?
+    }
+
+    let id: Table.ConnectionID
+    private let channel: any Channel
+    private let queue: OutboundQueue
+    private let sessions: WebSocketSessions
+    private let responder: TetherResponder
+    private let locked = Mutex(Locked())
+    private let changes: AsyncStream<Void>
+    private let changeContinuation: AsyncStream<Void>.Continuation
+    private let maxFrameBytes: Int
+
+    private var state: ServerState { responder.state }
+
+    init(id: Table.ConnectionID, channel: any Channel, queue: OutboundQueue, sessions: WebSocketSessions, responder: TetherResponder,
+         maxFrameBytes: Int) {
+        self.id = id
+        self.channel = channel
+        self.queue = queue
+        self.sessions = sessions
+        self.responder = responder
+        self.maxFrameBytes = maxFrameBytes
+        (changes, changeContinuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    }
+
+    private var session: Table.SessionID? { locked.withLock { $0.session } }
+
+    /// Serves the socket until it closes; then the session is kept (or was ended by `bye`).
+    func run(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await self.write(outbound) }
+            group.addTask { await self.runDeliveries() }
+            group.addTask { await self.read(inbound) }
+            _ = await group.next()
+            changeContinuation.finish()
+            queue.finish()
+            group.cancelAll()
+        }
+        await sessions.disconnected(id)
+    }
+
+    // MARK: - Writing
+
+    private func write(_ outbound: WebSocketOutboundWriter) async {
+        while let item = await queue.next() {
+            do {
+                switch item {
+                case .text(let text):
+                    try await outbound.write(.text(text))
+                case .close(let code, let reason):
+                    try await outbound.close(.init(codeNumber: Int(code)), reason: reason)
+                    return
+                }
+            } catch {
+                return
+            }
+        }
+    }
+
+    /// Queues a frame; a full buffer closes the socket as a slow consumer (session kept).
+    private func send(_ text: String) {
+        guard !queue.send(text) else { return }
+        state.logger.debug("WebSocket closed: slow consumer (outbound buffer full)")
+        // The writer is stuck behind unread data: the close frame goes straight to the channel,
+        // behind that data, and the socket is closed.
+        var buffer = channel.allocator.buffer(capacity: 32)
+        buffer.writeInteger(WebSocketCloseCode.slowConsumer)
+        buffer.writeString("slow consumer")
+        let channel = self.channel
+        channel.writeAndFlush(WebSocketFrame(fin: true, opcode: .connectionClose, data: buffer)).whenComplete { _ in
+            channel.close(promise: nil)
+        }
+        channel.eventLoop.scheduleTask(in: .seconds(1)) { channel.close(promise: nil) }
+        queue.finish()
+    }
+
+    private func fail(_ code: UInt16, _ errorCode: String, _ message: String) {
+        send(WebSocketServerFrame.error(code: errorCode, message: message))
+        queue.close(code: code, reason: message.count > 100 ? String(message.prefix(100)) : message)
+    }
+
+    // MARK: - Reading
+
+    /// Reads frames until the client's side ends. Once the server is closing the socket, frames
+    /// are read and ignored until the client answers the close: the writer ends the connection
+    /// after its close frame is out (ending here first would cut that frame off).
+    private func read(_ inbound: WebSocketInboundStream) async {
+        var iterator = inbound.messages(maxSize: maxFrameBytes).makeAsyncIterator()
+        var closing = false
+        while true {
+            let message: WebSocketMessage?
+            do {
+                message = try await iterator.next()
+            } catch {
+                queue.close(code: WebSocketCloseCode.tooBig, reason: "message too big or invalid framing")
+                await queue.closed()
+                return
+            }
+            guard let message else { return }
+            if closing { continue }
+            sessions.received(id)
+            switch message {
+            case .binary:
+                fail(WebSocketCloseCode.malformed, "malformed", "binary frames are not part of tether.v1.json")
+                closing = true
+            case .text(let text):
+                closing = await !handle(text)
+            }
+        }
+    }
+
+    /// Handles one frame; `false` when the socket is closing.
+    private func handle(_ text: String) async -> Bool {
+        let frame: WebSocketClientFrame
+        do {
+            frame = try WebSocketClientFrame(parsing: text)
+        } catch {
+            switch error {
+            case .malformed(let reason):
+                fail(WebSocketCloseCode.malformed, "malformed", reason)
+            case .unknownType(let type):
+                fail(WebSocketCloseCode.unknownType, "unknownType", "unknown frame type \(String(reflecting: type))")
+            }
+            return false
+        }
+        if case .ping(let id) = frame {
+            send(WebSocketServerFrame.pong(id: id))
+            return true
+        }
+        if case .pong = frame { return true }  // `received` already counted it
+        guard let session else {
+            guard case .hello(let hello) = frame else {
+                fail(WebSocketCloseCode.malformed, "malformed", "the first frame must be hello")
+                return false
+            }
+            return self.hello(hello)
+        }
+        switch frame {
+        case .hello:
+            fail(WebSocketCloseCode.malformed, "malformed", "hello was already received")
+            return false
+        case .subscribe(let subscribe):
+            return await self.subscribe(subscribe, session: session)
+        case .unsubscribe(let channels, let groups):
+            await unsubscribe(channels: channels, groups: groups, session: session)
+            return true
+        case .publish(let publish):
+            await self.publish(publish, session: session)
+            return true
+        case .bye:
+            await sessions.end(id)
+            locked.withLock { $0.session = nil }
+            changeContinuation.yield()
+            queue.close(code: WebSocketCloseCode.normal, reason: "bye")
+            return false
+        case .ping, .pong:
+            return true
+        }
+    }
+
+    // MARK: - Hello
+
+    private func hello(_ hello: WebSocketClientFrame.Hello) -> Bool {
+        guard hello.version == WebSocketProtocol.version else {
+            fail(WebSocketCloseCode.malformed, "malformed", "unsupported protocol version \(hello.version); this server speaks 1")
+            return false
+        }
+        guard NameRules.validateKey(hello.subscribeKey), let keyset = state.keysets.keyset(subscribeKey: hello.subscribeKey) else {
+            fail(WebSocketCloseCode.forbidden, "forbidden", "Invalid subscribe key")
+            return false
+        }
+        if let publishKey = hello.publishKey, publishKey != keyset.publishKey {
+            fail(WebSocketCloseCode.forbidden, "forbidden", "Invalid publish key")
+            return false
+        }
+        do { try NameRules.validateUserId(hello.uuid) } catch {
+            fail(WebSocketCloseCode.malformed, "malformed", "Invalid uuid: \(error)")
+            return false
+        }
+        let current = state.hub.currentCursor
+        if let token = hello.resumeToken {
+            // A token is a bearer secret, but a session is only resumed by its own uuid on its keyset.
+            let result = sessions.resume(id, token: token) { kept in
+                kept.keyset.subscribeKey == keyset.subscribeKey && kept.uuid == hello.uuid
+            }
+            switch result {
+            case .resumed(let session, let kept, _):
+                locked.withLock { $0.session = session }
+                let resumed = sessions.update(session) { s in
+                    if let cursor = hello.resumeCursor, s.hasSubscribed { s.cursor = min(cursor, current) }
+                    s.auth = hello.auth
+                    if hello.publishKey != nil { s.publishKey = hello.publishKey }
+                } ?? kept
+                send(welcome(session: session, token: token, resumed: true, state: resumed, cursor: current))
+                if resumed.hasSubscribed { changeContinuation.yield() }
+                return true
+            case .unknown:
+                send(WebSocketServerFrame.sessionExpired(
+                    message: "the session is not held (keep-alive lapsed, evicted, or the server restarted): subscribe again with your cursor"))
+            }
+        }
+        let token = WebSocketSessions.makeToken()
+        let fresh = SessionState(keyset: keyset, uuid: hello.uuid, auth: hello.auth, publishKey: hello.publishKey)
+        guard let session = sessions.open(id, token: token, state: fresh) else {
+            fail(WebSocketCloseCode.malformed, "malformed", "hello was already received")
+            return false
+        }
+        locked.withLock { $0.session = session }
+        send(welcome(session: session, token: token, resumed: false, state: fresh, cursor: current))
+        return true
+    }
+
+    private func welcome(session: Table.SessionID, token: String, resumed: Bool, state session_: SessionState, cursor: Timetoken) -> String {
+        let limits = state.keysets.limits(for: session_.keyset)
+        return WebSocketServerFrame.welcome(
+            sessionId: "s-\(session)", resumeToken: token, resumed: resumed, cursor: cursor,
+            keepAliveSeconds: sessions.settings.keepAliveSeconds, pingIntervalSeconds: sessions.settings.pingIntervalSeconds,
+            limits: .init(maxFrameBytes: maxFrameBytes, maxChannels: limits.maxChannelsPerSubscribe, maxMessageBytes: limits.maxMessageBytes,
+                          maxSignalBytes: limits.maxSignalBytes, outboundBufferFrames: sessions.settings.outboundBufferFrames),
+            subscription: resumed ? (session_.channels, session_.groups, session_.filter) : nil)
+    }
+
+    // MARK: - Subscribe
+
+    /// Takes a token from the client's rate bucket; `false` (with the notice sent) when over it.
+    private func takeRate(_ kind: RateLimits.Kind, keyset: Keyset, uuid: String, requestId: String?) -> Bool {
+        let address = channel.remoteAddress?.ipAddress ?? "unknown"
+        guard let wait = state.rateLimits.take(kind, uuid: uuid, address: address, subscribeKey: keyset.subscribeKey,
+                                               limits: state.keysets.limits(for: keyset)) else { return true }
+        let seconds = TetherResponder.retryAfterSeconds(wait)
+        if let requestId {
+            send(WebSocketServerFrame.ack(requestId: requestId, status: 429, message: "Too Many Requests"))
+        } else {
+            send(WebSocketServerFrame.error(code: "rateLimited", message: "Too Many Requests"))
+        }
+        send(WebSocketServerFrame.rateLimited(retryAfterSeconds: seconds))
+        return false
+    }
+
+    private func subscribe(_ request: WebSocketClientFrame.Subscribe, session: Table.SessionID) async -> Bool {
+        guard let current = sessions.state(of: session) else { return true }
+        let keyset = current.keyset
+        guard takeRate(.request, keyset: keyset, uuid: current.uuid, requestId: nil) else { return true }
+        let limits = state.keysets.limits(for: keyset)
+        for name in request.channels {
+            do { try NameRules.validateSubscribeChannel(name) } catch {
+                send(WebSocketServerFrame.error(code: "invalidChannel", message: "Invalid channel \(String(reflecting: name)): \(error)"))
+                return true
+            }
+        }
+        for group in request.groups {
+            do { try NameRules.validateGroup(group) } catch {
+                send(WebSocketServerFrame.error(code: "invalidChannel", message: "Invalid channel group \(String(reflecting: group)): \(error)"))
+                return true
+            }
+        }
+        let newChannels = request.channels.filter { !current.channels.contains($0) }.uniqued()
+        let newGroups = request.groups.filter { !current.groups.contains($0) }.uniqued()
+        if current.channels.count + newChannels.count + current.groups.count + newGroups.count > limits.maxChannelsPerSubscribe
+            || current.groups.count + newGroups.count > limits.maxGroupsPerRequest {
+            fail(WebSocketCloseCode.tooManyChannels, "tooManyChannels",
+                 "at most \(limits.maxChannelsPerSubscribe) channels and groups (\(limits.maxGroupsPerRequest) groups) per session")
+            return false
+        }
+        if let text = request.filter, !text.isEmpty {
+            do { _ = try state.filters.expression(text) } catch {
+                send(WebSocketServerFrame.error(code: "invalidFilter",
+                                                message: "Invalid filter expression: \(error.reason) at position \(error.position)"))
+                return true
+            }
+        }
+        // Access: read on the new names, with the session's auth; denied names are left out.
+        var deniedChannels: [String] = []
+        var deniedGroups: [String] = []
+        var deniedMessage = "Forbidden"
+        if keyset.secretKey != nil, !(newChannels.isEmpty && newGroups.isEmpty) {
+            let check = state.access.check(AccessRequest(channels: newChannels, groups: newGroups, permission: .read, uuid: current.uuid),
+                                           keyset: keyset, auth: current.auth, signature: .absent)
+            if case .denied(let channels, let groups, let message) = check.decision {
+                deniedChannels = channels.isEmpty && groups.isEmpty ? newChannels : channels
+                deniedGroups = channels.isEmpty && groups.isEmpty ? newGroups : groups
+                deniedMessage = message
+            }
+        }
+        let addedChannels = newChannels.filter { !deniedChannels.contains($0) }
+        let addedGroups = newGroups.filter { !deniedGroups.contains($0) }
+        let now = state.hub.currentCursor
+        guard let updated = sessions.update(session, { s in
+            s.channels += addedChannels
+            s.groups += addedGroups
+            if let filter = request.filter { s.filter = filter.isEmpty ? nil : filter }
+            s.states.merge(request.states) { _, new in new }
+            if !s.hasSubscribed, !(addedChannels.isEmpty && addedGroups.isEmpty) {
+                s.hasSubscribed = true
+                s.cursor = min(request.cursor ?? now, now)
+            }
+        }) else { return true }
+        // Presence: the session's uuid joins the names it added (the session is one occupant).
+        if !(addedChannels.isEmpty && addedGroups.isEmpty) {
+            await state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: updated.uuid, channels: addedChannels, groups: addedGroups,
+                                           timeoutSeconds: sessions.settings.keepAliveSeconds,
+                                           states: request.states.filter { addedChannels.contains($0.key) })
+        }
+        send(WebSocketServerFrame.subscribed(channels: updated.channels, groups: updated.groups,
+                                             cursor: updated.hasSubscribed ? updated.cursor : now))
+        if !(deniedChannels.isEmpty && deniedGroups.isEmpty) {
+            send(WebSocketServerFrame.accessDenied(channels: deniedChannels, groups: deniedGroups, message: deniedMessage))
+        }
+        changeContinuation.yield()
+        return true
+    }
+
+    private func unsubscribe(channels: [String], groups: [String], session: Table.SessionID) async {
+        guard let before = sessions.state(of: session) else { return }
+        let removedChannels = before.channels.filter { channels.contains($0) }
+        let removedGroups = before.groups.filter { groups.contains($0) }
+        guard let after = sessions.update(session, { s in
+            s.channels.removeAll { channels.contains($0) }
+            s.groups.removeAll { groups.contains($0) }
+        }) else { return }
+        if !(removedChannels.isEmpty && removedGroups.isEmpty) {
+            await state.presence.leave(subscribeKey: after.keyset.subscribeKey, uuid: after.uuid, channels: removedChannels, groups: removedGroups)
+        }
+        send(WebSocketServerFrame.unsubscribed(channels: after.channels, groups: after.groups))
+        changeContinuation.yield()
+    }
+
+    // MARK: - Publish
+
+    private func publish(_ frame: WebSocketClientFrame.Publish, session: Table.SessionID) async {
+        guard let current = sessions.state(of: session) else { return }
+        let keyset = current.keyset
+        guard takeRate(.publish, keyset: keyset, uuid: current.uuid, requestId: frame.requestId) else { return }
+        func refuse(_ status: Int, _ message: String) {
+            send(WebSocketServerFrame.ack(requestId: frame.requestId, status: status, message: message))
+        }
+        // The REST publish's own reading and checks, on a request built from the frame.
+        var wire: WireRequest
+        do { wire = try WireRequest(rawPath: "/", rawQuery: nil) } catch { return }
+        wire.segments = [frame.isSignal ? "signal" : "publish", current.publishKey ?? "", keyset.subscribeKey, "0", frame.channel, "0", frame.message]
+        var query = ["uuid": current.uuid, "requestid": frame.requestId]
+        if let meta = frame.meta { query["meta"] = meta }
+        if let store = frame.store { query["store"] = store ? "1" : "0" }
+        if let ttl = frame.ttlHours { query["ttl"] = String(ttl) }
+        if let type = frame.customMessageType { query["custom_message_type"] = type }
+        wire.query = query
+        let kind: EventKind = frame.isSignal ? .signal : .message
+        do {
+            let target = try PublishRequest.Target(wire, kind: kind, keysets: state.keysets, now: state.hub.currentCursor)
+            if keyset.secretKey != nil {
+                let check = state.access.check(AccessRequest(channels: [target.channel], groups: [], permission: .write, uuid: current.uuid),
+                                               keyset: keyset, auth: current.auth, signature: .absent)
+                if case .denied(_, _, let message) = check.decision {
+                    refuse(403, message)
+                    return
+                }
+            }
+            let request = try PublishRequest(target, message: Array(frame.message.utf8), wire)
+            switch try await responder.commitPublish(request, kind: kind) {
+            case .sent(let timetoken):
+                send(WebSocketServerFrame.ack(requestId: frame.requestId, timetoken: timetoken))
+            case .failed(let status, let text, _, _):
+                refuse(Int(status.code), text)
+            }
+        } catch let refusal as Refusal {
+            refuse(Int(refusal.response.status.code), refusal.message ?? "Invalid request")
+        } catch let error as ParameterError {
+            refuse(400, error.description)
+        } catch {
+            state.logger.error("WebSocket publish failed", metadata: ["error": "\(error)"])
+            refuse(500, "Internal Server Error")
+        }
+    }
+
+    // MARK: - Deliveries
+
+    /// Restarts the delivery loop whenever the subscription changes; ends with the socket.
+    /// (One task group per run: a group's tasks added after `cancelAll()` start cancelled.)
+    private func runDeliveries() async {
+        var changes = self.changes.makeAsyncIterator()
+        guard await changes.next() != nil else { return }
+        while true {
+            let changed = await withTaskGroup(of: Void.self) { group in
+                group.addTask { await self.deliver() }
+                let changed = await changes.next() != nil
+                group.cancelAll()
+                return changed
+            }
+            if !changed { return }
+        }
+    }
+
+    /// Long-polls the hub from the session's cursor and sends each page as a `messages` frame,
+    /// until cancelled (the subscription changed or the socket closed).
+    private func deliver() async {
+        while !Task.isCancelled {
+            guard let session, let current = sessions.state(of: session), current.hasSubscribed,
+                  !(current.channels.isEmpty && current.groups.isEmpty)
+            else { return }
+            let keyset = current.keyset
+            let limits = state.keysets.limits(for: keyset)
+            let filter = current.filter.flatMap { try? state.filters.expression($0) }
+            var recheck: (@Sendable () -> AccessManager.Check)?
+            var check: AccessManager.Check?
+            if keyset.secretKey != nil {
+                let access = state.access
+                let request = AccessRequest(channels: current.channels, groups: current.groups, permission: .read, uuid: current.uuid)
+                let auth = current.auth
+                recheck = { access.check(request, keyset: keyset, auth: auth, signature: .absent) }
+                let now = access.check(request, keyset: keyset, auth: auth, signature: .absent)
+                if case .denied = now.decision {
+                    removeDenied(now, session: session)
+                    continue
+                }
+                check = now
+            }
+            let after = min(current.cursor, state.hub.currentCursor)
+            do {
+                let page = try await state.hub.receive(
+                    current.spec, after: after, limit: limits.maxEnvelopesPerResponse, timeout: state.subscribeTimeout,
+                    channel: channel, access: check, recheck: recheck, filter: filter)
+                if Task.isCancelled { return }
+                guard page.cursor > after || !page.envelopes.isEmpty else {
+                    if sessions.isDraining { return }  // the hub answers at once while shutting down
+                    continue
+                }
+                sessions.update(session) { $0.cursor = max($0.cursor, page.cursor) }
+                if page.envelopes.isEmpty && page.gaps.isEmpty { continue }
+                send(WebSocketServerFrame.messages(cursor: page.cursor, envelopes: page.envelopes,
+                                                   gaps: page.gaps.map { ($0.channel, $0.from, $0.through) }))
+            } catch let error as AccessDeniedError {
+                removeDenied(error.check, session: session)
+            } catch {
+                if Task.isCancelled || error is CancellationError { return }  // subscription changed or socket closed
+                // A store read failed: the client resumes from its cursor on a new socket.
+                state.logger.error("WebSocket delivery failed", metadata: ["error": "\(error)"])
+                queue.close(code: WebSocketCloseCode.internalError, reason: "delivery failed; resume from your cursor")
+                return
+            }
+        }
+    }
+
+    /// A grant was revoked or a token expired: the denied names leave the subscription and the
+    /// client is told; the others continue.
+    private func removeDenied(_ check: AccessManager.Check, session: Table.SessionID) {
+        guard case .denied(let channels, let groups, let message) = check.decision else { return }
+        let everything = channels.isEmpty && groups.isEmpty
+        var removed: (channels: [String], groups: [String]) = ([], [])
+        sessions.update(session) { s in
+            removed = everything ? (s.channels, s.groups) : (s.channels.filter { channels.contains($0) }, s.groups.filter { groups.contains($0) })
+            s.channels.removeAll { removed.channels.contains($0) }
+            s.groups.removeAll { removed.groups.contains($0) }
+        }
+        send(WebSocketServerFrame.accessDenied(channels: removed.channels, groups: removed.groups, message: message))
+    }
+}
+
+extension Array where Element: Hashable {
+    /// The elements in order, each once.
+    fileprivate func uniqued() -> [Element] {
+        var seen = Set<Element>()
+        return filter { seen.insert($0).inserted }
+    }
+}

@@ -1,0 +1,159 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import HummingbirdCore
+import HummingbirdWebSocket
+import Logging
+import NIOCore
+import NIOHTTP1
+import ServiceLifecycle
+@_spi(Benchmarks) import TetherProtocol
+import TetherServerCore
+
+/// `GET /v2/ws`: decides each WebSocket upgrade on the REST port (path, sub-protocol, the
+/// connection bound) and hands an accepted socket to a ``WebSocketConnection``.
+struct WebSocketEndpoint: Sendable {
+    let sessions: WebSocketSessions
+    let responder: TetherResponder
+    let maxFrameBytes: Int
+
+    /// The frame-size limit: room for the largest message of any keyset, JSON-escaped.
+    static func maxFrameBytes(keysets: KeysetRegistry) -> Int {
+        let largest = keysets.all.map { keysets.limits(for: $0).maxMessageBytes }.max() ?? Limits().maxMessageBytes
+        return max(64 * 1024, 2 * largest + 4096)
+    }
+
+    /// The channel configuration: no library auto-ping (the session protocol pings with ids and
+    /// counts missed pongs itself), a short close handshake.
+    func configuration(http1: HTTP1Channel.Configuration) -> HTTP1WebSocketUpgradeChannel.Configuration {
+        .init(http1: http1, ws: .init(maxFrameSize: maxFrameBytes, autoPing: .disabled, closeTimeout: .seconds(2)))
+    }
+
+    func shouldUpgrade(_ request: HTTPRequest, _ channel: any Channel, _ logger: Logger)
+        -> ShouldUpgradeResult<WebSocketDataHandler<HTTP1WebSocketUpgradeChannel.Context>>
+    {
+        let path = request.path.map { $0.split(separator: "?", maxSplits: 1).first.map(String.init) ?? $0 } ?? ""
+        guard sessions.settings.enabled, path == WebSocketProtocol.path else { return .dontUpgrade }
+        let offered = request.headerFields[values: .secWebSocketProtocol]
+            .flatMap { $0.split(separator: ",") }
+            .map { $0.trimmingCharacters(in: .whitespaces) }
+        var headers: HTTPFields = [:]
+        if !offered.isEmpty {
+            guard offered.contains(WebSocketProtocol.jsonSubprotocol) else { return .dontUpgrade }
+            headers[.secWebSocketProtocol] = WebSocketProtocol.jsonSubprotocol
+        }
+        let queue = OutboundQueue(maxFrames: sessions.settings.outboundBufferFrames, maxBytes: sessions.settings.outboundBufferBytes)
+        guard let id = sessions.connect(channel: channel, queue: queue) else {
+            // Overload (or draining): 503 with Retry-After, written before the library's own
+            // refusal of the upgrade, which the client never reads (the connection closes).
+            logger.debug("WebSocket upgrade refused: connection limit or draining")
+            var head = HTTPResponseHead(version: .http1_1, status: .serviceUnavailable)
+            head.headers.add(name: "Retry-After", value: "5")
+            head.headers.add(name: "Content-Length", value: "0")
+            head.headers.add(name: "Connection", value: "close")
+            channel.write(HTTPServerResponsePart.head(head), promise: nil)
+            channel.writeAndFlush(HTTPServerResponsePart.end(nil), promise: nil)
+            return .dontUpgrade
+        }
+        let connection = WebSocketConnection(id: id, channel: channel, queue: queue, sessions: sessions, responder: responder,
+                                             maxFrameBytes: maxFrameBytes)
+        return .upgrade(headers) { inbound, outbound, _ in
+            await connection.run(inbound: inbound, outbound: outbound)
+        }
+    }
+}
+
+/// Runs the WebSocket sessions' timers; on graceful shutdown it drains every session (notice,
+/// then close `1012`) and waits up to 3 s for the sockets to close. Listed last in the service
+/// group, so it hears of shutdown first — before long-polls are answered and the HTTP server
+/// stops.
+struct WebSocketSessionsService: Service {
+    let sessions: WebSocketSessions
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown { await sessions.run() }
+        sessions.drain()
+        let deadline = ContinuousClock.now + .seconds(3)
+        while sessions.connectionCount > 0, ContinuousClock.now < deadline {
+            do { try await Task.sleep(for: .milliseconds(20)) } catch { return }
+        }
+    }
+}
+
+/// The HTTP/1 child channel of a server with the WebSocket endpoint: Hummingbird's upgrade
+/// channel, plus what its pre-upgrade pipeline lacks compared with the plain HTTP/1 channel —
+/// a first request the HTTP parser rejects gets the protocol's JSON 400 and the connection
+/// closes (instead of hanging), and a connection that sends nothing is closed after the idle
+/// timeout.
+struct TetherUpgradeChannel: ServerChildChannel {
+    typealias Value = HTTP1WebSocketUpgradeChannel.Value
+    let inner: HTTP1WebSocketUpgradeChannel
+    let idleTimeout: TimeAmount
+
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
+        inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
+            try channel.pipeline.syncOperations.addHandler(FirstRequestGuard(idleTimeout: idleTimeout))
+            return value
+        }
+    }
+
+    func handle(value: Value, logger: Logger) async {
+        // The library logs every connection whose upgrade negotiation fails (a failed TLS
+        // handshake, a peer gone before its first request) at `error`; none of them is the
+        // operator's to act on, so its logger only speaks at `critical`. Tether's own handlers
+        // log through the server's logger.
+        var quiet = logger
+        quiet.logLevel = max(logger.logLevel, .critical)
+        await inner.handle(value: value, logger: quiet)
+    }
+}
+
+/// Guards a connection until its first request is decided (upgraded or not): answers an HTTP
+/// parser error with the JSON 400 `ParserErrorResponder` gives later requests, and closes a
+/// connection that sends nothing within the idle timeout. Removes itself at the first read that
+/// reaches it (the upgrade decision is made by then; later requests have the HTTP/1 handlers).
+final class FirstRequestGuard: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = Never
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let idleTimeout: TimeAmount
+    private var idleTimer: Scheduled<Void>?
+    private var answered = false
+
+    init(idleTimeout: TimeAmount) { self.idleTimeout = idleTimeout }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        idleTimer = context.eventLoop.scheduleTask(in: idleTimeout) { loopBound.value.close(promise: nil) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        idleTimer?.cancel()
+        idleTimer = nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        idleTimer?.cancel()
+        idleTimer = nil
+        context.fireChannelRead(data)
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        guard error is HTTPParserError else {
+            context.fireErrorCaught(error)
+            return
+        }
+        guard !answered else { return }
+        answered = true
+        let body = ErrorBody.service(status: 400, service: "Balancer", message: "Could Not Parse Request")
+        var head = HTTPResponseHead(version: .http1_1, status: .badRequest)
+        head.headers.add(name: "Content-Type", value: "text/javascript; charset=\"UTF-8\"")
+        head.headers.add(name: "Content-Length", value: String(body.count))
+        head.headers.add(name: "Connection", value: "close")
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        context.close(promise: nil)
+    }
+}

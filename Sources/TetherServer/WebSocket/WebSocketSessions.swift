@@ -1,0 +1,261 @@
+import Foundation
+import Logging
+import NIOCore
+import NIOWebSocket
+import Synchronization
+@_spi(Benchmarks) import TetherProtocol
+import TetherServerCore
+
+/// What a WebSocket session is (the ``SessionTable``'s payload): who, what it subscribes to, and
+/// where it is. Kept while the session is kept, so a resume needs no resubscribe.
+struct SessionState: Sendable {
+    var keyset: Keyset
+    var uuid: String
+    var auth: String?
+    var publishKey: String?
+    var channels: [String] = []
+    var groups: [String] = []
+    var filter: String?
+    var states: [String: String] = [:]
+    /// The last cursor delivered (zero before the first `subscribe`).
+    var cursor: Timetoken = .zero
+    var hasSubscribed = false
+
+    /// Rough bytes held, for the kept sessions' byte bound.
+    var estimatedBytes: Int {
+        var bytes = 256 + uuid.utf8.count + (auth?.utf8.count ?? 0) + (filter?.utf8.count ?? 0)
+        for name in channels { bytes += 32 + name.utf8.count }
+        for name in groups { bytes += 32 + name.utf8.count }
+        for (channel, state) in states { bytes += 48 + channel.utf8.count + state.utf8.count }
+        return bytes
+    }
+
+    var spec: SubscriptionSpec { SubscriptionSpec(subscribeKey: keyset.subscribeKey, names: channels, groups: groups) }
+}
+
+/// The shell around the ``SessionTable``: a lock around the pure table, the open connections'
+/// outbound queues, and the loop that runs the table's timers (pings, hello and keep-alive
+/// deadlines, presence refreshes) on the server's injected clock. Lock, transition, unlock,
+/// then act.
+final class WebSocketSessions: Sendable {
+    typealias Table = SessionTable<SessionState>
+
+    /// What the sessions need to reach an open connection.
+    struct Handle: Sendable {
+        var queue: OutboundQueue
+        var channel: any Channel
+    }
+
+    private struct Locked: Sendable {
+        var table: Table
+        var handles: [Table.ConnectionID: Handle] = [:]
+        var evictionsLogged = 0
+    }
+
+    let settings: WebSocketSettings
+    private let locked: Mutex<Locked>
+    private let presence: PresenceService
+    private let clock: ElapsedClock
+    private let logger: Logger
+
+    init(settings: WebSocketSettings, presence: PresenceService, clock: ElapsedClock, logger: Logger) {
+        self.settings = settings
+        let configuration = Table.Configuration(
+            keepAlive: .seconds(settings.keepAliveSeconds), pingInterval: .seconds(settings.pingIntervalSeconds),
+            maxConnections: settings.maxConnections, maxKeptSessions: settings.maxKeptSessions,
+            maxKeptBytes: WebSocketSettings.maxKeptBytes)
+        locked = Mutex(Locked(table: Table(configuration: configuration)))
+        self.presence = presence
+        self.clock = clock
+        self.logger = logger
+    }
+
+    var now: Duration { clock.now() }
+
+    /// Open connections (before and after `hello`).
+    var connectionCount: Int { locked.withLock { $0.table.connectionCount } }
+    /// Sessions, connected or kept.
+    var sessionCount: Int { locked.withLock { $0.table.sessionCount } }
+    /// Kept (disconnected) sessions.
+    var keptCount: Int { locked.withLock { $0.table.keptCount } }
+
+    /// Reads the table.
+    func read<T>(_ body: (borrowing Table) -> T) -> T { locked.withLock { body($0.table) } }
+
+    /// A new socket; `nil` at the connection bound or while draining (the upgrade is refused).
+    func connect(channel: any Channel, queue: OutboundQueue) -> Table.ConnectionID? {
+        let now = self.now
+        let id = locked.withLock { s -> Table.ConnectionID? in
+            guard case .accepted(let id) = s.table.connect(now: now) else { return nil }
+            s.handles[id] = Handle(queue: queue, channel: channel)
+            return id
+        }
+        return id
+    }
+
+    /// Whether graceful shutdown started (deliveries stop: the hub answers at once from then on).
+    var isDraining: Bool { locked.withLock { $0.table.isDraining } }
+
+    func open(_ connection: Table.ConnectionID, token: String, state: SessionState) -> Table.SessionID? {
+        let now = self.now
+        return locked.withLock { $0.table.open(connection, token: token, payload: state, bytes: state.estimatedBytes, now: now) }
+    }
+
+    /// `hello` with a resume token: the session, if the table holds it and `belongs` says it is
+    /// this client's (otherwise it is left as it was and the result is `.unknown`).
+    func resume(_ connection: Table.ConnectionID, token: String, belongs: (SessionState) -> Bool) -> Table.ResumeResult {
+        let now = self.now
+        let (result, previous) = locked.withLock { s -> (Table.ResumeResult, Handle?) in
+            guard let id = s.table.session(forToken: token), let state = s.table.payload(of: id), belongs(state) else {
+                return (.unknown, nil)
+            }
+            let result = s.table.resume(connection, token: token, now: now)
+            if case .resumed(_, _, let previous?) = result { return (result, s.handles[previous]) }
+            return (result, nil)
+        }
+        previous?.queue.close(code: WebSocketCloseCode.takenOver, reason: "session resumed elsewhere")
+        return result
+    }
+
+    func state(of session: Table.SessionID) -> SessionState? { locked.withLock { $0.table.payload(of: session) } }
+
+    /// Changes a session's state (its subscription or cursor).
+    @discardableResult
+    func update(_ session: Table.SessionID, _ change: (inout SessionState) -> Void) -> SessionState? {
+        locked.withLock { s in
+            guard var state = s.table.payload(of: session) else { return nil }
+            change(&state)
+            s.table.update(session, payload: state, bytes: state.estimatedBytes)
+            return state
+        }
+    }
+
+    func received(_ connection: Table.ConnectionID) {
+        let now = self.now
+        locked.withLock { $0.table.received(connection, now: now) }
+    }
+
+    /// `bye`: the session ends; its uuid leaves every channel.
+    func end(_ connection: Table.ConnectionID) async {
+        guard let state = locked.withLock({ $0.table.end(connection) }) else { return }
+        if state.hasSubscribed {
+            await presence.leave(subscribeKey: state.keyset.subscribeKey, uuid: state.uuid, channels: state.channels, groups: state.groups)
+        }
+    }
+
+    /// The socket is gone: its session is kept. Presence is extended to the end of the
+    /// keep-alive window, so the uuid times out exactly when the window lapses unless it resumes.
+    func disconnected(_ connection: Table.ConnectionID) async {
+        let now = self.now
+        let (kept, actions) = locked.withLock { s -> (SessionState?, [Table.Action]) in
+            s.handles[connection] = nil
+            let session = s.table.session(on: connection)
+            let actions = s.table.disconnected(connection, now: now)
+            return (session.flatMap { s.table.payload(of: $0) }, actions)
+        }
+        if let kept, kept.hasSubscribed {
+            await presence.refresh(subscribeKey: kept.keyset.subscribeKey, uuid: kept.uuid, channels: kept.channels, groups: kept.groups,
+                                   timeoutSeconds: settings.keepAliveSeconds)
+        }
+        await perform(actions)
+    }
+
+    /// Graceful shutdown: refuses new connections, sends every open one the `drain` notice and
+    /// its close frame (`1012`). Sessions stay kept until the process exits.
+    func drain() {
+        let handles = locked.withLock { s in s.table.drain().compactMap { s.handles[$0] } }
+        let notice = WebSocketServerFrame.drain(reconnectAfterMilliseconds: settings.drainReconnectAfterMilliseconds,
+                                                jitterMilliseconds: settings.drainJitterMilliseconds)
+        if !handles.isEmpty {
+            logger.info("draining WebSocket sessions for shutdown", metadata: ["connections": "\(handles.count)"])
+        }
+        for handle in handles {
+            handle.queue.send(notice)
+            handle.queue.close(code: WebSocketCloseCode.drain, reason: "server shutting down")
+        }
+    }
+
+    /// Runs the table's timers until cancelled: sleeps until the next deadline (at most a second
+    /// at a time, so a deadline set meanwhile is late by under a second), then performs what is due.
+    func run() async {
+        while !Task.isCancelled {
+            let now = self.now
+            let next = locked.withLock { $0.table.nextWakeUp }
+            var wait = Duration.seconds(1)
+            if let next { wait = max(.zero, min(wait, next - now)) }
+            do {
+                try await clock.sleep(wait)
+            } catch {
+                return
+            }
+            await tick()
+        }
+    }
+
+    /// Performs what is due now (the loop calls it; tests may too).
+    func tick() async {
+        let now = self.now
+        let actions = locked.withLock { $0.table.tick(now: now) }
+        await perform(actions)
+    }
+
+    private func perform(_ actions: [Table.Action]) async {
+        for action in actions {
+            switch action {
+            case .ping(let connection, let id):
+                let handle = locked.withLock { $0.handles[connection] }
+                handle?.queue.send(WebSocketServerFrame.ping(id: .number(.init(Int64(clamping: id)))))
+            case .close(let connection, let reason):
+                let handle = locked.withLock { $0.handles[connection] }
+                switch reason {
+                case .pingTimeout:
+                    logger.debug("WebSocket closed: two missed pings")
+                    handle?.queue.close(code: WebSocketCloseCode.pingTimeout, reason: "ping timeout")
+                case .helloTimeout:
+                    handle?.queue.close(code: WebSocketCloseCode.helloTimeout, reason: "hello timeout")
+                    // Also the end of a connection whose upgrade never completed.
+                    await disconnected(connection)
+                case .takenOver:
+                    handle?.queue.close(code: WebSocketCloseCode.takenOver, reason: "session resumed elsewhere")
+                }
+                // A peer that reads nothing never answers the close handshake: end the socket.
+                if let channel = handle?.channel {
+                    channel.eventLoop.scheduleTask(in: .seconds(2)) { channel.close(promise: nil) }
+                }
+            case .expired(_, let state, let reason):
+                switch reason {
+                case .keepAliveLapsed:
+                    // Presence times out on its own at this moment (extended to the window's end).
+                    logger.debug("WebSocket session expired", metadata: ["uuid": "\(state.uuid)"])
+                case .evicted:
+                    let total = locked.withLock { s -> Int? in
+                        s.evictionsLogged += 1
+                        return s.evictionsLogged == 1 || s.evictionsLogged % 1000 == 0 ? s.evictionsLogged : nil
+                    }
+                    if let total {
+                        logger.warning("kept WebSocket sessions at their bound; the oldest kept session expired (raise --ws-max-kept-sessions?)",
+                                       metadata: ["evicted": "\(total)", "limit": "\(settings.maxKeptSessions)"])
+                    }
+                    if state.hasSubscribed {
+                        await presence.leave(subscribeKey: state.keyset.subscribeKey, uuid: state.uuid, channels: state.channels,
+                                             groups: state.groups)
+                    }
+                }
+            case .refreshPresence(_, let state):
+                guard state.hasSubscribed else { continue }
+                await presence.refresh(subscribeKey: state.keyset.subscribeKey, uuid: state.uuid, channels: state.channels,
+                                       groups: state.groups, timeoutSeconds: settings.keepAliveSeconds)
+            }
+        }
+    }
+
+    /// A new resume token: 128 random bits, hex.
+    static func makeToken() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<2).map { _ in
+            let value = generator.next() as UInt64
+            let hex = String(value, radix: 16)
+            return String(repeating: "0", count: 16 - hex.count) + hex
+        }.joined()
+    }
+}

@@ -1,0 +1,526 @@
+import Foundation
+import Testing
+import NIOSSL
+import TetherProtocol
+import TetherServer
+import TetherTesting
+import TetherTestingServer
+
+/// The WebSocket session endpoint over a real socket on loopback, against a real server and
+/// SQLite file (docs/websocket-protocol.md). Timing (pings, keep-alive) runs on a manual clock.
+@Suite(.serialized) struct WebSocketTests {
+    static func start(clock: ManualClock? = nil, webSocket: WebSocketSettings = .init(),
+                      file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30)) async throws -> InProcessServer {
+        if let clock { return try await InProcessServer.start(file: file, clock: clock, webSocket: webSocket) }
+        return try await InProcessServer.start(file: file, webSocket: webSocket)
+    }
+
+    static func hello(_ uuid: String = "alice", resume: (token: String, cursor: String?)? = nil) -> JSONValue {
+        var object: [String: JSONValue] = ["type": "hello", "v": 1, "subscribeKey": "demo", "publishKey": "demo", "uuid": .string(uuid)]
+        if let resume {
+            var r: [String: JSONValue] = ["token": .string(resume.token)]
+            if let cursor = resume.cursor { r["cursor"] = .string(cursor) }
+            object["resume"] = .object(r)
+        }
+        return .object(object)
+    }
+
+    static func subscribe(_ channels: [String], cursor: String? = nil) -> JSONValue {
+        var object: [String: JSONValue] = ["type": "subscribe", "channels": .array(channels.map { .string($0) })]
+        if let cursor { object["cursor"] = .string(cursor) }
+        return .object(object)
+    }
+
+    /// Connects, says hello, subscribes; returns the client, the welcome and the subscribe cursor.
+    static func session(_ server: InProcessServer, uuid: String = "alice", channels: [String] = ["chat"], cursor: String? = nil)
+        async throws -> (WebSocketTestClient, welcome: [String: JSONValue], cursor: String)
+    {
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(hello(uuid))
+        let welcome = try #require(await client.frame())
+        #expect(welcome.type == "welcome")
+        client.send(subscribe(channels, cursor: cursor))
+        let subscribed = try #require(await client.frame(ofType: "subscribed"))
+        return (client, welcome, try #require(subscribed["cursor"]?.stringValue))
+    }
+
+    /// Messages of `messages` frames until `count` envelopes arrived: (timetoken, payload text, frame cursor).
+    static func envelopes(_ client: WebSocketTestClient, count: Int) async -> [(tt: String, payload: String, cursor: String)] {
+        var result: [(String, String, String)] = []
+        while result.count < count, let frame = await client.frame(ofType: "messages") {
+            let cursor = frame["t"]?["t"]?.stringValue ?? ""
+            for envelope in frame["m"]?.arrayValue ?? [] {
+                result.append((envelope["p"]?["t"]?.stringValue ?? "", envelope["d"]?.jsonText ?? "", cursor))
+            }
+        }
+        return result
+    }
+
+    @Test func helloSubscribePublishAck() async throws {
+        let server = try await Self.start()
+        let (client, welcome, _) = try await Self.session(server)
+        #expect(welcome["resumed"] == .bool(false))
+        #expect(welcome["keepAliveSeconds"] == 300)
+        #expect(welcome["pingIntervalSeconds"] == 25)
+        #expect(welcome["resumeToken"]?.stringValue?.count == 32)
+        client.send(.object(["type": "publish", "requestId": "r1", "channel": "chat", "message": ["text": "hi"]]))
+        let ack = try #require(await client.frame(ofType: "ack"))
+        #expect(ack["requestId"] == "r1")
+        let timetoken = try #require(ack["timetoken"]?.stringValue)
+        let delivered = await Self.envelopes(client, count: 1)
+        #expect(delivered.map(\.tt) == [timetoken])
+        #expect(delivered.first?.payload == #"{"text":"hi"}"#)
+        // A refused publish is an ack with PubNub's error, not a closed socket.
+        client.send(.object(["type": "publish", "requestId": "r2", "channel": "bad,channel", "message": 1]))
+        let refused = try #require(await client.frame(ofType: "ack"))
+        #expect(refused["requestId"] == "r2")
+        #expect(refused["error"]?["status"] == 400)
+        client.send(.object(["type": "ping", "id": "p1"]))
+        let pong = try #require(await client.frame(ofType: "pong"))
+        #expect(pong["id"] == "p1")
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func restPublishArrivesWithTheLongPollsTimetokenAndCursor() async throws {
+        let server = try await Self.start()
+        let rest = TestServer(inProcess: server)
+        let (client, _, _) = try await Self.session(server, channels: ["news"])
+        let handshake = try await rest.handshake("news")
+        async let longPoll = rest.subscribe("news", tt: handshake)
+        #expect(await rest.longPollsWaiting(2))  // the long-poll and the session's delivery loop
+        let timetoken = try await rest.publish("news", #"{"n":1}"#)
+        let (cursor, messages, _) = try await longPoll
+        let delivered = await Self.envelopes(client, count: 1)
+        #expect(delivered.map(\.tt) == [String(timetoken.rawValue)])
+        #expect((messages.first?["p"] as? [String: Any])?["t"] as? String == String(timetoken.rawValue))
+        #expect(delivered.first?.cursor == String(cursor.rawValue))
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func resumeWithinTheWindowLosesNothingAndDuplicatesNothing() async throws {
+        let server = try await Self.start()
+        let rest = TestServer(inProcess: server)
+        let (client, welcome, _) = try await Self.session(server)
+        let token = try #require(welcome["resumeToken"]?.stringValue)
+        var published: [String] = []
+        for i in 0..<3 { published.append(String(try await rest.publish("chat", "\(i)").rawValue)) }
+        let first = await Self.envelopes(client, count: 3)
+        #expect(first.map(\.tt) == published)
+        let cursor = try #require(first.last?.cursor)
+        client.drop()
+        _ = await client.closeCode()
+        #expect(await eventually { server.server.webSocketCounts.kept == 1 })
+        for i in 3..<8 { published.append(String(try await rest.publish("chat", "\(i)").rawValue)) }
+
+        let again = WebSocketTestClient(baseURL: server.baseURL)
+        again.send(Self.hello(resume: (token, cursor)))
+        let resumed = try #require(await again.frame())
+        #expect(resumed.type == "welcome")
+        #expect(resumed["resumed"] == .bool(true))
+        #expect(resumed["subscription"]?["channels"] == ["chat"])
+        let replay = await Self.envelopes(again, count: 5)
+        #expect(replay.map(\.tt) == Array(published[3...]))
+        published.append(String(try await rest.publish("chat", "8").rawValue))
+        let live = await Self.envelopes(again, count: 1)
+        #expect(live.map(\.tt) == [published[8]])
+        #expect(await again.drain(within: 0.3).filter { $0.type == "messages" }.isEmpty)
+        await again.close()
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func aResumeTakesTheSessionOverAndAForeignTokenIsUnknown() async throws {
+        let server = try await Self.start()
+        let (first, welcome, _) = try await Self.session(server)
+        let token = try #require(welcome["resumeToken"]?.stringValue)
+        // Another uuid with alice's token: not alice's session; hers is untouched.
+        let mallory = WebSocketTestClient(baseURL: server.baseURL)
+        mallory.send(Self.hello("mallory", resume: (token, nil)))
+        #expect(await mallory.frame()?["notice"] == "sessionExpired")
+        #expect(await mallory.frame()?["resumed"] == .bool(false))
+        #expect(server.server.webSocketCounts.connections == 2)
+        // Alice on a second socket while the first is open: the first is closed with 4409.
+        let second = WebSocketTestClient(baseURL: server.baseURL)
+        second.send(Self.hello(resume: (token, nil)))
+        #expect(await second.frame()?["resumed"] == .bool(true))
+        #expect(await first.closeCode() == 4409)
+        let timetoken = try await TestServer(inProcess: server).publish("chat", "1")
+        #expect(await Self.envelopes(second, count: 1).map(\.tt) == [String(timetoken.rawValue)])
+        await mallory.close()
+        await second.close()
+        await first.close()
+        await server.stop()
+    }
+
+    @Test func resumeAfterTheWindowSaysExpiredAndCatchUpWorksFromTheCursor() async throws {
+        let clock = ManualClock()
+        let server = try await Self.start(clock: clock)
+        let rest = TestServer(inProcess: server)
+        let (client, welcome, _) = try await Self.session(server)
+        let token = try #require(welcome["resumeToken"]?.stringValue)
+        let before = try await rest.publish("chat", "1")
+        let cursor = try #require(await Self.envelopes(client, count: 1).last?.cursor)
+        #expect(cursor == String(before.rawValue))
+        client.drop()
+        _ = await client.closeCode()
+        #expect(await eventually { server.server.webSocketCounts.kept == 1 })
+        let missed = try await rest.publish("chat", "2")
+        clock.advance(by: .seconds(301))
+        await server.server.tickWebSocketSessions()
+        #expect(server.server.webSocketCounts.sessions == 0)
+
+        let again = WebSocketTestClient(baseURL: server.baseURL)
+        again.send(Self.hello(resume: (token, cursor)))
+        let notice = try #require(await again.frame())
+        #expect(notice.type == "notice")
+        #expect(notice["notice"] == "sessionExpired")
+        let fresh = try #require(await again.frame())
+        #expect(fresh.type == "welcome")
+        #expect(fresh["resumed"] == .bool(false))
+        again.send(Self.subscribe(["chat"], cursor: cursor))
+        #expect(await Self.envelopes(again, count: 1).map(\.tt) == [String(missed.rawValue)])
+        await again.close()
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func presenceJoinsOnceAcrossAReconnectAndLeavesOnBye() async throws {
+        let server = try await Self.start()
+        let (watcher, _, _) = try await Self.session(server, uuid: "watcher", channels: ["room-pnpres"])
+        let (client, welcome, _) = try await Self.session(server, uuid: "alice", channels: ["room"])
+        let token = try #require(welcome["resumeToken"]?.stringValue)
+        func actions(_ frames: [[String: JSONValue]]) -> [String] {
+            frames.filter { $0.type == "messages" }.flatMap { $0["m"]?.arrayValue ?? [] }
+                .compactMap { envelope in envelope["d"]?["action"]?.stringValue.map { "\($0) \(envelope["d"]?["uuid"]?.stringValue ?? "")" } }
+        }
+        #expect(actions(await watcher.drain(within: 1)) == ["join alice"])
+        client.drop()
+        _ = await client.closeCode()
+        #expect(await eventually { server.server.webSocketCounts.kept == 1 })
+        let again = WebSocketTestClient(baseURL: server.baseURL)
+        again.send(Self.hello(resume: (token, nil)))
+        #expect(await again.frame()?["resumed"] == .bool(true))
+        #expect(actions(await watcher.drain(within: 0.5)) == [])
+        again.send(.object(["type": "bye"]))
+        #expect(await again.closeCode() == 1000)
+        #expect(actions(await watcher.drain(within: 1)) == ["leave alice"])
+        #expect(server.server.webSocketCounts.sessions == 1)  // the watcher's
+        await watcher.close()
+        await again.close()
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func keptSessionTimesOutOfPresenceWhenItsWindowLapses() async throws {
+        let clock = ManualClock()
+        let server = try await Self.start(clock: clock)
+        let (watcher, _, _) = try await Self.session(server, uuid: "watcher", channels: ["room-pnpres"])
+        let (client, _, _) = try await Self.session(server, uuid: "alice", channels: ["room"])
+        #expect(await watcher.frame(ofType: "messages")?["m"]?[0]?["d"]?["action"] == "join")
+        client.drop()
+        _ = await client.closeCode()
+        #expect(await eventually { server.server.webSocketCounts.kept == 1 })
+        clock.advance(by: .seconds(299))
+        await server.server.tickWebSocketSessions()
+        #expect(await watcher.drain(within: 0.5).filter { $0.type == "messages" }.isEmpty)
+        // The presence loop sleeps on the manual clock a second at a time: step until it ticks.
+        var timeout: [String: JSONValue]?
+        for _ in 0..<10 where timeout == nil {
+            clock.advance(by: .seconds(1))
+            await server.server.tickWebSocketSessions()
+            timeout = await watcher.frame(ofType: "messages", within: 0.5)
+        }
+        #expect(timeout?["m"]?[0]?["d"]?["action"] == "timeout")
+        #expect(server.server.webSocketCounts.sessions == 1)  // the watcher's; alice's expired
+        await watcher.close()
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func twoMissedPongsCloseTheConnectionAndKeepTheSession() async throws {
+        let clock = ManualClock()
+        let server = try await Self.start(clock: clock)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        #expect(await client.frame()?.type == "welcome")
+        clock.advance(by: .seconds(25))
+        await server.server.tickWebSocketSessions()
+        #expect(await client.frame(pings: true)?.type == "ping")
+        clock.advance(by: .seconds(25))
+        await server.server.tickWebSocketSessions()
+        #expect(await client.frame(pings: true)?.type == "ping")
+        clock.advance(by: .seconds(25))
+        await server.server.tickWebSocketSessions()
+        #expect(await client.closeCode() == 4001)
+        #expect(await eventually { server.server.webSocketCounts.kept == 1 })
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func aSocketWithoutHelloIsClosedAtItsDeadline() async throws {
+        let clock = ManualClock()
+        let server = try await Self.start(clock: clock)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        #expect(await eventually { server.server.webSocketCounts.connections == 1 })
+        clock.advance(by: .seconds(10))
+        await server.server.tickWebSocketSessions()
+        #expect(await client.closeCode() == 4002)
+        #expect(await eventually { server.server.webSocketCounts.connections == 0 })
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func theFilterExpressionAndPresenceStateApply() async throws {
+        let server = try await Self.start()
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        #expect(await client.frame()?.type == "welcome")
+        client.send(.object(["type": "subscribe", "channels": ["f"], "filter": "priority == 'high'", "state": ["f": ["mood": "busy"]]]))
+        #expect(await client.frame()?.type == "subscribed")
+        let rest = TestServer(inProcess: server)
+        _ = try await rest.publish("f", "1", query: "&meta=" + PercentCoding.encode(#"{"priority":"low"}"#))
+        let high = try await rest.publish("f", "2", query: "&meta=" + PercentCoding.encode(#"{"priority":"high"}"#))
+        #expect(await Self.envelopes(client, count: 1).map(\.tt) == [String(high.rawValue)])
+        let state = try await rest.get("/v2/presence/sub-key/demo/channel/f/uuid/alice")
+        #expect(state.body.contains(#""mood":"busy""#), "\(state.body)")
+        client.send(.object(["type": "subscribe", "channels": ["g"], "filter": "(("]))
+        #expect(await client.frame()?["code"] == "invalidFilter")
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func answeredPingsKeepTheConnection() async throws {
+        let clock = ManualClock()
+        let server = try await Self.start(clock: clock)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        #expect(await client.frame()?.type == "welcome")
+        for _ in 0..<4 {
+            clock.advance(by: .seconds(25))
+            await server.server.tickWebSocketSessions()
+            let ping = try #require(await client.frame(pings: true))
+            #expect(ping.type == "ping")
+            client.send(.object(["type": "pong", "id": ping["id"] ?? .null]))
+            client.send(.object(["type": "ping", "id": 7]))
+            #expect(await client.frame()?["id"] == 7)  // the pong, so the server has read ours
+        }
+        #expect(server.server.webSocketCounts.connections == 1)
+        await client.close()
+        await server.stop()
+    }
+
+    @Test(arguments: [
+        ("not json", 4400, "malformed"),
+        (#"{"no":"type"}"#, 4400, "malformed"),
+        (#"{"type":"teleport"}"#, 4404, "unknownType"),
+        (#"{"type":"subscribe","channels":["a"]}"#, 4400, "malformed"),  // before hello
+    ])
+    func hostileFramesGetTheirCloseCodes(_ text: String, _ code: Int, _ error: String) async throws {
+        let server = try await Self.start()
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        if !text.contains("subscribe") {
+            client.send(Self.hello())
+            #expect(await client.frame()?.type == "welcome")
+        }
+        client.send(text)
+        let frame = try #require(await client.frame())
+        #expect(frame.type == "error")
+        #expect(frame["code"]?.stringValue == error)
+        #expect(await client.closeCode() == code)
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func oversizedBinaryAndTooManyChannels() async throws {
+        let server = try await Self.start()
+        let big = WebSocketTestClient(baseURL: server.baseURL, maxFrameSize: 1 << 22)
+        big.send(String(repeating: "x", count: 200_000))
+        #expect(await big.closeCode() == 1009)
+        await big.close()
+
+        let binary = WebSocketTestClient(baseURL: server.baseURL)
+        binary.send(Self.hello())
+        #expect(await binary.frame()?.type == "welcome")
+        binary.sendBinary()
+        #expect(await binary.frame()?["code"] == "malformed")
+        #expect(await binary.closeCode() == 4400)
+        await binary.close()
+
+        let many = WebSocketTestClient(baseURL: server.baseURL)
+        many.send(Self.hello())
+        #expect(await many.frame()?.type == "welcome")
+        many.send(Self.subscribe((0..<201).map { "c\($0)" }))
+        #expect(await many.frame()?["code"] == "tooManyChannels")
+        #expect(await many.closeCode() == 4413)
+        await many.close()
+        await server.stop()
+    }
+
+    @Test func slowConsumerIsDisconnectedAndItsSessionKept() async throws {
+        let server = try await Self.start(webSocket: .init(outboundBufferFrames: 4, outboundBufferBytes: 64 * 1024))
+        let rest = TestServer(inProcess: server)
+        let client = WebSocketTestClient(baseURL: server.baseURL, reads: false)
+        client.send(Self.hello())
+        client.send(Self.subscribe(["flood"]))
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        let payload = "\"" + String(repeating: "y", count: 30_000) + "\""
+        var sent = 0
+        // Until the socket's buffers fill and the outbound buffer overflows (store=0: no fsync).
+        while server.server.webSocketCounts.kept == 0, sent < 2_000 {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for _ in 0..<20 { group.addTask { _ = try await rest.publish("flood", payload, query: "&store=0") } }
+                try await group.waitForAll()
+            }
+            sent += 20
+        }
+        #expect(server.server.webSocketCounts.kept == 1)
+        #expect(server.server.webSocketCounts.connections == 0)
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func shutdownDrainsEverySession() async throws {
+        let server = try await Self.start(webSocket: .init(drainReconnectAfterMilliseconds: 2_000, drainJitterMilliseconds: 3_000))
+        let (client, _, _) = try await Self.session(server)
+        async let stopped: Void = server.stop()
+        let notice = try #require(await client.frame(ofType: "notice"))
+        #expect(notice["notice"] == "drain")
+        #expect(notice["reconnectAfterMs"] == 2_000)
+        #expect(notice["jitterMs"] == 3_000)
+        #expect(await client.closeCode() == 1012)
+        await stopped
+        await client.close()
+    }
+
+    @Test func accessIsCheckedAtSubscribeAndPublishAndARevokedGrantEndsOnlyItsChannels() async throws {
+        let keyset = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
+        let server = try await Self.start(file: .init(keysets: [keyset], subscribeTimeoutSeconds: 30))
+        let rest = TestServer(inProcess: server)
+        for channel in ["open", "also"] {
+            let grant = try await rest.get(signedPath("/v2/auth/grant/sub-key/sub-s",
+                                                      ["channel": channel, "auth": "ak", "r": "1", "w": "1", "ttl": "5", "uuid": "admin"],
+                                                      keyset: keyset))
+            #expect(grant.status == 200, "\(grant.body)")
+        }
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(.object(["type": "hello", "v": 1, "subscribeKey": "sub-s", "publishKey": "pub-s", "uuid": "u", "auth": "ak"]))
+        #expect(await client.frame()?.type == "welcome")
+        client.send(Self.subscribe(["open", "also", "closed"]))
+        let subscribed = try #require(await client.frame())
+        #expect(subscribed["channels"] == ["open", "also"])
+        let denied = try #require(await client.frame())
+        #expect(denied["notice"] == "accessDenied")
+        #expect(denied["channels"] == ["closed"])
+        client.send(.object(["type": "publish", "requestId": "w1", "channel": "closed", "message": 1]))
+        #expect(await client.frame(ofType: "ack")?["error"]?["status"] == 403)
+        client.send(.object(["type": "publish", "requestId": "w2", "channel": "open", "message": 2]))
+        #expect(await client.frame(ofType: "ack")?["timetoken"] != nil)
+        #expect(await Self.envelopes(client, count: 1).count == 1)
+        // Revoking read on one channel ends that channel only.
+        let revoke = try await rest.get(signedPath("/v2/auth/grant/sub-key/sub-s",
+                                                   ["channel": "open", "auth": "ak", "r": "0", "w": "0", "ttl": "5", "uuid": "admin"],
+                                                   keyset: keyset))
+        #expect(revoke.status == 200)
+        let ended = try #require(await client.frame(ofType: "notice"))
+        #expect(ended["notice"] == "accessDenied")
+        #expect(ended["channels"] == ["open"])
+        let published = try await rest.get(signedPath("/publish/pub-s/sub-s/0/also/0/3", ["uuid": "admin"], keyset: keyset))
+        #expect(published.status == 200, "\(published.body)")
+        #expect(await Self.envelopes(client, count: 1).map(\.payload) == ["3"])
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func aCursorMovesBetweenLongPollAndWebSocketWithNoLossAndNoDuplicate() async throws {
+        let server = try await Self.start()
+        let rest = TestServer(inProcess: server)
+        var published: [String] = []
+        // Long-poll first.
+        let start = try await rest.handshake("move")
+        for i in 0..<3 { published.append(String(try await rest.publish("move", "\(i)").rawValue)) }
+        let (longPollCursor, first, _) = try await rest.subscribe("move", tt: start)
+        #expect(first.compactMap { ($0["p"] as? [String: Any])?["t"] as? String } == Array(published[0..<3]))
+        for i in 3..<6 { published.append(String(try await rest.publish("move", "\(i)").rawValue)) }
+        // Then the WebSocket from the long-poll's cursor.
+        let (client, _, _) = try await Self.session(server, channels: ["move"], cursor: String(longPollCursor.rawValue))
+        let second = await Self.envelopes(client, count: 3)
+        #expect(second.map(\.tt) == Array(published[3..<6]))
+        await client.close()
+        for i in 6..<8 { published.append(String(try await rest.publish("move", "\(i)").rawValue)) }
+        // And back to long-poll from the session's cursor.
+        let (_, third, _) = try await rest.subscribe("move", tt: try #require(Timetoken(parsing: second.last?.cursor ?? "")))
+        #expect(third.compactMap { ($0["p"] as? [String: Any])?["t"] as? String } == Array(published[6..<8]))
+        await server.stop()
+    }
+
+    @Test func aPublishFloodGetsRateLimitedAcks() async throws {
+        var limits = Limits()
+        limits.publishRatePerSecond = 1
+        limits.publishBurst = 2
+        let keyset = Keyset(name: "tight", publishKey: "pub-t", subscribeKey: "sub-t", limits: limits)
+        let server = try await Self.start(file: .init(keysets: [keyset], subscribeTimeoutSeconds: 30))
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(.object(["type": "hello", "v": 1, "subscribeKey": "sub-t", "publishKey": "pub-t", "uuid": "flooder"]))
+        #expect(await client.frame()?.type == "welcome")
+        for i in 0..<4 { client.send(.object(["type": "publish", "requestId": .string("r\(i)"), "channel": "c", "message": 1])) }
+        var statuses: [String: Int] = [:]
+        var notices = 0
+        while statuses.count < 4, let frame = await client.frame() {
+            if frame.type == "ack", let id = frame["requestId"]?.stringValue {
+                statuses[id] = frame["timetoken"] != nil ? 200 : Int(frame["error"]?["status"]?.numberValue?.exactInteger ?? 0)
+            }
+            if frame["notice"] == "rateLimited" { notices += 1 }
+        }
+        #expect(statuses == ["r0": 200, "r1": 200, "r2": 429, "r3": 429])
+        #expect(notices >= 1)
+        #expect(server.server.webSocketCounts.connections == 1)  // limited, not disconnected
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func sessionsWorkOverTLS() async throws {
+        let certificates = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("Sources/TetherTesting/Certificates")
+        let server = try await InProcessServer.start(tls: (certificates.appendingPathComponent("server.pem").path,
+                                                           certificates.appendingPathComponent("server-key.pem").path))
+        var trusting = TLSConfiguration.makeClientConfiguration()
+        trusting.trustRoots = .file(certificates.appendingPathComponent("ca.pem").path)
+        // The certificate names localhost (an IP address cannot be a TLS server name).
+        let client = WebSocketTestClient(baseURL: server.baseURL.replacingOccurrences(of: "127.0.0.1", with: "localhost"), tls: trusting)
+        client.send(Self.hello())
+        #expect(await client.frame()?.type == "welcome")
+        client.send(Self.subscribe(["secure"]))
+        #expect(await client.frame(ofType: "subscribed") != nil)
+        client.send(.object(["type": "publish", "requestId": "t1", "channel": "secure", "message": "s"]))
+        let ack = try #require(await client.frame(ofType: "ack"))
+        #expect(await Self.envelopes(client, count: 1).map(\.tt) == [ack["timetoken"]?.stringValue ?? ""])
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func overloadRefusesTheUpgradeWith503() async throws {
+        let server = try await Self.start(webSocket: .init(maxConnections: 1))
+        let first = WebSocketTestClient(baseURL: server.baseURL)
+        first.send(Self.hello())
+        #expect(await first.frame()?.type == "welcome")
+        let response = try await rawHTTP(port: server.port, """
+            GET /v2/ws HTTP/1.1\r
+            Host: 127.0.0.1\r
+            Upgrade: websocket\r
+            Connection: Upgrade\r
+            Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r
+            Sec-WebSocket-Version: 13\r
+            Sec-WebSocket-Protocol: tether.v1.json\r
+            \r
+
+            """)
+        #expect(response.hasPrefix("HTTP/1.1 503"))
+        #expect(response.contains("Retry-After: 5"))
+        // REST is not limited by it.
+        #expect(try await TestServer(inProcess: server).get("/time/0").status == 200)
+        await first.close()
+        await server.stop()
+    }
+}
