@@ -19,6 +19,8 @@ final class SubscribeEngine: Sendable {
     private let slots = CancellationSlots<SubscribeSlot>()
     let listeners = ListenerRegistry()
     private let logger: Logger
+    private let chores: AsyncStream<@Sendable () async -> Void>
+    private let choreSink: AsyncStream<@Sendable () async -> Void>.Continuation
 
     init(configuration: SubscribeMachine.Configuration, clock: ElapsedClock, monitor: (any NetworkMonitor)?, logger: Logger) {
         machine = Mutex(SubscribeMachine(configuration: configuration))
@@ -26,7 +28,11 @@ final class SubscribeEngine: Sendable {
         self.clock = clock
         self.monitor = monitor
         self.logger = logger
+        (chores, choreSink) = AsyncStream.makeStream(of: (@Sendable () async -> Void).self)
     }
+
+    /// Runs `work` as a child of ``run(client:)`` (cancelled when the engine stops).
+    func spawn(_ work: @escaping @Sendable () async -> Void) { choreSink.yield(work) }
 
     /// Applies one input to the machine and enqueues its actions (inside the lock, so the order of
     /// actions is the order of transitions).
@@ -44,11 +50,20 @@ final class SubscribeEngine: Sendable {
     }
 
     /// Stops accepting actions; `run` returns once the queue is drained.
-    func finish() { actionSink.finish() }
+    func finish() {
+        actionSink.finish()
+        choreSink.finish()
+    }
 
     /// Performs actions until ``finish()`` or cancellation.
     func run(client: TetherClient) async {
         await withDiscardingTaskGroup { group in
+            group.addTask { await client.session.run() }
+            group.addTask { [chores] in
+                await withDiscardingTaskGroup { choresGroup in
+                    for await chore in chores { choresGroup.addTask { await chore() } }
+                }
+            }
             if let monitor {
                 group.addTask { [self] in
                     for await path in monitor.pathUpdates() {
@@ -78,7 +93,7 @@ final class SubscribeEngine: Sendable {
             group.addTask { [self] in
                 await slots.race(.subscribe, token: token) { [self] in
                     do throws(TetherError) {
-                        let (response, gaps) = try await client.subscribeRequest(channels: channels, groups: groups, cursor: cursor)
+                        let (response, gaps) = try await client.receive(channels: channels, groups: groups, cursor: cursor)
                         send { machine, now in machine.subscribeSucceeded(id, response: response, gaps: gaps, now: now) }
                     } catch {
                         let status = error.status
@@ -111,12 +126,21 @@ final class SubscribeEngine: Sendable {
             listeners.emit(delivered)
         case .connectionChanged(let change):
             listeners.emit(change)
+            switch change.current {
+            case .idle, .disconnected:
+                // The app ended the subscription: `bye` ends the WebSocket session (presence leave).
+                group.addTask { await client.session.close(bye: true) }
+            case .connecting, .connected, .reconnecting, .waitingForNetwork, .failed:
+                break
+            }
         case .deliver(let events):
             listeners.deliver(events)
         case .continuity(let outcomes):
             listeners.emit(outcomes)
         case .leave(let channels, let groups):
             group.addTask {
+                // Over a WebSocket session, `unsubscribe` stops the deliveries and sends the leave.
+                if await client.session.leave(channels: channels, groups: groups) { return }
                 do { try await client.leave(channels: channels, groups: groups) } catch {
                     // A failed leave only delays the others' leave event until the presence timeout.
                 }
@@ -138,7 +162,10 @@ final class SubscribeEngine: Sendable {
             group.addTask { [self] in
                 await slots.race(.liveness, token: token) { [self] in
                     do throws(TetherError) {
-                        if presence && !(channels.isEmpty && groups.isEmpty) {
+                        if client.session.isOpen && client.currentWire() == .webSocket {
+                            // The session keeps presence; a ping checks the socket itself.
+                            _ = try await client.session.ping(timeout: timeout)
+                        } else if presence && !(channels.isEmpty && groups.isEmpty) {
                             try await client.heartbeat(channels: channels, groups: groups, timeout: timeout)
                         } else {
                             _ = try await client.time(timeout: timeout)

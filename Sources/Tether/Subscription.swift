@@ -136,6 +136,7 @@ final class ListenerRegistry: Sendable {
         var status: [Int: @Sendable (Status) -> Void] = [:]
         var connection: [Int: @Sendable (ConnectionChange) -> Void] = [:]
         var continuity: [Int: @Sendable (ChannelContinuity) -> Void] = [:]
+        var events: [Int: @Sendable (ConnectionEvent) -> Void] = [:]
         var subscriptions: [ObjectIdentifier: Subscription] = [:]
         var finishers: [Int: @Sendable () -> Void] = [:]
     }
@@ -150,6 +151,10 @@ final class ListenerRegistry: Sendable {
 
     func add(continuity handler: @escaping @Sendable (ChannelContinuity) -> Void) -> ListenerToken {
         add(handler, to: \.continuity)
+    }
+
+    func add(event handler: @escaping @Sendable (ConnectionEvent) -> Void) -> ListenerToken {
+        add(handler, to: \.events)
     }
 
     private func add<Event>(_ handler: @escaping @Sendable (Event) -> Void,
@@ -194,6 +199,16 @@ final class ListenerRegistry: Sendable {
 
     func emit(_ change: ConnectionChange) {
         for handler in state.withLock({ Array($0.connection.values) }) { handler(change) }
+        switch change.reconnectEvent {
+        case .started?: emit(event: .reconnectStarted)
+        case .succeeded?: emit(event: .reconnectSucceeded)
+        case .failed?: emit(event: .reconnectFailed)
+        case nil: break
+        }
+    }
+
+    func emit(event: ConnectionEvent) {
+        for handler in state.withLock({ Array($0.events.values) }) { handler(event) }
     }
 
     func emit(_ outcomes: [ChannelContinuity]) {
@@ -215,6 +230,7 @@ final class ListenerRegistry: Sendable {
                 s.status = [:]
                 s.connection = [:]
                 s.continuity = [:]
+                s.events = [:]
                 s.finishers = [:]
             }
             return (Array(s.subscriptions.values), Array(s.finishers.values))

@@ -18,21 +18,26 @@ extension TetherClient {
                                      affectedChannels: channels, affectedGroups: groups))
         }
         var (response, headers) = try await executeWithHeaders(spec, channels: channels, groups: groups, decode: ResponseDecoding.subscribe)
-        if let module = configuration.cryptoModule {
-            for index in response.events.indices where response.events[index].kind == .message && !response.events[index].isPresence {
-                let event = response.events[index]
-                do {
-                    response.events[index].payload = try module.decrypt(message: event.payload)
-                } catch {
-                    response.events[index].decryptionError = Status(
-                        category: .decryptionError, operation: .subscribe, error: error, serverMessage: error.description,
-                        affectedChannels: [event.channel],
-                        undecryptableMessage: UndecryptableMessage(channel: event.channel, timetoken: event.timetoken,
-                                                                   rawPayload: event.payload, publisher: event.publisher))
-                }
-            }
-        }
+        decrypt(&response)
         let gaps = headers["x-tether-gap"].map(RetentionGap.parse(header:)) ?? []
         return (response, gaps)
+    }
+
+    /// Decrypts the messages of a response in place (undecryptable ones keep their raw payload
+    /// and carry their status); the same for both wires.
+    func decrypt(_ response: inout SubscribeResponse) {
+        guard let module = configuration.cryptoModule else { return }
+        for index in response.events.indices where response.events[index].kind == .message && !response.events[index].isPresence {
+            let event = response.events[index]
+            do {
+                response.events[index].payload = try module.decrypt(message: event.payload)
+            } catch {
+                response.events[index].decryptionError = Status(
+                    category: .decryptionError, operation: .subscribe, error: error, serverMessage: error.description,
+                    affectedChannels: [event.channel],
+                    undecryptableMessage: UndecryptableMessage(channel: event.channel, timetoken: event.timetoken,
+                                                               rawPayload: event.payload, publisher: event.publisher))
+            }
+        }
     }
 }

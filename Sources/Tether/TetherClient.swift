@@ -25,6 +25,10 @@ public final class TetherClient: Sendable {
     let outboxListeners = OutboxListeners()
     let outboxTask = Mutex<EngineTaskState>(.idle)
     private let networkMonitor: (any NetworkMonitor)?
+    let session: WebSocketSession
+    let webSocketConnector: any WebSocketConnector
+    let wire = Mutex(WireChoice())
+    let elapsedClock: ElapsedClock
 
     /// Creates a client with the default AsyncHTTPClient transport. Does no I/O.
     public convenience init(configuration: TetherConfiguration) throws(ConfigurationError) {
@@ -46,8 +50,16 @@ public final class TetherClient: Sendable {
     /// Creates a client with an injected clock for the subscribe engine's timers (tests pass a
     /// `TestClock`) and an optional ``NetworkMonitor`` (``RTNetlinkNetworkMonitor`` on Linux,
     /// ``PathNetworkMonitor`` on Apple platforms). Does no I/O.
-    public init<C: Clock>(configuration: TetherConfiguration, transport: any Transport, clock: C,
-                          networkMonitor: (any NetworkMonitor)?) where C.Duration == Duration {
+    public convenience init<C: Clock>(configuration: TetherConfiguration, transport: any Transport, clock: C,
+                                      networkMonitor: (any NetworkMonitor)?) where C.Duration == Duration {
+        self.init(configuration: configuration, transport: transport, clock: clock, networkMonitor: networkMonitor,
+                  webSocketConnector: LazyWebSocketConnector(trustedCertificateAuthoritiesPEM: configuration.trustedCertificateAuthoritiesPEM))
+    }
+
+    /// Creates a client whose WebSocket wire opens its sockets through `webSocketConnector`
+    /// (tests pass TetherTesting's `InMemoryWebSocket`). Does no I/O.
+    package init<C: Clock>(configuration: TetherConfiguration, transport: any Transport, clock: C,
+                           networkMonitor: (any NetworkMonitor)?, webSocketConnector: any WebSocketConnector) where C.Duration == Duration {
         self.configuration = configuration
         self.transport = transport
         self.token = Mutex(configuration.authKey)
@@ -56,6 +68,15 @@ public final class TetherClient: Sendable {
         self.engine = SubscribeEngine(configuration: configuration.subscribeMachineConfiguration, clock: elapsed,
                                       monitor: networkMonitor, logger: configuration.logger)
         self.networkMonitor = networkMonitor
+        self.elapsedClock = elapsed
+        self.webSocketConnector = webSocketConnector
+        let listeners = engine.listeners
+        self.session = WebSocketSession(connector: webSocketConnector, configuration: configuration, clock: elapsed) { report in
+            switch report {
+            case .resumed(let sessionId): listeners.emit(event: .sessionResumed(sessionId: sessionId))
+            case .expired(let message): listeners.emit(event: .sessionExpired(message: message))
+            }
+        }
         self.outboxDriver = OutboxDriver(configuration: configuration.outbox, clock: elapsed, listeners: outboxListeners,
                                          logger: configuration.logger)
     }
@@ -96,7 +117,9 @@ public final class TetherClient: Sendable {
         engine.finish()
         task?.cancel()
         await task?.value
+        await session.finish()
         engine.listeners.finishAll()
+        await webSocketConnector.shutdown()
         await transport.shutdown()
     }
 

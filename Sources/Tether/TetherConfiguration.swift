@@ -77,6 +77,11 @@ public struct TetherConfiguration: Sendable {
     /// The outbox every publish and signal goes through: its bounds, retries and optional
     /// durable journal (default: 1,000 messages, 4 MiB, 4 channels at once, in memory only).
     public var outbox: OutboxConfiguration
+    /// The wire the subscribe engine receives on (default ``TransportPreference/longPoll``; see
+    /// docs/websocket-sdk.md for why ``TransportPreference/automatic`` is not the default yet).
+    public var transport: TransportPreference
+    /// Settings of the WebSocket wire: inactivity pings, dead-link timeout, fallback interval.
+    public var webSocket: WebSocketOptions
 
     /// Creates a configuration; throws when the user id or origin is invalid.
     public init(subscribeKey: String, publishKey: String? = nil, secretKey: String? = nil, userId: String,
@@ -110,6 +115,8 @@ public struct TetherConfiguration: Sendable {
         self.heartbeatReporting = .failures
         self.backfill = .onGap
         self.outbox = OutboxConfiguration()
+        self.transport = .longPoll
+        self.webSocket = WebSocketOptions()
         try setUserId(userId)
         try setOrigin(origin)
     }

@@ -1,0 +1,171 @@
+import Synchronization
+public import TetherClientCore
+import TetherProtocol
+
+/// Which wire the engine uses now (``TransportPreference/automatic`` moves between them).
+struct WireChoice: Sendable {
+    /// Under `.automatic`: stay on long-poll until then (the engine's clock), after a refused upgrade.
+    var fallbackUntil: Duration?
+    /// The wire of the last receive, for ``ConnectionEvent/transportChanged(_:)``.
+    var last: TransportPreference?
+}
+
+/// SendBird's three connection states (seed 003), derived from ``ConnectionState``.
+public enum ConnectionPhase: String, Sendable, Hashable, CustomStringConvertible {
+    /// Real-time data flows (``ConnectionState/connected``).
+    case open
+    /// A first connection or an automatic reconnection runs (``ConnectionState/connecting``,
+    /// ``ConnectionState/reconnecting(attempt:)``).
+    case connecting
+    /// Nothing runs: idle, disconnected by the app, waiting for the network, or given up.
+    case closed
+
+    /// The case name.
+    public var description: String { rawValue }
+}
+
+extension ConnectionState {
+    /// SendBird's `OPEN` / `CONNECTING` / `CLOSED` for this state.
+    public var phase: ConnectionPhase {
+        switch self {
+        case .connected: return .open
+        case .connecting, .reconnecting: return .connecting
+        case .idle, .waitingForNetwork, .disconnected, .failed: return .closed
+        }
+    }
+}
+
+/// A typed connection event: SendBird's reconnect started / succeeded / failed, Diffusion's
+/// session resumed / expired, and the wire in use.
+public enum ConnectionEvent: Sendable, Hashable, CustomStringConvertible {
+    /// The connection was lost and automatic reconnection began.
+    case reconnectStarted
+    /// Receiving again after a reconnection.
+    case reconnectSucceeded
+    /// Automatic reconnection gave up; ``TetherClient/connect()`` or ``TetherClient/reconnect(timetoken:)`` starts again.
+    case reconnectFailed
+    /// The WebSocket session was resumed with its token: no resubscribe, and the server replays
+    /// everything after the client's cursor, once, in order.
+    case sessionResumed(sessionId: String)
+    /// The server no longer held the WebSocket session (keep-alive lapsed, evicted, restarted):
+    /// the client subscribed again with its cursor and catches up from the store.
+    case sessionExpired(message: String)
+    /// The engine now receives on this wire (``TransportPreference/webSocket`` or
+    /// ``TransportPreference/longPoll``).
+    case transportChanged(TransportPreference)
+
+    /// A short description for logs and CLIs.
+    public var description: String {
+        switch self {
+        case .reconnectStarted: return "reconnect started"
+        case .reconnectSucceeded: return "reconnect succeeded"
+        case .reconnectFailed: return "reconnect failed"
+        case .sessionResumed(let id): return "session resumed (\(id))"
+        case .sessionExpired(let message): return "session expired: \(message)"
+        case .transportChanged(let wire): return "transport \(wire.rawValue)"
+        }
+    }
+}
+
+extension TetherClient {
+    // MARK: - Connection
+
+    /// Opens the connection now: with a subscription, an attempt starts at once (during an
+    /// automatic reconnection cycle this attempt replaces the scheduled one and the cycle
+    /// continues — every listener, stream and retry policy stays as it was, unlike SendBird's
+    /// `connect()` which stops its reconnection manager); without one, on the WebSocket wire the
+    /// session's socket is opened (`hello` → `welcome`) so the first subscribe starts on it. Lazy
+    /// connection on the first subscribe still works.
+    public func connect() {
+        startEngineIfNeeded()
+        let subscribed = engine.read { !$0.subscribedChannels.isEmpty || !$0.subscribedGroups.isEmpty }
+        if subscribed {
+            engine.send { machine, now in machine.reconnect(timetoken: nil, now: now) }
+        } else if currentWire() == .webSocket {
+            engine.spawn { [session, configuration] in
+                _ = try? await session.receive(channels: [], groups: [], cursor: nil, filter: configuration.filterExpression)
+            }
+        }
+    }
+
+    /// The connection phase right now (SendBird's `OPEN` / `CONNECTING` / `CLOSED`).
+    public var connectionPhase: ConnectionPhase { connectionState.phase }
+
+    /// Every change of ``connectionPhase`` from now on.
+    public func connectionPhaseChanges() -> AsyncStream<ConnectionPhase> {
+        engine.listeners.stream { yield in
+            engine.listeners.add(connection: { change in
+                if change.previous.phase != change.current.phase { yield(change.current.phase) }
+            })
+        }
+    }
+
+    /// Every typed connection event from now on (reconnect started / succeeded / failed, session
+    /// resumed / expired, the wire in use). Finishes at ``shutdown()``.
+    public func connectionEvents() -> AsyncStream<ConnectionEvent> {
+        engine.listeners.stream { engine.listeners.add(event: $0) }
+    }
+
+    /// Adds a closure called for every typed connection event.
+    @discardableResult
+    public func addConnectionEventListener(_ handler: @escaping @Sendable (ConnectionEvent) -> Void) -> ListenerToken {
+        engine.listeners.add(event: handler)
+    }
+
+    /// Measures the round-trip time to the server (Diffusion's `pingServer`): a `ping` frame on
+    /// an open WebSocket session, otherwise a `GET /time/0` request.
+    public func ping(timeout: Duration? = nil) async throws(TetherError) -> Duration {
+        let limit = timeout ?? configuration.nonSubscribeTimeout
+        if session.isOpen { return try await session.ping(timeout: limit) }
+        let start = elapsedClock.now()
+        _ = try await time(timeout: limit)
+        return elapsedClock.now() - start
+    }
+
+    // MARK: - Internals
+
+    /// The wire the next receive uses.
+    func currentWire() -> TransportPreference {
+        switch configuration.transport {
+        case .longPoll: return .longPoll
+        case .webSocket: return .webSocket
+        case .automatic:
+            let now = elapsedClock.now()
+            return wire.withLock { choice in
+                if let until = choice.fallbackUntil, now < until { return .longPoll }
+                choice.fallbackUntil = nil
+                return .webSocket
+            }
+        }
+    }
+
+    /// One "subscribe request" on the configured wire.
+    func receive(channels: [String], groups: [String], cursor: SubscribeMachine.Cursor?) async throws(TetherError)
+        -> (response: SubscribeResponse, gaps: [RetentionGap])
+    {
+        let chosen = currentWire()
+        if chosen == .webSocket {
+            do {
+                noteWire(.webSocket)
+                var (response, gaps) = try await session.receive(channels: channels, groups: groups, cursor: cursor?.timetoken,
+                                                                  filter: configuration.filterExpression)
+                decrypt(&response)
+                return (response, gaps)
+            } catch {
+                guard configuration.transport == .automatic, error.upgradeRefused else { throw error.error }
+                let until = elapsedClock.now() + configuration.webSocket.fallbackRetryInterval
+                wire.withLock { $0.fallbackUntil = until }
+            }
+        }
+        noteWire(.longPoll)
+        return try await subscribeRequest(channels: channels, groups: groups, cursor: cursor)
+    }
+
+    private func noteWire(_ used: TransportPreference) {
+        let changed = wire.withLock { choice -> Bool in
+            defer { choice.last = used }
+            return choice.last != nil && choice.last != used
+        }
+        if changed { engine.listeners.emit(event: .transportChanged(used)) }
+    }
+}

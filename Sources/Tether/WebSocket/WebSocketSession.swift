@@ -1,0 +1,597 @@
+import Logging
+import Synchronization
+import TetherClientCore
+@_spi(Benchmarks) import TetherProtocol
+
+/// What the session wire reports besides deliveries (typed; the client turns them into
+/// ``ConnectionEvent``s).
+enum SessionReport: Sendable, Hashable {
+    /// A `hello` with a resume token got the kept session back.
+    case resumed(sessionId: String)
+    /// The server no longer held the session; a new one was opened (the subscription is sent
+    /// again with the cursor, so the catch-up comes from the store).
+    case expired(message: String)
+}
+
+/// A failure of the session wire, with whether it was a refused upgrade (a plain HTTP answer
+/// other than 503: a proxy stripping `Upgrade`, a server without the endpoint) — the case
+/// ``TransportPreference/automatic`` falls back to long-poll for.
+struct SessionFailure: Error, Sendable {
+    var error: TetherError
+    var upgradeRefused: Bool = false
+}
+
+/// The SDK's side of one WebSocket session (docs/websocket-protocol.md), shaped for the
+/// subscribe engine: ``receive(channels:groups:cursor:filter:)`` answers exactly like one
+/// subscribe long-poll (a cursor and the events after it, decoded by the long-poll's decoder), so
+/// the ``SubscribeMachine`` — handshake, de-duplication, catch-up, retry policies, statuses —
+/// runs unchanged over either wire.
+///
+/// The socket outlives the calls: the first call opens it (`hello` → `welcome`, keeping the
+/// resume token), later calls take the next `messages` frame. When the socket drops, the next
+/// call resumes with the token and the caller's cursor; a `sessionExpired` notice means a new
+/// session, which gets `subscribe` with the cursor. A `drain` notice turns the close that
+/// follows into a failure carrying the server's delay plus jitter as `retryAfter`; a refused
+/// upgrade with `503` carries its `Retry-After`. Server pings are answered at once; after
+/// ``WebSocketOptions/inactivityPing`` without a frame the session pings, and a socket silent
+/// for ``WebSocketOptions/pongTimeout`` more is closed as dead.
+final class WebSocketSession: Sendable {
+    /// A client `ping` waiting for its `pong`.
+    private struct Ping {
+        var sentAt: Duration
+        var reply: CheckedContinuation<Duration?, Never>?
+        var rtt: Duration?
+    }
+
+    private struct State {
+        var link: (any WebSocketLink)?
+        var generation = 0
+        var resumeToken: String?
+        var sessionId: String?
+        /// What the server's session is subscribed to.
+        var serverChannels: [String] = []
+        var serverGroups: [String] = []
+        /// Whether the session has a subscription flowing (subscribed, or resumed).
+        var subscribed = false
+        /// The cursor deliveries continue from: the last `messages` frame handed out, or where
+        /// the subscription or resume started.
+        var expected: Timetoken?
+        /// The server's cursor in the last `welcome`.
+        var welcomeCursor: Timetoken?
+        /// Server frames not yet consumed, for the current generation.
+        var frames: [SessionFrame.Server] = []
+        var closure: (code: UInt16?, reason: String)?
+        var consumer: CheckedContinuation<Void, Never>?
+        var drainDelay: Duration?
+        var lastFrameAt: Duration = .zero
+        var nextPing = 0
+        var pings: [Int: Ping] = [:]
+        var isShutDown = false
+        /// When the engine's current receive began waiting for a `messages` frame.
+        var receiveWaitingSince: Duration?
+        /// The current receive has waited long enough: answer it empty, as a long-poll would.
+        var quietDue = false
+    }
+
+    private let state = Mutex(State())
+    private let connector: any WebSocketConnector
+    private let configuration: TetherConfiguration
+    private let clock: ElapsedClock
+    private let links: AsyncStream<(any WebSocketLink, Int)>
+    private let linkSink: AsyncStream<(any WebSocketLink, Int)>.Continuation
+    private let report: @Sendable (SessionReport) -> Void
+    private let logger: Logger
+
+    init(connector: any WebSocketConnector, configuration: TetherConfiguration, clock: ElapsedClock,
+         report: @escaping @Sendable (SessionReport) -> Void) {
+        self.connector = connector
+        self.configuration = configuration
+        self.clock = clock
+        self.report = report
+        self.logger = configuration.logger
+        (links, linkSink) = AsyncStream.makeStream(of: (any WebSocketLink, Int).self)
+    }
+
+    /// The URL of the session endpoint.
+    var url: String { (configuration.useTLS ? "wss://" : "ws://") + configuration.origin + WebSocketProtocol.path }
+
+    /// Whether a socket is open (after `welcome`).
+    var isOpen: Bool { state.withLock { $0.link != nil } }
+
+    /// Reads every open socket (answering pings, queueing frames) and runs its inactivity pings,
+    /// until ``finish()``.
+    func run() async {
+        await withDiscardingTaskGroup { group in
+            for await (link, generation) in links {
+                group.addTask { [self] in await serve(link, generation: generation) }
+            }
+        }
+    }
+
+    /// Closes the socket (sending `bye` first when `bye`) and stops ``run()``.
+    func finish() async {
+        await close(bye: false)
+        state.withLock { $0.isShutDown = true }
+        linkSink.finish()
+    }
+
+    // MARK: - The engine's calls
+
+    /// One "subscribe request" over the session: `cursor` nil is the handshake (the socket is
+    /// opened or resumed; the answer carries the session's cursor and no events); otherwise the
+    /// next `messages` frame after `cursor`.
+    func receive(channels: [String], groups: [String], cursor: Timetoken?, filter: String?) async throws(SessionFailure)
+        -> (response: SubscribeResponse, gaps: [RetentionGap])
+    {
+        var generation = try await open(resumeCursor: cursor ?? state.withLock { $0.expected })
+        guard let cursor else {
+            let (subscribed, expected, welcome) = state.withLock { ($0.subscribed, $0.expected, $0.welcomeCursor) }
+            if subscribed { try await reconcile(channels: channels, groups: groups, generation: generation) }
+            let start = (subscribed ? expected : nil) ?? welcome ?? Timetoken(0)
+            return (SubscribeResponse(timetoken: start, region: 1, events: []), [])
+        }
+        let (subscribed, expected) = state.withLock { ($0.subscribed, $0.expected) }
+        if subscribed && expected != cursor {
+            // The engine asks from another point (a rewind, a switch of wire): resume from it.
+            await drop(generation: generation)
+            generation = try await open(resumeCursor: cursor)
+        }
+        if state.withLock({ $0.subscribed }) {
+            try await reconcile(channels: channels, groups: groups, generation: generation)
+        } else {
+            try await send(SessionFrame.subscribe(channels: channels, groups: groups, cursor: cursor, filter: filter), generation: generation)
+            state.withLock { state in
+                state.subscribed = true
+                state.serverChannels = channels
+                state.serverGroups = groups
+                state.expected = cursor
+            }
+        }
+        state.withLock { state in
+            state.receiveWaitingSince = clock.now()
+            state.quietDue = false
+        }
+        defer { state.withLock { $0.receiveWaitingSince = nil } }
+        while true {
+            guard let frame = try await nextFrame(generation: generation) else {
+                // Quiet for a long-poll's duration: answer with no events (before the engine's watchdog).
+                let current = state.withLock { $0.expected } ?? cursor
+                return (SubscribeResponse(timetoken: current, region: 1, events: []), [])
+            }
+            switch frame {
+            case .messages(let response, let gaps):
+                state.withLock { $0.expected = response.timetoken }
+                return (response, gaps)
+            case .subscribed(let channels, let groups, _), .unsubscribed(let channels, let groups):
+                state.withLock { state in
+                    state.serverChannels = channels
+                    state.serverGroups = groups
+                }
+            case .notice(.accessDenied(let deniedChannels, let deniedGroups, let message)):
+                state.withLock { state in
+                    state.serverChannels.removeAll { deniedChannels.contains($0) }
+                    state.serverGroups.removeAll { deniedGroups.contains($0) }
+                }
+                throw SessionFailure(error: TetherError(Status(
+                    category: .accessDenied, operation: .subscribe, statusCode: 403, serverMessage: message, affectedChannels: channels,
+                    affectedGroups: groups, deniedChannels: deniedChannels, deniedGroups: deniedGroups)))
+            case .error(let code, let message):
+                if let failure = Self.failure(errorCode: code, message: message, channels: channels, groups: groups) {
+                    // Nothing of a refused subscribe was applied: subscribe again after the retry.
+                    state.withLock { $0.subscribed = false }
+                    await drop(generation: generation)
+                    throw failure
+                }
+            case .welcome, .ack, .ping, .pong, .unknown, .notice:
+                continue
+            }
+        }
+    }
+
+    /// The app removed names: the session stops delivering them (`unsubscribe` sends the leave).
+    func leave(channels: [String], groups: [String]) async -> Bool {
+        let generation = state.withLock { $0.link != nil && $0.subscribed ? $0.generation : nil }
+        guard let generation else { return false }
+        try? await send(SessionFrame.unsubscribe(channels: channels, groups: groups), generation: generation)
+        state.withLock { state in
+            state.serverChannels.removeAll { channels.contains($0) }
+            state.serverGroups.removeAll { groups.contains($0) }
+        }
+        return true
+    }
+
+    /// A `ping` frame and its round-trip time; fails when no socket is open or no `pong` comes
+    /// within `timeout`.
+    func ping(timeout: Duration) async throws(TetherError) -> Duration {
+        let opened = state.withLock { state -> (any WebSocketLink, Int)? in
+            guard let link = state.link else { return nil }
+            state.nextPing += 1
+            state.pings[state.nextPing] = Ping(sentAt: clock.now())
+            return (link, state.nextPing)
+        }
+        guard let (link, id) = opened else {
+            throw TetherError(Status(category: .networkIssues, operation: .time, serverMessage: "no WebSocket session is open"))
+        }
+        try? await link.send(SessionFrame.ping(id: id))
+        let rtt: Duration? = await withTaskGroup(of: Duration?.self) { race in
+            race.addTask { [self] in
+                await withCheckedContinuation { (reply: CheckedContinuation<Duration?, Never>) in
+                    let ready = state.withLock { state -> Duration?? in
+                        guard var ping = state.pings[id] else { return .some(nil) }
+                        if let rtt = ping.rtt {
+                            state.pings[id] = nil
+                            return .some(rtt)
+                        }
+                        ping.reply = reply
+                        state.pings[id] = ping
+                        return .none
+                    }
+                    if let ready { reply.resume(returning: ready) }
+                }
+            }
+            race.addTask { [self] in
+                try? await clock.sleep(timeout)
+                return nil
+            }
+            let first = await race.next() ?? nil
+            if first == nil {
+                state.withLock { $0.pings.removeValue(forKey: id) }?.reply?.resume(returning: nil)
+            }
+            race.cancelAll()
+            return first
+        }
+        guard let rtt else { throw TetherError(Status(category: .timeout, operation: .time, serverMessage: "no pong within \(timeout)")) }
+        return rtt
+    }
+
+    /// Closes the socket; with `bye` the server ends the session (presence leave) and the resume
+    /// token is forgotten, otherwise the server keeps the session for its keep-alive window.
+    func close(bye: Bool) async {
+        let link = state.withLock { state -> (any WebSocketLink)? in
+            defer {
+                state.link = nil
+                state.generation += 1
+                state.subscribed = false
+                if bye { state.resumeToken = nil; state.expected = nil }
+                state.consumer?.resume()
+                state.consumer = nil
+            }
+            return state.link
+        }
+        guard let link else { return }
+        if bye { try? await link.send(SessionFrame.bye) }
+        await link.close(code: WebSocketCloseCode.normal)
+    }
+
+    // MARK: - Opening
+
+    /// Opens (or resumes) the session unless a socket is open; returns the socket's generation.
+    private func open(resumeCursor: Timetoken?) async throws(SessionFailure) -> Int {
+        let (current, token, isShutDown) = state.withLock { ($0.link != nil ? $0.generation : nil, $0.resumeToken, $0.isShutDown) }
+        if let current { return current }
+        if isShutDown { throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe))) }
+        let link: any WebSocketLink
+        do {
+            link = try await connector.connect(url: url, subprotocol: WebSocketProtocol.jsonSubprotocol, timeout: configuration.connectTimeout)
+        } catch {
+            throw Self.failure(error)
+        }
+        let generation = state.withLock { state -> Int in
+            state.generation += 1
+            state.link = link
+            state.frames = []
+            state.closure = nil
+            state.subscribed = false
+            state.drainDelay = nil
+            state.lastFrameAt = clock.now()
+            return state.generation
+        }
+        linkSink.yield((link, generation))
+        let resume = token.flatMap { token in resumeCursor.map { (token: token, cursor: Optional($0)) } }
+        try await send(SessionFrame.hello(subscribeKey: configuration.subscribeKey, publishKey: configuration.publishKey,
+                                          uuid: configuration.userId, auth: configuration.authKey, resume: resume),
+                       generation: generation)
+        var expiredReported = false
+        while true {
+            guard let frame = try await nextFrame(generation: generation) else { continue }
+            switch frame {
+            case .notice(.sessionExpired(let message)):
+                expiredReported = true
+                report(.expired(message: message))
+            case .welcome(let welcome):
+                state.withLock { state in
+                    state.resumeToken = welcome.resumeToken
+                    state.sessionId = welcome.sessionId
+                    state.welcomeCursor = welcome.cursor
+                    if welcome.resumed {
+                        state.subscribed = true
+                        state.serverChannels = welcome.channels
+                        state.serverGroups = welcome.groups
+                        state.expected = resumeCursor
+                    } else {
+                        state.subscribed = false
+                        state.serverChannels = []
+                        state.serverGroups = []
+                    }
+                }
+                if welcome.resumed {
+                    report(.resumed(sessionId: welcome.sessionId))
+                } else if resume != nil && !expiredReported {
+                    report(.expired(message: "the server did not resume the session"))
+                }
+                logger.debug("websocket session open", metadata: ["session": "\(welcome.sessionId)", "resumed": "\(welcome.resumed)"])
+                return generation
+            case .error(let code, let message):
+                await drop(generation: generation)
+                throw Self.failure(errorCode: code, message: message, channels: [], groups: [])
+                    ?? SessionFailure(error: TetherError(Status(category: .badRequest, operation: .subscribe, serverMessage: message)))
+            case .subscribed, .unsubscribed, .messages, .ack, .ping, .pong, .notice, .unknown:
+                continue
+            }
+        }
+    }
+
+    /// Sends `subscribe` / `unsubscribe` for the difference between the wanted and the session's lists.
+    private func reconcile(channels: [String], groups: [String], generation: Int) async throws(SessionFailure) {
+        let (serverChannels, serverGroups, filter) = state.withLock { ($0.serverChannels, $0.serverGroups, configuration.filterExpression) }
+        _ = filter
+        let addedChannels = channels.filter { !serverChannels.contains($0) }
+        let addedGroups = groups.filter { !serverGroups.contains($0) }
+        let removedChannels = serverChannels.filter { !channels.contains($0) }
+        let removedGroups = serverGroups.filter { !groups.contains($0) }
+        if !addedChannels.isEmpty || !addedGroups.isEmpty {
+            try await send(SessionFrame.subscribe(channels: addedChannels, groups: addedGroups, cursor: nil, filter: nil), generation: generation)
+        }
+        if !removedChannels.isEmpty || !removedGroups.isEmpty {
+            try await send(SessionFrame.unsubscribe(channels: removedChannels, groups: removedGroups), generation: generation)
+        }
+        state.withLock { state in
+            state.serverChannels = channels
+            state.serverGroups = groups
+        }
+    }
+
+    // MARK: - Frames
+
+    private func send(_ text: String, generation: Int) async throws(SessionFailure) {
+        let link = state.withLock { $0.generation == generation ? $0.link : nil }
+        guard let link else { throw closedFailure(generation: generation) }
+        do { try await link.send(text) } catch {
+            throw SessionFailure(error: TetherError(Status(category: error.category, operation: .subscribe, error: error)))
+        }
+    }
+
+    /// The next server frame of the socket `generation`, waiting for it; throws once that socket
+    /// is closed (or the caller is cancelled).
+    /// nil: the receive waited ``quietAnswer`` without a delivery.
+    private func nextFrame(generation: Int) async throws(SessionFailure) -> SessionFrame.Server? {
+        while true {
+            enum Next { case frame(SessionFrame.Server), closed, quiet, wait }
+            let next = state.withLock { state -> Next in
+                guard state.generation == generation else { return .closed }
+                if !state.frames.isEmpty { return .frame(state.frames.removeFirst()) }
+                if state.closure != nil || state.link == nil { return .closed }
+                if state.quietDue {
+                    state.quietDue = false
+                    return .quiet
+                }
+                return .wait
+            }
+            switch next {
+            case .frame(let frame): return frame
+            case .quiet: return nil
+            case .closed: throw closedFailure(generation: generation)
+            case .wait: break
+            }
+            if Task.isCancelled { throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe))) }
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let ready = state.withLock { state -> Bool in
+                        if state.generation != generation || !state.frames.isEmpty || state.closure != nil || state.link == nil
+                            || state.quietDue || Task.isCancelled { return true }
+                        state.consumer?.resume()
+                        state.consumer = continuation
+                        return false
+                    }
+                    if ready { continuation.resume() }
+                }
+            } onCancel: {
+                state.withLock { state in
+                    state.consumer?.resume()
+                    state.consumer = nil
+                }
+            }
+        }
+    }
+
+    /// Why socket `generation` is gone, as the engine's failure: a drain's delay becomes
+    /// `retryAfter`; a close code names its cause.
+    private func closedFailure(generation: Int) -> SessionFailure {
+        let (closure, drain) = state.withLock { ($0.generation == generation ? $0.closure : nil, $0.drainDelay) }
+        var status: Status
+        switch closure?.code {
+        case WebSocketCloseCode.forbidden?:
+            status = Status(category: .accessDenied, operation: .subscribe, statusCode: 403, serverMessage: closure?.reason)
+        case WebSocketCloseCode.malformed?, WebSocketCloseCode.unknownType?, WebSocketCloseCode.tooManyChannels?:
+            status = Status(category: .badRequest, operation: .subscribe, statusCode: 400,
+                            serverMessage: "the server closed the session with \(closure?.code ?? 0): \(closure?.reason ?? "")")
+        default:
+            let failure = TransportFailure.connectionClosed("the WebSocket closed" + (closure?.code.map { " with \($0)" } ?? "")
+                + ((closure?.reason).map { $0.isEmpty ? "" : ": \($0)" } ?? ""))
+            status = Status(category: failure.category, operation: .subscribe, error: failure)
+        }
+        status.retryAfter = drain
+        return SessionFailure(error: TetherError(status))
+    }
+
+    /// Drops socket `generation` without `bye` (the server keeps the session).
+    private func drop(generation: Int) async {
+        let link = state.withLock { state -> (any WebSocketLink)? in
+            guard state.generation == generation, let link = state.link else { return nil }
+            state.link = nil
+            state.closure = state.closure ?? (nil, "dropped by the client")
+            state.consumer?.resume()
+            state.consumer = nil
+            return link
+        }
+        await link?.close(code: WebSocketCloseCode.normal)
+    }
+
+    // MARK: - Reading a socket
+
+    private func serve(_ link: any WebSocketLink, generation: Int) async {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { [self] in await read(link, generation: generation) }
+            group.addTask { [self] in await watchLiveness(link, generation: generation) }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    private func read(_ link: any WebSocketLink, generation: Int) async {
+        for await inbound in link.inbound {
+            switch inbound {
+            case .text(let text):
+                let frame: SessionFrame.Server
+                do { frame = try SessionFrame.read(text) } catch {
+                    logger.debug("websocket frame ignored", metadata: ["reason": "\(error)"])
+                    continue
+                }
+                let now = clock.now()
+                switch frame {
+                case .ping(let id):
+                    state.withLock { $0.lastFrameAt = now }
+                    try? await link.send(SessionFrame.pong(id: id))
+                case .pong(let id):
+                    let answered = state.withLock { state -> (CheckedContinuation<Duration?, Never>, Duration)? in
+                        state.lastFrameAt = now
+                        guard let key = id.intValue, var ping = state.pings[key] else { return nil }
+                        let rtt = now - ping.sentAt
+                        guard let reply = ping.reply else {
+                            ping.rtt = rtt
+                            state.pings[key] = ping
+                            return nil
+                        }
+                        state.pings[key] = nil
+                        return (reply, rtt)
+                    }
+                    if let (reply, rtt) = answered { reply.resume(returning: rtt) }
+                case .notice(.drain(let after, let jitter)):
+                    let delay = Duration.milliseconds(after) + .milliseconds(Int.random(in: 0...max(0, jitter)))
+                    state.withLock { state in
+                        state.lastFrameAt = now
+                        state.drainDelay = delay
+                    }
+                default:
+                    let consumer = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                        state.lastFrameAt = now
+                        guard state.generation == generation else { return nil }
+                        state.frames.append(frame)
+                        defer { state.consumer = nil }
+                        return state.consumer
+                    }
+                    consumer?.resume()
+                }
+            case .closed(let code, let reason):
+                closed(generation: generation, code: code, reason: reason)
+                return
+            }
+        }
+        closed(generation: generation, code: nil, reason: "the connection closed")
+    }
+
+    private func closed(generation: Int, code: UInt16?, reason: String) {
+        let (consumer, pings) = state.withLock { state -> (CheckedContinuation<Void, Never>?, [CheckedContinuation<Duration?, Never>]) in
+            guard state.generation == generation else { return (nil, []) }
+            state.closure = state.closure ?? (code, reason)
+            state.link = nil
+            defer { state.consumer = nil; state.pings = [:] }
+            return (state.consumer, state.pings.values.compactMap(\.reply))
+        }
+        logger.debug("websocket closed", metadata: ["code": "\(code.map(String.init) ?? "none")", "reason": "\(reason)"])
+        consumer?.resume()
+        for ping in pings { ping.resume(returning: nil) }
+    }
+
+    /// Pings after ``WebSocketOptions/inactivityPing`` without a frame; a socket still silent
+    /// ``WebSocketOptions/pongTimeout`` after the ping is dead: it is closed, and the engine's
+    /// pending receive fails so the retry policy runs.
+    private func watchLiveness(_ link: any WebSocketLink, generation: Int) async {
+        let options = configuration.webSocket
+        guard options.inactivityPing > .zero else { return }
+        var wait = options.inactivityPing
+        while !Task.isCancelled {
+            do { try await clock.sleep(wait) } catch { return }
+            let now = clock.now()
+            let quiet = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                guard let since = state.receiveWaitingSince, now - since >= quietAnswer else { return nil }
+                state.quietDue = true
+                defer { state.consumer = nil }
+                return state.consumer
+            }
+            quiet?.resume()
+            let silence = now - state.withLock { $0.lastFrameAt }
+            if silence < options.inactivityPing {
+                wait = options.inactivityPing - silence
+                continue
+            }
+            let id = state.withLock { state -> Int in
+                state.nextPing += 1
+                return state.nextPing
+            }
+            let sentAt = clock.now()
+            try? await link.send(SessionFrame.ping(id: id))
+            do { try await clock.sleep(options.pongTimeout) } catch { return }
+            if state.withLock({ $0.lastFrameAt }) < sentAt {
+                logger.debug("websocket dead: no frame after a ping", metadata: ["timeout": "\(options.pongTimeout)"])
+                closed(generation: generation, code: nil, reason: "no answer to a ping within \(options.pongTimeout)")
+                await link.close(code: WebSocketCloseCode.normal)
+                return
+            }
+            wait = options.inactivityPing
+        }
+    }
+
+    /// How long a receive waits for a delivery before answering empty, like the server's
+    /// long-poll (280 s), and always before the engine's watchdog (``TetherConfiguration/subscribeTimeout`` + 10 s).
+    private var quietAnswer: Duration {
+        max(.seconds(1), min(.seconds(280), configuration.subscribeTimeout - .seconds(10)))
+    }
+
+    // MARK: - Failures
+
+    private static func failure(_ connect: WebSocketConnectFailure) -> SessionFailure {
+        switch connect {
+        case .transport(let failure):
+            return SessionFailure(error: TetherError(Status(category: failure.category, operation: .subscribe, error: failure)))
+        case .notUpgraded(let code, let headers):
+            var category: StatusCategory
+            switch ResponseClassifier.classify(statusCode: code, body: []) {
+            case .failure(let classified, _): category = classified
+            case .success: category = .badRequest
+            }
+            if code == 503 || code == 429 { category = .networkIssues }
+            var status = Status(category: category, operation: .subscribe, statusCode: code,
+                                serverMessage: "the WebSocket upgrade was refused with HTTP \(code)")
+            status.retryAfter = TetherClient.retryAfter(statusCode: code, headers: headers)
+            return SessionFailure(error: TetherError(status), upgradeRefused: code != 503 && code != 429)
+        }
+    }
+
+    private static func failure(errorCode: String, message: String, channels: [String], groups: [String]) -> SessionFailure? {
+        let category: StatusCategory
+        var statusCode = 400
+        var retryAfter: Duration?
+        switch errorCode {
+        case "invalidFilter": category = .malformedFilterExpression
+        case "invalidChannel", "malformed", "unknownType", "tooManyChannels": category = .badRequest
+        case "forbidden": category = .accessDenied; statusCode = 403
+        case "rateLimited": category = .networkIssues; statusCode = 429; retryAfter = .seconds(1)
+        default: return nil
+        }
+        var status = Status(category: category, operation: .subscribe, statusCode: statusCode, serverMessage: message,
+                            affectedChannels: channels, affectedGroups: groups)
+        status.retryAfter = retryAfter
+        return SessionFailure(error: TetherError(status))
+    }
+}
