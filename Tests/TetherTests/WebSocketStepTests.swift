@@ -48,7 +48,7 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
-    @Test(.disabled("passes alone, hangs intermittently in the suite; not diagnosed yet (ws-sdk report)"))
+    @Test
     func anExpiredSessionSubscribesAgainWithTheCursor() async throws {
         let (client, socket, clock) = try makeSocketClient()
         var events = client.connectionEvents().makeAsyncIterator()
@@ -115,12 +115,17 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
-    @Test(.disabled("hangs under the manual clock; not diagnosed yet (ws-sdk report): the dead-link close is implemented but unverified"))
+    @Test
     func aSilentSocketIsDeclaredDeadWithin20Seconds() async throws {
         let (client, socket, clock) = try makeSocketClient()
         var events = client.connectionEvents().makeAsyncIterator()
-        client.subscribe(to: ["a"])
+        let subscription = client.subscribe(to: ["a"])[0]
+        var messages = subscription.messages.makeAsyncIterator()
         let peer = try await openSession(socket, token: "t", cursor: 100)
+        // The last frame the server sends (read before the clock moves: frames carry no time of
+        // their own, the session stamps them when it reads them).
+        peer.send(server: messagesFrame(cursor: 101, envelopes: [envelope("a", 101, #""last words""#)]))
+        #expect(await messages.next()?.payload == "last words")
         // No frame for 10 s: the SDK pings…
         await clock.advanceToSleeper(after: .seconds(10))
         let ping = try frame(await peer.receive())

@@ -71,6 +71,10 @@ final class WebSocketSession: Sendable {
         var receiveWaitingSince: Duration?
         /// The current receive has waited long enough: answer it empty, as a long-poll would.
         var quietDue = false
+        /// A socket the server (or the network) closed while no receive was waiting on it: the
+        /// next receive reports the loss, so the engine's retry policy and connection events run
+        /// instead of a silent reopen.
+        var unnoticedLoss: Int?
     }
 
     private let state = Mutex(State())
@@ -123,6 +127,12 @@ final class WebSocketSession: Sendable {
     func receive(channels: [String], groups: [String], cursor: Timetoken?, filter: String?) async throws(SessionFailure)
         -> (response: SubscribeResponse, gaps: [RetentionGap])
     {
+        if let lost = state.withLock({ state -> Int? in
+            defer { state.unnoticedLoss = nil }
+            return state.unnoticedLoss
+        }) {
+            throw closedFailure(generation: lost)
+        }
         var generation = try await open(resumeCursor: cursor ?? state.withLock { $0.expected })
         guard let cursor else {
             let (subscribed, expected, welcome) = state.withLock { ($0.subscribed, $0.expected, $0.welcomeCursor) }
@@ -251,6 +261,7 @@ final class WebSocketSession: Sendable {
             defer {
                 state.link = nil
                 state.generation += 1
+                state.unnoticedLoss = nil
                 state.subscribed = false
                 if bye { state.resumeToken = nil; state.expected = nil }
                 state.consumer?.resume()
@@ -278,6 +289,7 @@ final class WebSocketSession: Sendable {
         }
         let generation = state.withLock { state -> Int in
             state.generation += 1
+            state.unnoticedLoss = nil
             state.link = link
             state.frames = []
             state.closure = nil
@@ -380,7 +392,9 @@ final class WebSocketSession: Sendable {
             switch next {
             case .frame(let frame): return frame
             case .quiet: return nil
-            case .closed: throw closedFailure(generation: generation)
+            case .closed:
+                state.withLock { if $0.unnoticedLoss == generation { $0.unnoticedLoss = nil } }
+                throw closedFailure(generation: generation)
             case .wait: break
             }
             if Task.isCancelled { throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe))) }
@@ -504,6 +518,7 @@ final class WebSocketSession: Sendable {
         let (consumer, pings) = state.withLock { state -> (CheckedContinuation<Void, Never>?, [CheckedContinuation<Duration?, Never>]) in
             guard state.generation == generation else { return (nil, []) }
             state.closure = state.closure ?? (code, reason)
+            if state.link != nil { state.unnoticedLoss = generation }
             state.link = nil
             defer { state.consumer = nil; state.pings = [:] }
             return (state.consumer, state.pings.values.compactMap(\.reply))
