@@ -82,11 +82,35 @@ extension TetherClient {
         if subscribed {
             engine.send { machine, now in machine.reconnect(timetoken: nil, now: now) }
         } else if currentWire() == .webSocket {
-            engine.spawn { [session, configuration] in
-                _ = try? await session.receive(channels: [], groups: [], cursor: nil, filter: configuration.filterExpression)
-            }
+            engine.spawn { [session] in try? await session.openSession() }
         }
     }
+
+    /// Opens the WebSocket session now and returns once the server has welcomed it (resumed
+    /// with its token when the client held one): the awaitable form of ``connect()``, for apps
+    /// that want to know the session is up before they subscribe or ``ping(timeout:)``.
+    ///
+    /// Throws what the opening met (``StatusCategory/networkIssues``, a refused upgrade with its
+    /// HTTP status…). With ``TransportPreference/longPoll`` there is no session to open and it
+    /// throws ``StatusCategory/badRequest``; under ``TransportPreference/automatic`` a refused
+    /// upgrade switches the client to long-poll (as the subscribe engine would) before throwing.
+    public func open() async throws(TetherError) {
+        guard currentWire() == .webSocket else {
+            throw TetherError(Status(category: .badRequest, operation: .subscribe,
+                                     serverMessage: "no WebSocket session to open: the client uses long-poll"))
+        }
+        startEngineIfNeeded()
+        do { try await session.openSession() } catch {
+            if configuration.transport == .automatic && error.upgradeRefused {
+                let until = elapsedClock.now() + configuration.webSocket.fallbackRetryInterval
+                wire.withLock { $0.fallbackUntil = until }
+            }
+            throw error.error
+        }
+    }
+
+    /// Whether a WebSocket session's socket is open right now.
+    public var isSessionOpen: Bool { session.isOpen }
 
     /// The connection phase right now (SendBird's `OPEN` / `CONNECTING` / `CLOSED`).
     public var connectionPhase: ConnectionPhase { connectionState.phase }

@@ -183,3 +183,74 @@ struct ClientTime: AsyncParsableCommand {
         }
     }
 }
+
+/// `tether ping`: round-trip times to the server (Diffusion's `pingServer`).
+struct ClientPing: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ping",
+        abstract: "Measure round-trip times to the server: a ping frame on a WebSocket session, or GET /time/0 over HTTP.",
+        discussion: """
+            Prints one line per ping (`rtt=1.23 ms transport=websocket`) and a summary (min / \
+            median / max). With --transport websocket (the default) the session is opened first \
+            (hello → welcome) and each ping is a `ping` frame answered by the server at once; with \
+            long-poll each ping is a `GET /time/0`. Exits 1 when no ping is answered.
+
+              tether ping --count 5 --interval 0.5
+            """)
+
+    @OptionGroup var client: ClientOptions
+
+    @Option(help: "How many pings. (default: 3)")
+    var count: Int = 3
+
+    @Option(help: "Seconds between pings. (default: 1)")
+    var interval: Double = 1
+
+    @Option(help: "websocket (default), long-poll or auto.")
+    var transport: TransportChoice = .websocket
+
+    func validate() throws {
+        guard count > 0 else { throw ValidationError("--count must be at least 1") }
+        guard interval >= 0 else { throw ValidationError("--interval must not be negative") }
+    }
+
+    func run() async throws {
+        let tether = try client.makeClient { $0.transport = transport.preference }
+        var rtts: [Duration] = []
+        var lastError: TetherError?
+        if transport != .longPoll {
+            do { try await tether.open() } catch {
+                lastError = error
+                if transport == .websocket {
+                    await tether.shutdown()
+                    FileHandle.standardError.write(Data("error: \(error.description)\n\(hint(for: error.status, origin: tether.configuration.origin))".utf8))
+                    throw ExitCode.failure
+                }
+            }
+        }
+        let wire = tether.isSessionOpen ? "websocket" : "long-poll"
+        for index in 0..<count {
+            if index > 0 { try? await Task.sleep(for: .milliseconds(Int(interval * 1000))) }
+            do {
+                let rtt = try await tether.ping()
+                rtts.append(rtt)
+                emit("rtt=\(Self.milliseconds(rtt)) ms transport=\(wire)")
+            } catch {
+                lastError = error
+                emit("no answer: \(error.description)")
+            }
+        }
+        await tether.shutdown()
+        guard !rtts.isEmpty else {
+            FileHandle.standardError.write(Data("error: no ping was answered\(lastError.map { ": \($0.description)" } ?? "")\n".utf8))
+            throw ExitCode.failure
+        }
+        let sorted = rtts.sorted()
+        emit("\(rtts.count)/\(count) answered: min \(Self.milliseconds(sorted[0])) ms, median \(Self.milliseconds(sorted[sorted.count / 2])) ms, max \(Self.milliseconds(sorted[sorted.count - 1])) ms")
+    }
+
+    static func milliseconds(_ duration: Duration) -> String {
+        let (seconds, attoseconds) = duration.components
+        return String(format: "%.3f", Double(seconds) * 1000 + Double(attoseconds) / 1e15)
+    }
+}

@@ -12,10 +12,13 @@ struct ClientSubscribe: AsyncParsableCommand {
         discussion: """
             One line per event: `message`, `signal` or `presence`, timetoken, channel, publisher and \
             the payload as JSON; `status` lines for every status (connected, unexpectedDisconnect, \
-            reconnected…), `state` lines for connection-state changes and `continuity` lines after \
-            each reconnect. Runs until interrupted (or --count events).
+            reconnected…), `state` lines for connection-state changes, `continuity` lines after \
+            each reconnect and `event` lines for the session's life (reconnect started / succeeded / \
+            failed, session resumed / expired, transport changes). Runs until interrupted (or --count \
+            events).
 
               tether subscribe chat 'news.*' --group team --presence
+              tether subscribe chat --transport websocket
             """)
 
     @OptionGroup var client: ClientOptions
@@ -41,6 +44,9 @@ struct ClientSubscribe: AsyncParsableCommand {
     @Option(help: "Reconnection policy: pubnub (default), linear, sendbird, diffusion, diffusion-backoff, none.")
     var policy: String = "pubnub"
 
+    @Option(help: "Wire: websocket (a session kept across drops), long-poll (PubNub's HTTP) or auto (WebSocket, falling back to long-poll when the upgrade is refused).")
+    var transport: TransportChoice = .auto
+
     @Option(name: .customLong("watch-interface"),
             help: "Linux: judge the network by these interfaces only, loopback allowed (repeatable; default: every non-loopback one).")
     var watchInterfaces: [String] = []
@@ -53,6 +59,7 @@ struct ClientSubscribe: AsyncParsableCommand {
         let base = try client.makeClient()
         var configuration = base.configuration
         configuration.filterExpression = filter
+        configuration.transport = transport.preference
         switch policy {
         case "pubnub": configuration.retry = .default
         case "linear": configuration.retry = .linear
@@ -84,6 +91,7 @@ struct ClientSubscribe: AsyncParsableCommand {
         }
         tether.addConnectionListener { change in emit("state \(change)") }
         tether.addContinuityListener { outcome in emit("continuity \(outcome)") }
+        tether.addConnectionEventListener { event in emit("event \(event)") }
         let subscriptions = tether.subscribe(to: channels, groups: groups, withPresence: presence,
                                              timetoken: timetoken.map(Timetoken.init(_:)))
         for subscription in subscriptions {
@@ -98,7 +106,22 @@ struct ClientSubscribe: AsyncParsableCommand {
     }
 }
 
-private func emit(_ line: String) {
+/// `--transport`: the CLI's names for ``TransportPreference``.
+enum TransportChoice: String, ExpressibleByArgument, CaseIterable {
+    case websocket
+    case longPoll = "long-poll"
+    case auto
+
+    var preference: TransportPreference {
+        switch self {
+        case .websocket: return .webSocket
+        case .longPoll: return .longPoll
+        case .auto: return .automatic
+        }
+    }
+}
+
+func emit(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }
 

@@ -75,6 +75,9 @@ final class WebSocketSession: Sendable {
         /// next receive reports the loss, so the engine's retry policy and connection events run
         /// instead of a silent reopen.
         var unnoticedLoss: Int?
+        /// A socket is being opened; others wait for it in `openWaiters`.
+        var opening = false
+        var openWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
     private let state = Mutex(State())
@@ -198,6 +201,12 @@ final class WebSocketSession: Sendable {
         }
     }
 
+    /// Opens (or resumes) the session's socket unless one is open, without touching the
+    /// subscription: ``TetherClient/open()``.
+    func openSession() async throws(SessionFailure) {
+        _ = try await open(resumeCursor: state.withLock { $0.expected })
+    }
+
     /// The app removed names: the session stops delivering them (`unsubscribe` sends the leave).
     func leave(channels: [String], groups: [String]) async -> Bool {
         let generation = state.withLock { $0.link != nil && $0.subscribed ? $0.generation : nil }
@@ -277,10 +286,48 @@ final class WebSocketSession: Sendable {
     // MARK: - Opening
 
     /// Opens (or resumes) the session unless a socket is open; returns the socket's generation.
+    /// One opening at a time: a caller that finds another opening in progress waits for it and
+    /// uses its socket (the engine's receive and ``TetherClient/open()`` may race).
     private func open(resumeCursor: Timetoken?) async throws(SessionFailure) -> Int {
-        let (current, token, isShutDown) = state.withLock { ($0.link != nil ? $0.generation : nil, $0.resumeToken, $0.isShutDown) }
-        if let current { return current }
-        if isShutDown { throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe))) }
+        while true {
+            enum Gate { case open(Int), shutDown, busy, mine }
+            let gate = state.withLock { state -> Gate in
+                if state.link != nil { return .open(state.generation) }
+                if state.isShutDown { return .shutDown }
+                if state.opening { return .busy }
+                state.opening = true
+                return .mine
+            }
+            switch gate {
+            case .open(let generation): return generation
+            case .shutDown: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
+            case .busy:
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let done = state.withLock { state -> Bool in
+                        guard state.opening else { return true }
+                        state.openWaiters.append(continuation)
+                        return false
+                    }
+                    if done { continuation.resume() }
+                }
+                continue
+            case .mine:
+                let result: Result<Int, SessionFailure>
+                do { result = .success(try await openSocket(resumeCursor: resumeCursor)) } catch { result = .failure(error) }
+                let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+                    state.opening = false
+                    defer { state.openWaiters = [] }
+                    return state.openWaiters
+                }
+                for waiter in waiters { waiter.resume() }
+                return try result.get()
+            }
+        }
+    }
+
+    /// Opens the socket and plays `hello` → `welcome` (with the resume token when there is one).
+    private func openSocket(resumeCursor: Timetoken?) async throws(SessionFailure) -> Int {
+        let token = state.withLock { $0.resumeToken }
         let link: any WebSocketLink
         do {
             link = try await connector.connect(url: url, subprotocol: WebSocketProtocol.jsonSubprotocol, timeout: configuration.connectTimeout)
@@ -454,10 +501,11 @@ final class WebSocketSession: Sendable {
     // MARK: - Reading a socket
 
     private func serve(_ link: any WebSocketLink, generation: Int) async {
+        // The reading decides how long the socket is served; the liveness watch (which may be
+        // off, or end early on a dead link) only closes it.
         await withTaskGroup(of: Void.self) { group in
-            group.addTask { [self] in await read(link, generation: generation) }
             group.addTask { [self] in await watchLiveness(link, generation: generation) }
-            await group.next()
+            await read(link, generation: generation)
             group.cancelAll()
         }
     }
