@@ -154,6 +154,7 @@ extension TetherClient {
         case .longPoll: return .longPoll
         case .webSocket: return .webSocket
         case .automatic:
+            guard hasWebSocketWire else { return .longPoll }
             let now = elapsedClock.now()
             return wire.withLock { choice in
                 if let until = choice.fallbackUntil, now < until { return .longPoll }

@@ -27,6 +27,8 @@ public final class TetherClient: Sendable {
     private let networkMonitor: (any NetworkMonitor)?
     let session: WebSocketSession
     let webSocketConnector: any WebSocketConnector
+    /// Whether the WebSocket wire can be used (see ``init(configuration:transport:clock:networkMonitor:)``).
+    let hasWebSocketWire: Bool
     let wire = Mutex(WireChoice())
     let elapsedClock: ElapsedClock
 
@@ -50,16 +52,24 @@ public final class TetherClient: Sendable {
     /// Creates a client with an injected clock for the subscribe engine's timers (tests pass a
     /// `TestClock`) and an optional ``NetworkMonitor`` (``RTNetlinkNetworkMonitor`` on Linux,
     /// ``PathNetworkMonitor`` on Apple platforms). Does no I/O.
+    ///
+    /// The WebSocket wire opens its own sockets. A client on the built-in HTTP transport has it;
+    /// a client on a custom ``Transport`` has it only when ``TetherConfiguration/transport`` is
+    /// ``TransportPreference/webSocket`` — under ``TransportPreference/automatic`` it receives
+    /// over long-poll through `transport`, so an app (or a test) that routes every request through
+    /// its own transport keeps doing so.
     public convenience init<C: Clock>(configuration: TetherConfiguration, transport: any Transport, clock: C,
                                       networkMonitor: (any NetworkMonitor)?) where C.Duration == Duration {
+        let sockets = transport is HTTPClientTransport || configuration.transport == .webSocket
         self.init(configuration: configuration, transport: transport, clock: clock, networkMonitor: networkMonitor,
-                  webSocketConnector: LazyWebSocketConnector(trustedCertificateAuthoritiesPEM: configuration.trustedCertificateAuthoritiesPEM))
+                  webSocketConnector: sockets
+                      ? LazyWebSocketConnector(trustedCertificateAuthoritiesPEM: configuration.trustedCertificateAuthoritiesPEM) : nil)
     }
 
     /// Creates a client whose WebSocket wire opens its sockets through `webSocketConnector`
     /// (tests pass TetherTesting's `InMemoryWebSocket`). Does no I/O.
     package init<C: Clock>(configuration: TetherConfiguration, transport: any Transport, clock: C,
-                           networkMonitor: (any NetworkMonitor)?, webSocketConnector: any WebSocketConnector) where C.Duration == Duration {
+                           networkMonitor: (any NetworkMonitor)?, webSocketConnector: (any WebSocketConnector)?) where C.Duration == Duration {
         self.configuration = configuration
         self.transport = transport
         self.token = Mutex(configuration.authKey)
@@ -69,9 +79,10 @@ public final class TetherClient: Sendable {
                                       monitor: networkMonitor, logger: configuration.logger)
         self.networkMonitor = networkMonitor
         self.elapsedClock = elapsed
-        self.webSocketConnector = webSocketConnector
+        self.webSocketConnector = webSocketConnector ?? UnavailableWebSocketConnector()
+        self.hasWebSocketWire = webSocketConnector != nil
         let listeners = engine.listeners
-        self.session = WebSocketSession(connector: webSocketConnector, configuration: configuration, clock: elapsed) { report in
+        self.session = WebSocketSession(connector: self.webSocketConnector, configuration: configuration, clock: elapsed) { report in
             switch report {
             case .resumed(let sessionId): listeners.emit(event: .sessionResumed(sessionId: sessionId))
             case .expired(let message): listeners.emit(event: .sessionExpired(message: message))

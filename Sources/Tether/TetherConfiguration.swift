@@ -77,8 +77,8 @@ public struct TetherConfiguration: Sendable {
     /// The outbox every publish and signal goes through: its bounds, retries and optional
     /// durable journal (default: 1,000 messages, 4 MiB, 4 channels at once, in memory only).
     public var outbox: OutboxConfiguration
-    /// The wire the subscribe engine receives on (default ``TransportPreference/longPoll``; see
-    /// docs/websocket-sdk.md for why ``TransportPreference/automatic`` is not the default yet).
+    /// The wire the subscribe engine receives on (default ``TransportPreference/automatic``:
+    /// a WebSocket session, falling back to long-poll when the upgrade is refused).
     public var transport: TransportPreference
     /// Settings of the WebSocket wire: inactivity pings, dead-link timeout, fallback interval.
     public var webSocket: WebSocketOptions
@@ -115,7 +115,7 @@ public struct TetherConfiguration: Sendable {
         self.heartbeatReporting = .failures
         self.backfill = .onGap
         self.outbox = OutboxConfiguration()
-        self.transport = .longPoll
+        self.transport = .automatic
         self.webSocket = WebSocketOptions()
         try setUserId(userId)
         try setOrigin(origin)

@@ -7,11 +7,11 @@ public enum TransportPreference: String, Sendable, Hashable, CaseIterable {
     /// A WebSocket session (docs/websocket-protocol.md): kept through drops and resumed with its
     /// token, pings on inactivity, server-guided reconnects (drain, `503` + `Retry-After`).
     case webSocket
-    /// PubNub's HTTP long-poll (the default): works through every HTTP proxy.
+    /// PubNub's HTTP long-poll: works through every HTTP proxy.
     case longPoll
-    /// WebSocket, falling back to long-poll when the upgrade is refused with a plain HTTP answer
-    /// (a proxy that strips `Upgrade`, a server without the endpoint), and trying WebSocket again
-    /// after ``WebSocketOptions/fallbackRetryInterval``.
+    /// The default: WebSocket, falling back to long-poll when the upgrade is refused with a plain
+    /// HTTP answer (a proxy that strips `Upgrade`, a PubNub origin or a server without the
+    /// endpoint), and trying WebSocket again after ``WebSocketOptions/fallbackRetryInterval``.
     case automatic
 }
 

@@ -37,3 +37,12 @@ package enum WebSocketInbound: Sendable, Hashable {
     /// The socket closed: the peer's close code when it sent one (nil: the TCP connection ended).
     case closed(code: UInt16?, reason: String)
 }
+
+/// The connector of a client without a WebSocket wire: every attempt fails with a clear message.
+struct UnavailableWebSocketConnector: WebSocketConnector {
+    func connect(url: String, subprotocol: String, timeout: Duration) async throws(WebSocketConnectFailure) -> any WebSocketLink {
+        throw .transport(.other("this client has no WebSocket wire (it was built on a custom Transport): use .longPoll or .automatic"))
+    }
+
+    func shutdown() async {}
+}
