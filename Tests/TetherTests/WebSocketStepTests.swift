@@ -137,6 +137,29 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
+    /// The presets run on the socket as on the long-poll: SendBird's 0/3/6/12/24 s then failed
+    /// after 45 s, Diffusion's every 5 s for 60 s.
+    @Test(arguments: [
+        ("sendbird", RetryConfiguration.sendBird, [0, 3, 6, 12, 24]),
+        ("diffusion", RetryConfiguration.diffusion, [5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5]),
+    ])
+    func aPresetsScheduleIsTheSameOnTheSocket(name: String, preset: RetryConfiguration, delays: [Int]) async throws {
+        let (client, socket, clock) = try makeSocketClient { $0.retry = preset }
+        var events = client.connectionEvents().makeAsyncIterator()
+        client.subscribe(to: ["a"])
+        let peer = try await openSession(socket, token: "t", cursor: 100)
+        peer.close(server: nil)
+        #expect(await events.next() == .reconnectStarted, "\(name)")
+        for delay in delays {
+            if delay > 0 { await clock.advanceToSleeper(after: .seconds(delay)) }
+            let attempt = try #require(await socket.nextAttempt(), "\(name): an attempt after \(delay) s")
+            attempt.fail(.connectionRefused)
+        }
+        #expect(await events.next() == .reconnectFailed, "\(name) gives up after its last attempt")
+        #expect(client.connectionPhase == .closed)
+        await client.shutdown()
+    }
+
     @Test func pingMeasuresTheRoundTripOverTheSocket() async throws {
         let (client, socket, clock) = try makeSocketClient()
         client.subscribe(to: ["a"])
