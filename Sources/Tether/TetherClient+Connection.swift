@@ -62,7 +62,9 @@ public enum ConnectionEvent: Sendable, Hashable, CustomStringConvertible {
         case .reconnectFailed: return "reconnect failed"
         case .sessionResumed(let id): return "session resumed (\(id))"
         case .sessionExpired(let message): return "session expired: \(message)"
-        case .transportChanged(let wire): return "transport \(wire.rawValue)"
+        case .transportChanged(.longPoll): return "transport long-poll"
+        case .transportChanged(.webSocket): return "transport websocket"
+        case .transportChanged(.automatic): return "transport automatic"
         }
     }
 }
