@@ -139,11 +139,51 @@ struct WebSocketSessionTests {
         #expect(await log.waitForEvent(.transportChanged(.webSocket), within: 20))
         try await publish(publisher2, channel, 15..<25)
         #expect(await log.waitForMessages(25))
-        #expect(log.payloads == (0..<25).map { JSONValue.int($0) }, "no loss and no duplicate across the switch")
+        await publisher2.shutdown()
+
+        // And back: the endpoint goes away again, the client returns to long-poll from the
+        // session's cursor.
+        await second.stop(removingData: false)
+        let third = try await InProcessServer.start(port: first.port, directory: first.directory,
+                                                    webSocket: WebSocketSettings(enabled: false))
+        let publisher3 = try makeClient(origin: third.origin)
+        try await publish(publisher3, channel, 25..<30)
+        #expect(await log.waitForEvent(within: 20) { event in
+            log.events.filter { $0 == .transportChanged(.longPoll) }.count >= 2
+        })
+        try await publish(publisher3, channel, 30..<35)
+        #expect(await log.waitForMessages(35))
+        #expect(log.payloads == (0..<35).map { JSONValue.int($0) }, "no loss and no duplicate across either switch")
 
         await client.shutdown()
-        await publisher2.shutdown()
-        await second.stop()
+        await publisher3.shutdown()
+        await third.stop()
+    }
+
+    @Test func disconnectEndsTheSessionAndItsPresenceAndReconnectCatchesUp() async throws {
+        let server = try await InProcessServer.start()
+        let channel = unique("bye")
+        let (client, log) = try await sessionClient(origin: server.origin, channel: channel, userId: "occupant")
+        let observer = try makeClient(origin: server.origin, userId: "observer")
+        #expect(await eventually { (try? await observer.hereNow(channels: [channel]).totalOccupancy) == 1 }, "joined at the first subscribe")
+        try await publish(observer, channel, 0..<3)
+        #expect(await log.waitForMessages(3))
+
+        // disconnect() sends `bye`: the session ends, and its occupant leaves at once (no presence timeout).
+        client.disconnect()
+        #expect(await eventually { client.connectionPhase == .closed && !client.isSessionOpen })
+        #expect(await eventually { (try? await observer.hereNow(channels: [channel]).totalOccupancy) == 0 }, "left on bye")
+        try await publish(observer, channel, 3..<6)
+
+        // reconnect() starts a new session from the kept cursor: what was published meanwhile arrives.
+        client.reconnect()
+        #expect(await log.waitForMessages(6))
+        #expect(log.payloads == (0..<6).map { JSONValue.int($0) })
+        #expect(await eventually { (try? await observer.hereNow(channels: [channel]).totalOccupancy) == 1 })
+
+        await client.shutdown()
+        await observer.shutdown()
+        await server.stop()
     }
 
     @Test func aDrainIsHonouredAndTheClientComesBackToTheNextServer() async throws {
@@ -249,10 +289,10 @@ final class SessionLog: Sendable {
 }
 
 /// A client on the WebSocket wire, subscribed to `channel` and connected, with quick linear retries.
-func sessionClient(origin: String, channel: String, configure: (inout TetherConfiguration) -> Void = { _ in }) async throws
-    -> (TetherClient, SessionLog)
+func sessionClient(origin: String, channel: String, userId: String = "tester", configure: (inout TetherConfiguration) -> Void = { _ in })
+    async throws -> (TetherClient, SessionLog)
 {
-    let client = try makeClient(origin: origin) {
+    let client = try makeClient(origin: origin, userId: userId) {
         $0.transport = .webSocket
         $0.retry = RetryConfiguration(policy: .linear(delay: .milliseconds(200), maximumRetries: 1_000), minimumInterval: .zero,
                                       jitter: .zero ... .zero)
