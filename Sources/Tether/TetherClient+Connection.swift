@@ -80,6 +80,7 @@ extension TetherClient {
     /// connection on the first subscribe still works.
     public func connect() {
         startEngineIfNeeded()
+        session.forgetDenied()
         let subscribed = engine.read { !$0.subscribedChannels.isEmpty || !$0.subscribedGroups.isEmpty }
         if subscribed {
             engine.send { machine, now in machine.reconnect(timetoken: nil, now: now) }

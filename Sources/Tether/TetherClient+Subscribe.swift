@@ -120,6 +120,7 @@ extension TetherClient {
     /// nothing published meanwhile is missed). Also the "retry now" button after a give-up.
     public func reconnect(timetoken: Timetoken? = nil) {
         startEngineIfNeeded()
+        session.forgetDenied()
         engine.send { machine, now in machine.reconnect(timetoken: timetoken, now: now) }
     }
 

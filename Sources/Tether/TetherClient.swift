@@ -86,6 +86,12 @@ public final class TetherClient: Sendable {
             switch report {
             case .resumed(let sessionId): listeners.emit(event: .sessionResumed(sessionId: sessionId))
             case .expired(let message): listeners.emit(event: .sessionExpired(message: message))
+            case .partlyDenied(let channels, let groups, let message):
+                // Only these names end: an accessDenied status naming them, with no retry (the
+                // others keep flowing; connect() or reconnect() tries the denied ones again).
+                listeners.emit(Status(category: .accessDenied, operation: .subscribe, statusCode: 403, serverMessage: message,
+                                      affectedChannels: channels, affectedGroups: groups, deniedChannels: channels,
+                                      deniedGroups: groups))
             }
         }
         self.outboxDriver = OutboxDriver(configuration: configuration.outbox, clock: elapsed, listeners: outboxListeners,

@@ -237,6 +237,46 @@ struct WebSocketSessionTests {
         await server.stop()
     }
 
+    @Test func aRevokedGrantEndsOnlyItsChannelAndTheOthersKeepFlowing() async throws {
+        let keyset = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
+        let server = try await InProcessServer.start(file: ConfigurationFile(keysets: [keyset], subscribeTimeoutSeconds: 30))
+        let admin = try TetherClient(configuration: TetherConfiguration(subscribeKey: "sub-s", publishKey: "pub-s", secretKey: "s3cret",
+                                                                        userId: "admin", origin: server.origin, useTLS: false))
+        let (kept, revoked) = (unique("kept"), unique("revoked"))
+        for channel in [kept, revoked] {
+            try await admin.grant(AuthKeyGrant(channels: [channel], authKeys: ["ak"], read: true, write: true, ttlMinutes: 5))
+        }
+        let statuses = Mutex<[Status]>([])
+        var configuration = try TetherConfiguration(subscribeKey: "sub-s", publishKey: "pub-s", userId: "reader", authKey: "ak",
+                                                    origin: server.origin, useTLS: false)
+        configuration.transport = .webSocket
+        let client = try TetherClient(configuration: configuration)
+        client.addStatusListener { status in statuses.withLock { $0.append(status) } }
+        let log = SessionLog()
+        client.addConnectionEventListener { log.add($0) }
+        for subscription in client.subscribe(to: [kept, revoked]) {
+            subscription.onEvent { log.add(.string("\($0.channel):\($0.payload.jsonText)")) }
+        }
+        #expect(await eventually { client.connectionPhase == .open })
+        _ = try await admin.publish(channel: kept, message: .int(1))
+        _ = try await admin.publish(channel: revoked, message: .int(2))
+        #expect(await log.waitForMessages(2))
+
+        try await admin.grant(AuthKeyGrant(channels: [revoked], authKeys: ["ak"], read: false, write: false, ttlMinutes: 5))
+        #expect(await eventually { statuses.withLock { $0.contains { $0.category == .accessDenied } } })
+        let denied = try #require(statuses.withLock { $0.first { $0.category == .accessDenied } })
+        #expect(denied.deniedChannels == [revoked])
+        _ = try await admin.publish(channel: kept, message: .int(3))
+        #expect(await log.waitForMessages(3))
+        #expect(log.payloads.last == .string("\(kept):3"), "the other channel keeps flowing: \(log.payloads)")
+        #expect(client.connectionPhase == .open)
+        #expect(!log.events.contains(.reconnectStarted))
+
+        await client.shutdown()
+        await admin.shutdown()
+        await server.stop()
+    }
+
     @Test func openWaitsForTheWelcomeAndPingMeasuresTheSocket() async throws {
         let server = try await InProcessServer.start()
         let client = try makeClient(origin: server.origin) { $0.transport = .webSocket }

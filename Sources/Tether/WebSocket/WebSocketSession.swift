@@ -11,6 +11,8 @@ enum SessionReport: Sendable, Hashable {
     /// The server no longer held the session; a new one was opened (the subscription is sent
     /// again with the cursor, so the catch-up comes from the store).
     case expired(message: String)
+    /// Access to some of the session's names was refused or revoked; the others keep flowing.
+    case partlyDenied(channels: [String], groups: [String], message: String)
 }
 
 /// A failure of the session wire, with whether it was a refused upgrade (a plain HTTP answer
@@ -75,6 +77,11 @@ final class WebSocketSession: Sendable {
         /// next receive reports the loss, so the engine's retry policy and connection events run
         /// instead of a silent reopen.
         var unnoticedLoss: Int?
+        /// Names the server refused or revoked while others kept flowing: not subscribed again
+        /// until the app changes its subscription, calls `connect()`/`reconnect()`, or a new
+        /// session starts.
+        var deniedChannels: Set<String> = []
+        var deniedGroups: Set<String> = []
         /// A socket is being opened; others wait for it in `openWaiters`.
         var opening = false
         var openWaiters: [CheckedContinuation<Void, Never>] = []
@@ -181,9 +188,18 @@ final class WebSocketSession: Sendable {
                     state.serverGroups = groups
                 }
             case .notice(.accessDenied(let deniedChannels, let deniedGroups, let message)):
-                state.withLock { state in
+                let othersFlow = state.withLock { state -> Bool in
                     state.serverChannels.removeAll { deniedChannels.contains($0) }
                     state.serverGroups.removeAll { deniedGroups.contains($0) }
+                    guard !state.serverChannels.isEmpty || !state.serverGroups.isEmpty else { return false }
+                    state.deniedChannels.formUnion(deniedChannels)
+                    state.deniedGroups.formUnion(deniedGroups)
+                    return true
+                }
+                if othersFlow {
+                    // Only these names end; the session keeps delivering the others.
+                    report(.partlyDenied(channels: deniedChannels, groups: deniedGroups, message: message))
+                    continue
                 }
                 throw SessionFailure(error: TetherError(Status(
                     category: .accessDenied, operation: .subscribe, statusCode: 403, serverMessage: message, affectedChannels: channels,
@@ -371,6 +387,8 @@ final class WebSocketSession: Sendable {
                         state.subscribed = false
                         state.serverChannels = []
                         state.serverGroups = []
+                        state.deniedChannels = []
+                        state.deniedGroups = []
                     }
                 }
                 if welcome.resumed {
@@ -392,10 +410,14 @@ final class WebSocketSession: Sendable {
 
     /// Sends `subscribe` / `unsubscribe` for the difference between the wanted and the session's lists.
     private func reconcile(channels: [String], groups: [String], generation: Int) async throws(SessionFailure) {
-        let (serverChannels, serverGroups, filter) = state.withLock { ($0.serverChannels, $0.serverGroups, configuration.filterExpression) }
-        _ = filter
-        let addedChannels = channels.filter { !serverChannels.contains($0) }
-        let addedGroups = groups.filter { !serverGroups.contains($0) }
+        let (serverChannels, serverGroups, deniedChannels, deniedGroups) = state.withLock { state in
+            // Names the app no longer wants are no longer "denied": subscribing to them later tries again.
+            state.deniedChannels.formIntersection(channels)
+            state.deniedGroups.formIntersection(groups)
+            return (state.serverChannels, state.serverGroups, state.deniedChannels, state.deniedGroups)
+        }
+        let addedChannels = channels.filter { !serverChannels.contains($0) && !deniedChannels.contains($0) }
+        let addedGroups = groups.filter { !serverGroups.contains($0) && !deniedGroups.contains($0) }
         let removedChannels = serverChannels.filter { !channels.contains($0) }
         let removedGroups = serverGroups.filter { !groups.contains($0) }
         if !addedChannels.isEmpty || !addedGroups.isEmpty {
@@ -405,8 +427,17 @@ final class WebSocketSession: Sendable {
             try await send(SessionFrame.unsubscribe(channels: removedChannels, groups: removedGroups), generation: generation)
         }
         state.withLock { state in
-            state.serverChannels = channels
-            state.serverGroups = groups
+            state.serverChannels = channels.filter { !deniedChannels.contains($0) }
+            state.serverGroups = groups.filter { !deniedGroups.contains($0) }
+        }
+    }
+
+    /// Forgets the names access was denied for, so the next receive subscribes to them again
+    /// (``TetherClient/connect()``, ``TetherClient/reconnect(timetoken:)``: the app says "try now").
+    func forgetDenied() {
+        state.withLock { state in
+            state.deniedChannels = []
+            state.deniedGroups = []
         }
     }
 
