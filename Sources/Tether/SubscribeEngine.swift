@@ -163,8 +163,13 @@ final class SubscribeEngine: Sendable {
                 await slots.race(.liveness, token: token) { [self] in
                     do throws(TetherError) {
                         if client.session.isOpen && client.currentWire() == .webSocket {
-                            // The session keeps presence; a ping checks the socket itself.
-                            _ = try await client.session.ping(timeout: timeout)
+                            // The session keeps presence; a ping checks the socket itself. A
+                            // socket that does not answer is given up, so the reconnection opens a
+                            // new one and resumes the session (not the same dead socket).
+                            do throws(TetherError) { _ = try await client.session.ping(timeout: timeout) } catch {
+                                await client.session.abandonSocket()
+                                throw error
+                            }
                         } else if presence && !(channels.isEmpty && groups.isEmpty) {
                             try await client.heartbeat(channels: channels, groups: groups, timeout: timeout)
                         } else {

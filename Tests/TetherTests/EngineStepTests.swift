@@ -132,10 +132,11 @@ struct EngineStepTests {
         #expect(back.category == .reconnected)
         #expect(clock.now.offset == .seconds(36))
         var events: [ReconnectEvent] = [.started]
-        while events.count < 3, let change = await changes.next() {
+        while events.count < 4, let change = await changes.next() {
             if let event = change.reconnectEvent { events.append(event) }
         }
-        #expect(events == [.started, .failed, .succeeded])
+        // Strictly paired: the give-up ends the first cycle, the probe's restore starts a second.
+        #expect(events == [.started, .failed, .started, .succeeded])
         #expect(client.connectionState == .connected)
         await client.shutdown()
     }

@@ -4,6 +4,7 @@ import Testing
 import Tether
 import TetherServer
 import TetherTesting
+import TetherClientCore
 import TetherTestingServer
 
 /// The SDK's WebSocket wire against a real server over loopback, through the fault proxy:
@@ -271,6 +272,70 @@ struct WebSocketSessionTests {
         #expect(log.payloads.last == .string("\(kept):3"), "the other channel keeps flowing: \(log.payloads)")
         #expect(client.connectionPhase == .open)
         #expect(!log.events.contains(.reconnectStarted))
+
+        await client.shutdown()
+        await admin.shutdown()
+        await server.stop()
+    }
+
+    /// A proxy that resets the connection before the upgrade is answered never reached a server:
+    /// the failure says "connection closed", so the policy's quick reconnection applies as it does
+    /// for the long-poll (chaos suite: the WebSocket column used to wait out the back-off here).
+    @Test func aConnectionClosedBeforeTheUpgradeAnswersNeverReachedAServer() async throws {
+        let raw = try await RawServer.start(replyingWith: [])
+        let client = try makeClient(origin: raw.origin) { $0.transport = .webSocket }
+        let statuses = client.statuses()
+        client.subscribe(to: [unique("raw")])
+        var iterator = statuses.makeAsyncIterator()
+        let first = try #require(await iterator.next())
+        #expect(first.category == .networkIssues)
+        guard case .connectionClosed? = first.error as? TransportFailure else {
+            Issue.record("expected connectionClosed, got \(String(describing: first.error))")
+            return
+        }
+        #expect(RetryMachine.neverReachedAServer(first))
+        await client.shutdown()
+        try await raw.stop()
+    }
+
+    /// Every name revoked: the retries report access denied and never `reconnected` while the
+    /// grant is gone (chaos suite: the handshake used to succeed on the open socket before the
+    /// server answered, so each retry said `reconnected` then failed); a restored grant resumes.
+    @Test func aFullyRevokedSubscriptionIsDeniedWithoutFalseReconnects() async throws {
+        let keyset = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
+        let server = try await InProcessServer.start(file: ConfigurationFile(keysets: [keyset], subscribeTimeoutSeconds: 30))
+        let admin = try TetherClient(configuration: TetherConfiguration(subscribeKey: "sub-s", publishKey: "pub-s", secretKey: "s3cret",
+                                                                        userId: "admin", origin: server.origin, useTLS: false))
+        let channel = unique("revoked")
+        try await admin.grant(AuthKeyGrant(channels: [channel], authKeys: ["ak"], read: true, write: true, ttlMinutes: 5))
+        var configuration = try TetherConfiguration(subscribeKey: "sub-s", publishKey: "pub-s", userId: "reader", authKey: "ak",
+                                                    origin: server.origin, useTLS: false)
+        configuration.transport = .webSocket
+        configuration.retry = RetryConfiguration(policy: .linear(delay: .milliseconds(100), maximumRetries: 100), minimumInterval: .zero,
+                                                 jitter: .zero ... .zero)
+        configuration.timeProbeInterval = .milliseconds(300)
+        let client = try TetherClient(configuration: configuration)
+        let statuses = Mutex<[StatusCategory]>([])
+        client.addStatusListener { status in statuses.withLock { $0.append(status.category) } }
+        let log = SessionLog()
+        client.subscribe(to: [channel])[0].onEvent { log.add($0.payload) }
+        #expect(await eventually { client.connectionPhase == .open })
+        _ = try await admin.publish(channel: channel, message: .int(1))
+        #expect(await log.waitForMessages(1))
+
+        try await admin.grant(AuthKeyGrant(channels: [channel], authKeys: ["ak"], read: false, write: false, ttlMinutes: 5))
+        #expect(await eventually { client.connectionState == .failed(.accessDenied) })
+        // Let a few quiet re-checks run while still denied.
+        try await Task.sleep(for: .seconds(1))
+        let whileDenied = statuses.withLock { $0 }
+        #expect(whileDenied.filter { $0 == .accessDenied }.count == 4, "one per denial until the retries run out: \(whileDenied)")
+        #expect(whileDenied.filter { $0 == .reconnected }.isEmpty, "never reconnected while denied: \(whileDenied)")
+
+        try await admin.grant(AuthKeyGrant(channels: [channel], authKeys: ["ak"], read: true, write: true, ttlMinutes: 5))
+        #expect(await eventually { statuses.withLock { $0.last == .reconnected } })
+        _ = try await admin.publish(channel: channel, message: .int(2))
+        #expect(await log.waitForMessages(2))
+        #expect(log.payloads == [.int(1), .int(2)])
 
         await client.shutdown()
         await admin.shutdown()

@@ -160,6 +160,33 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
+    /// The engine's dead-link probe over a session is a ping on the socket; one that gets no
+    /// pong gives the socket up, so the reconnection resumes the session on a new socket (chaos
+    /// suite: it used to "reconnect" on the same dead socket, with no session event).
+    @Test func aFailedLivenessPingResumesOnANewSocket() async throws {
+        let (client, socket, clock) = try makeSocketClient {
+            $0.deadLinkDetection = DeadLinkDetection(probeInterval: .seconds(25), probeTimeout: .seconds(10))
+            $0.webSocket.inactivityPing = .zero
+        }
+        var events = client.connectionEvents().makeAsyncIterator()
+        client.subscribe(to: ["a"])
+        let peer = try await openSession(socket, token: "t", cursor: 100)
+        await clock.advanceToSleeper(after: .seconds(25))
+        let ping = try frame(await peer.receive())
+        #expect(ping["type"] == "ping")
+        // No pong within the probe's 10 s.
+        await clock.advanceToSleeper(after: .seconds(10))
+        #expect(await events.next() == .reconnectStarted)
+        #expect(await peer.receive() == nil, "the unanswering socket was closed")
+        let second = try #require(await socket.nextAttempt()).accept()
+        let hello = try frame(await second.receive())
+        #expect(hello["resume"]?["token"] == "t")
+        second.send(server: welcome(token: "t", resumed: true, cursor: 100, channels: ["a"]))
+        #expect(await events.next() == .sessionResumed(sessionId: "s-1"))
+        #expect(await events.next() == .reconnectSucceeded)
+        await client.shutdown()
+    }
+
     @Test func pingMeasuresTheRoundTripOverTheSocket() async throws {
         let (client, socket, clock) = try makeSocketClient()
         client.subscribe(to: ["a"])

@@ -95,19 +95,43 @@ package final class NIOWebSocketConnector: WebSocketConnector {
                             configuration: NIOUpgradableHTTPClientPipelineConfiguration(upgradeConfiguration: configuration))
                     }
                 }
-            switch try await upgrade.get() {
-            case .upgraded(let link):
-                return link
-            case .notUpgraded(let response):
-                let head = try await response.get()
-                var fields: [String: String] = [:]
-                for (name, value) in head.headers { fields[name.lowercased()] = value }
-                throw WebSocketConnectFailure.notUpgraded(statusCode: Int(head.status.code), headers: fields)
+            // Connected: a failure from here on is a connection the far end (or a proxy) closed or
+            // reset before answering the upgrade — the server was never reached, as a refused
+            // connection, so the retry policy's quick reconnection applies.
+            let head: HTTPResponseHead
+            do {
+                switch try await upgrade.get() {
+                case .upgraded(let link):
+                    return link
+                case .notUpgraded(let response):
+                    head = try await response.get()
+                }
+            } catch {
+                throw WebSocketConnectFailure.transport(Self.beforeTheAnswer(HTTPClientTransport.classify(error)))
             }
+            var fields: [String: String] = [:]
+            for (name, value) in head.headers { fields[name.lowercased()] = value }
+            throw WebSocketConnectFailure.notUpgraded(statusCode: Int(head.status.code), headers: fields)
         } catch let failure as WebSocketConnectFailure {
             throw failure
         } catch {
             throw .transport(HTTPClientTransport.classify(error))
+        }
+    }
+}
+
+extension NIOWebSocketConnector {
+    /// A failure between the TCP connect and the upgrade's answer: timeouts, cancellation and TLS
+    /// failures keep their meaning; anything else (EOF, a reset, a closed channel) is the
+    /// connection closing before the answer.
+    static func beforeTheAnswer(_ failure: TransportFailure) -> TransportFailure {
+        switch failure {
+        case .timedOut, .cancelled, .tlsHandshakeFailed, .tlsUntrustedCertificate, .connectionRefused, .connectionClosed:
+            return failure
+        case .unreachable(let why), .other(let why):
+            return .connectionClosed("the connection closed before the WebSocket upgrade was answered: \(why)")
+        case .responseTooLarge:
+            return .connectionClosed("the WebSocket upgrade's answer was too large")
         }
     }
 }

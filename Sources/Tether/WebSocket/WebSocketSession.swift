@@ -146,7 +146,13 @@ final class WebSocketSession: Sendable {
         var generation = try await open(resumeCursor: cursor ?? state.withLock { $0.expected })
         guard let cursor else {
             let (subscribed, expected, welcome) = state.withLock { ($0.subscribed, $0.expected, $0.welcomeCursor) }
-            if subscribed { try await reconcile(channels: channels, groups: groups, generation: generation) }
+            if subscribed, case let added = try await reconcile(channels: channels, groups: groups, generation: generation),
+               !(added.channels.isEmpty && added.groups.isEmpty) {
+                // The handshake succeeds only once the server took the names: a revoked grant
+                // fails it (as a long-poll handshake's 403 would) instead of reporting
+                // `reconnected` and failing the next poll.
+                try await awaitSubscribeAnswer(added: added, channels: channels, groups: groups, generation: generation)
+            }
             let start = (subscribed ? expected : nil) ?? welcome ?? Timetoken(0)
             return (SubscribeResponse(timetoken: start, region: 1, events: []), [])
         }
@@ -157,7 +163,7 @@ final class WebSocketSession: Sendable {
             generation = try await open(resumeCursor: cursor)
         }
         if state.withLock({ $0.subscribed }) {
-            try await reconcile(channels: channels, groups: groups, generation: generation)
+            _ = try await reconcile(channels: channels, groups: groups, generation: generation)
         } else {
             try await send(SessionFrame.subscribe(channels: channels, groups: groups, cursor: cursor, filter: filter), generation: generation)
             state.withLock { state in
@@ -188,22 +194,7 @@ final class WebSocketSession: Sendable {
                     state.serverGroups = groups
                 }
             case .notice(.accessDenied(let deniedChannels, let deniedGroups, let message)):
-                let othersFlow = state.withLock { state -> Bool in
-                    state.serverChannels.removeAll { deniedChannels.contains($0) }
-                    state.serverGroups.removeAll { deniedGroups.contains($0) }
-                    guard !state.serverChannels.isEmpty || !state.serverGroups.isEmpty else { return false }
-                    state.deniedChannels.formUnion(deniedChannels)
-                    state.deniedGroups.formUnion(deniedGroups)
-                    return true
-                }
-                if othersFlow {
-                    // Only these names end; the session keeps delivering the others.
-                    report(.partlyDenied(channels: deniedChannels, groups: deniedGroups, message: message))
-                    continue
-                }
-                throw SessionFailure(error: TetherError(Status(
-                    category: .accessDenied, operation: .subscribe, statusCode: 403, serverMessage: message, affectedChannels: channels,
-                    affectedGroups: groups, deniedChannels: deniedChannels, deniedGroups: deniedGroups)))
+                _ = try denied(deniedChannels, deniedGroups, message: message, channels: channels, groups: groups)
             case .error(let code, let message):
                 if let failure = Self.failure(errorCode: code, message: message, channels: channels, groups: groups) {
                     // Nothing of a refused subscribe was applied: subscribe again after the retry.
@@ -409,7 +400,11 @@ final class WebSocketSession: Sendable {
     }
 
     /// Sends `subscribe` / `unsubscribe` for the difference between the wanted and the session's lists.
-    private func reconcile(channels: [String], groups: [String], generation: Int) async throws(SessionFailure) {
+    /// Returns the names a `subscribe` was sent for.
+    @discardableResult
+    private func reconcile(channels: [String], groups: [String], generation: Int) async throws(SessionFailure)
+        -> (channels: [String], groups: [String])
+    {
         let (serverChannels, serverGroups, deniedChannels, deniedGroups) = state.withLock { state in
             // Names the app no longer wants are no longer "denied": subscribing to them later tries again.
             state.deniedChannels.formIntersection(channels)
@@ -430,6 +425,69 @@ final class WebSocketSession: Sendable {
             state.serverChannels = channels.filter { !deniedChannels.contains($0) }
             state.serverGroups = groups.filter { !deniedGroups.contains($0) }
         }
+        return (addedChannels, addedGroups)
+    }
+
+    /// Waits for the server's answer to a `subscribe`: `subscribed` (the names it took), or an
+    /// access-denied notice or error, handled as ``receive(channels:groups:cursor:filter:)``
+    /// handles them. Deliveries that arrive first stay queued, in order, for the next receive.
+    private func awaitSubscribeAnswer(added: (channels: [String], groups: [String]), channels: [String], groups: [String],
+                                      generation: Int) async throws(SessionFailure) {
+        var held: [SessionFrame.Server] = []
+        defer {
+            if !held.isEmpty {
+                state.withLock { state in
+                    if state.generation == generation { state.frames.insert(contentsOf: held, at: 0) }
+                }
+            }
+        }
+        while true {
+            guard let frame = try await nextFrame(generation: generation) else { continue }
+            switch frame {
+            case .subscribed(let subscribedChannels, let subscribedGroups, _):
+                state.withLock { state in
+                    state.serverChannels = subscribedChannels
+                    state.serverGroups = subscribedGroups
+                }
+                // Names left out were refused: their notice follows.
+                if added.channels.allSatisfy(subscribedChannels.contains) && added.groups.allSatisfy(subscribedGroups.contains) { return }
+            case .notice(.accessDenied(let deniedChannels, let deniedGroups, let message)):
+                if try denied(deniedChannels, deniedGroups, message: message, channels: channels, groups: groups) { return }
+            case .error(let code, let message):
+                if let failure = Self.failure(errorCode: code, message: message, channels: channels, groups: groups) {
+                    state.withLock { $0.subscribed = false }
+                    await drop(generation: generation)
+                    throw failure
+                }
+            case .messages:
+                held.append(frame)
+            case .welcome, .ack, .ping, .pong, .unknown, .notice, .unsubscribed:
+                continue
+            }
+        }
+    }
+
+    /// An access-denied notice: true when other names keep flowing (reported, not thrown);
+    /// throws when nothing is left.
+    private func denied(_ deniedChannels: [String], _ deniedGroups: [String], message: String, channels: [String], groups: [String])
+        throws(SessionFailure) -> Bool
+    {
+        let othersFlow = state.withLock { state -> Bool in
+            state.serverChannels.removeAll { deniedChannels.contains($0) }
+            state.serverGroups.removeAll { deniedGroups.contains($0) }
+            guard !state.serverChannels.isEmpty || !state.serverGroups.isEmpty else { return false }
+            state.deniedChannels.formUnion(deniedChannels)
+            state.deniedGroups.formUnion(deniedGroups)
+            return true
+        }
+        guard othersFlow else {
+            throw SessionFailure(error: TetherError(Status(
+                category: .accessDenied, operation: .subscribe, statusCode: 403, serverMessage: message, affectedChannels: channels,
+                affectedGroups: groups, deniedChannels: deniedChannels, deniedGroups: deniedGroups)))
+        }
+        // Only these names end; the session keeps delivering the others.
+        report(.partlyDenied(channels: deniedChannels, groups: deniedGroups, message: message))
+        return true
     }
 
     /// Forgets the names access was denied for, so the next receive subscribes to them again
@@ -514,6 +572,13 @@ final class WebSocketSession: Sendable {
         }
         status.retryAfter = drain
         return SessionFailure(error: TetherError(status))
+    }
+
+    /// Drops the current socket without `bye` (the server keeps the session for its keep-alive
+    /// window): the pending receive fails and the next one resumes on a new socket.
+    func abandonSocket() async {
+        let generation = state.withLock { $0.link != nil ? $0.generation : nil }
+        if let generation { await drop(generation: generation) }
     }
 
     /// Drops socket `generation` without `bye` (the server keeps the session).

@@ -68,6 +68,9 @@ package struct RetryMachine: Sendable, Hashable {
     private var wait = Wait.backOff
     private var deniedNotice = AccessDeniedNotice.pending
 
+    /// The outage's retries ended in access denied and it now only re-checks access quietly.
+    package var isRecheckingAccess: Bool { deniedNotice == .reported }
+
     /// Starts an outage.
     package init(episode: Int, start: Duration) {
         self.episode = episode

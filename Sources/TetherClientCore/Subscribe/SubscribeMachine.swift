@@ -61,6 +61,9 @@ package struct SubscribeMachine: Sendable {
         var afterwards: Afterwards
         /// The outage that ended in access denied (its re-checks continue it quietly).
         var outage: RetryMachine? = nil
+        /// The retries ran out on their own (not `cancelAutomaticRetry()`): a network that comes
+        /// back restarts the subscription even when no Time probe runs.
+        var restartsOnNetworkUp = false
     }
 
     /// Can transition to: idle → handshaking, waitingForNetwork.
@@ -93,6 +96,8 @@ package struct SubscribeMachine: Sendable {
     private var requestIDs = RequestIDs()
     private var nextEpisode = 0
     private var watermarks = DeliveryWatermarks()
+    /// A reconnect cycle was announced (`started`) and has not ended yet.
+    private var reconnectCycleOpen = false
 
     /// Creates an idle machine.
     package init(configuration: Configuration = Configuration()) {
@@ -258,7 +263,9 @@ package struct SubscribeMachine: Sendable {
             let connectedBefore = wasConnected
             var actions = stopEverything()
             state = .disconnected(Paused(cursor: saved, connectedBefore: connectedBefore, outage: nil))
-            actions.append(report(.disconnected(last: saved?.timetoken)))
+            // `disconnected` pairs with a `connected` (or `reconnected`) the app saw; a client
+            // stopped before it ever connected only changes state.
+            if connectedBefore { actions.append(report(.disconnected(last: saved?.timetoken))) }
             return actions + connectionChange(from: before)
         }
     }
@@ -299,13 +306,13 @@ package struct SubscribeMachine: Sendable {
         switch state {
         case .retrying(let r) where r.outage.episode == episode:
             var actions: [Action] = [.cancelTimer(.retry)]
-            actions += giveUp(cursor: r.cursor, connectedBefore: r.connectedBefore, cause: nil)
-            return actions + connectionChange(from: before, event: r.connectedBefore ? .failed : nil)
+            actions += giveUp(cursor: r.cursor, connectedBefore: r.connectedBefore, cause: nil, byApp: true)
+            return actions + connectionChange(from: before)
         case .handshaking(let h) where h.outage?.episode == episode:
             var actions: [Action] = [.cancelSubscribe]
             let connectedBefore = h.handshake.connectedBefore
-            actions += giveUp(cursor: h.handshake.last, connectedBefore: connectedBefore, cause: nil)
-            return actions + connectionChange(from: before, event: connectedBefore ? .failed : nil)
+            actions += giveUp(cursor: h.handshake.last, connectedBefore: connectedBefore, cause: nil, byApp: true)
+            return actions + connectionChange(from: before)
         case .idle, .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped, .disconnected:
             return []
         }
@@ -321,14 +328,11 @@ package struct SubscribeMachine: Sendable {
         case .handshaking(var h):
             guard let established = h.handshake.succeeded(id, response: response) else { return [] }
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
-            var event: ReconnectEvent?
             switch established.announcement {
             case .connected(let last):
                 actions.append(report(.connected(last: last, current: established.cursor.timetoken)))
-                if h.outage != nil { event = .succeeded }
             case .reconnected(let last):
                 actions.append(report(.reconnected(last: last, current: established.cursor.timetoken)))
-                event = .succeeded
                 lastRecovery = now
             case .nothing:
                 break
@@ -348,7 +352,7 @@ package struct SubscribeMachine: Sendable {
                     actions += perform(backfill)
                     actions += perform(startHeartbeat, failure: nil)
                     state = .receiving(Receiving(loop: .longPoll(backfilling), heartbeat: heartbeat))
-                    return actions + connectionChange(from: before, event: event)
+                    return actions + connectionChange(from: before)
                 case .never, .onGap, .onEveryReconnect:
                     (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: planner, ids: &requestIDs)
                 }
@@ -363,7 +367,7 @@ package struct SubscribeMachine: Sendable {
             actions += perform(startHeartbeat, failure: nil)
             actions += perform(receive)
             state = .receiving(Receiving(loop: .longPoll(loop), heartbeat: heartbeat))
-            return actions + connectionChange(from: before, event: event)
+            return actions + connectionChange(from: before)
         case .receiving(var r):
             switch r.loop {
             case .longPoll(var loop):
@@ -471,7 +475,7 @@ package struct SubscribeMachine: Sendable {
         actions += [.cancelSubscribe, .cancelTimer(.liveness), .cancelTimer(.longPollWatchdog)]
         actions.append(report(.failure(.unexpectedDisconnect, cause: status, last: cursor.timetoken), retryEpisode: outage.episode))
         actions += startHandshake(purpose: .restore, resume: resumePoint(cursor, connectedBefore: true), last: cursor, outage: outage)
-        return actions + connectionChange(from: before, event: .started)
+        return actions + connectionChange(from: before)
     }
 
     // MARK: Events — network
@@ -488,7 +492,7 @@ package struct SubscribeMachine: Sendable {
         case .idle, .disconnected, .waitingForNetwork:
             return actions
         case .stopped(let s):
-            guard s.afterwards == .probeTime else { return actions }
+            guard s.afterwards == .probeTime || s.restartsOnNetworkUp else { return actions }
             actions.append(.cancelTimer(.timeProbe))
             state = .waitingForNetwork(Paused(cursor: s.cursor, connectedBefore: s.connectedBefore,
                                               outage: s.reason == .accessDenied ? s.outage : nil))
@@ -498,9 +502,16 @@ package struct SubscribeMachine: Sendable {
             let connectedBefore = wasConnected
             let outage = currentOutage
             actions += stopEverything()
+            if connectedBefore && !configuration.restoreSubscription {
+                // Seed 001: with `restoreSubscription` off, a network failure clears the channel
+                // list, and the network coming back does nothing; the app subscribes again.
+                channels = []
+                groups = []
+                state = .idle
+                return actions + connectionChange(from: before)
+            }
             state = .waitingForNetwork(Paused(cursor: saved, connectedBefore: connectedBefore, outage: outage))
-            let event: ReconnectEvent? = (before == .connected) ? .started : nil
-            return actions + connectionChange(from: before, event: event)
+            return actions + connectionChange(from: before)
         }
     }
 
@@ -547,7 +558,7 @@ package struct SubscribeMachine: Sendable {
                 + startHandshake(purpose: r.connectedBefore ? .restore : .connect,
                                  resume: resumePoint(r.cursor, connectedBefore: r.connectedBefore), last: r.cursor, outage: r.outage)
                 + connectionChange(from: before)
-        case .stopped(let s) where s.afterwards == .probeTime:
+        case .stopped(let s) where s.afterwards == .probeTime || s.restartsOnNetworkUp:
             return [.cancelTimer(.timeProbe)] + resume(from: s) + connectionChange(from: before)
         case .idle, .stopped, .waitingForNetwork, .disconnected:
             return []
@@ -566,7 +577,7 @@ package struct SubscribeMachine: Sendable {
             actions.append(.cancelTimer(.retry))
             actions += startHandshake(purpose: r.connectedBefore ? .restore : .connect,
                                       resume: resumePoint(r.cursor, connectedBefore: r.connectedBefore), last: r.cursor, outage: r.outage)
-        case .stopped(let s) where s.afterwards == .probeTime:
+        case .stopped(let s) where s.afterwards == .probeTime || s.restartsOnNetworkUp:
             actions.append(.cancelTimer(.timeProbe))
             actions += resume(from: s)
         case .idle, .handshaking, .receiving, .stopped, .disconnected:
@@ -592,7 +603,7 @@ package struct SubscribeMachine: Sendable {
             var actions: [Action] = [.cancelTimer(.retry), .cancelTimer(.longPollWatchdog)]
             actions.append(report(.failure(status.category, cause: status, last: last)))
             state = .stopped(Stopped(cursor: cursor, connectedBefore: connectedBefore, reason: status.category, afterwards: .waitForApp))
-            return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage ? .failed : nil)
+            return actions + connectionChange(from: before)
         case .accessDeniedExhausted(let notice, let recheck):
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
             switch notice {
@@ -607,7 +618,7 @@ package struct SubscribeMachine: Sendable {
             state = .stopped(Stopped(cursor: cursor, connectedBefore: connectedBefore, reason: .accessDenied, afterwards: afterwards,
                                      outage: outage))
             if afterwards == .probeTime { actions.append(.schedule(.timeProbe, after: configuration.timeProbeInterval)) }
-            return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage && notice == .report ? .failed : nil)
+            return actions + connectionChange(from: before)
         case .retry(let delay):
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
             if status.category == .accessDenied {
@@ -619,17 +630,20 @@ package struct SubscribeMachine: Sendable {
             }
             state = .retrying(Retrying(cursor: cursor, connectedBefore: connectedBefore, outage: outage))
             actions.append(.schedule(.retry, after: delay))
-            return actions + connectionChange(from: before, event: connectedBefore && isNewOutage ? .started : nil)
+            return actions + connectionChange(from: before)
         case .giveUp:
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
             actions += giveUp(cursor: cursor, connectedBefore: connectedBefore, cause: status)
-            return actions + connectionChange(from: before, event: connectedBefore && !isNewOutage ? .failed : nil)
+            return actions + connectionChange(from: before)
         }
     }
 
     /// Gives up: `connectionError` before ever connecting, `disconnectedUnexpectedly` after; then
-    /// probes the Time API (or forgets the subscription when `restoreSubscription` is off).
-    private mutating func giveUp(cursor: Cursor?, connectedBefore: Bool, cause: Status?) -> [Action] {
+    /// probes the Time API (or forgets the subscription when `restoreSubscription` is off). A
+    /// give-up the app asked for (`cancelAutomaticRetry()`) stays given up: no Time probe and no
+    /// restart on network up undo it; `reconnect()` does. Otherwise a network that comes back
+    /// restarts the subscription, also for a client that never connected.
+    private mutating func giveUp(cursor: Cursor?, connectedBefore: Bool, cause: Status?, byApp: Bool = false) -> [Action] {
         let category: StatusCategory = connectedBefore ? .disconnectedUnexpectedly : .connectionError
         var actions: [Action] = []
         let last = cursor?.timetoken
@@ -644,8 +658,9 @@ package struct SubscribeMachine: Sendable {
             state = .idle
             return actions
         }
-        let afterwards: Afterwards = connectedBefore ? .probeTime : .waitForApp
-        state = .stopped(Stopped(cursor: cursor, connectedBefore: connectedBefore, reason: category, afterwards: afterwards))
+        let afterwards: Afterwards = connectedBefore && !byApp ? .probeTime : .waitForApp
+        state = .stopped(Stopped(cursor: cursor, connectedBefore: connectedBefore, reason: category, afterwards: afterwards,
+                                 restartsOnNetworkUp: !byApp))
         if afterwards == .probeTime { actions.append(.schedule(.timeProbe, after: configuration.timeProbeInterval)) }
         return actions
     }
@@ -667,6 +682,14 @@ package struct SubscribeMachine: Sendable {
         case .retrying(let r): return r.connectedBefore
         case .waitingForNetwork(let p), .disconnected(let p): return p.connectedBefore
         case .stopped(let s): return s.connectedBefore
+        }
+    }
+
+    private var isQuietAccessRecheck: Bool {
+        switch state {
+        case .handshaking(let h): return h.outage?.isRecheckingAccess == true
+        case .waitingForNetwork(let p): return p.outage?.isRecheckingAccess == true
+        case .idle, .receiving, .retrying, .stopped, .disconnected: return false
         }
     }
 
@@ -703,8 +726,28 @@ package struct SubscribeMachine: Sendable {
         [.cancelSubscribe] + TimerID.allCases.map { .cancelTimer($0) }
     }
 
-    private func connectionChange(from before: ConnectionState, event: ReconnectEvent? = nil) -> [Action] {
+    /// The change of connection state, with its reconnect event. The events are derived here, in
+    /// one place, so they pair strictly: `started` when a client that had connected begins to
+    /// reconnect (a dropped link, the network gone, a restore after a give-up or a `reconnect()`),
+    /// then exactly one `succeeded` (connected again) or `failed` (gave up, stopped, disconnected
+    /// or unsubscribed) — never two `started` in a row, never an end without a start.
+    private mutating func connectionChange(from before: ConnectionState) -> [Action] {
         let after = connectionState
+        var event: ReconnectEvent?
+        switch after {
+        case .reconnecting, .waitingForNetwork:
+            // A quiet re-check of access after the retries ran out is not a reconnection.
+            if !reconnectCycleOpen && wasConnected && !isQuietAccessRecheck { event = .started }
+        case .connected:
+            if reconnectCycleOpen { event = .succeeded }
+        case .idle, .connecting, .failed, .disconnected:
+            if reconnectCycleOpen { event = .failed }
+        }
+        switch event {
+        case .started?: reconnectCycleOpen = true
+        case .succeeded?, .failed?: reconnectCycleOpen = false
+        case nil: break
+        }
         guard after != before || event != nil else { return [] }
         return [.connectionChanged(ConnectionChange(previous: before, current: after, reconnectEvent: event))]
     }
