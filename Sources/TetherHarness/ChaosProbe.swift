@@ -9,7 +9,9 @@ import Tether
 /// PubNub side is a Python script speaking the same lines).
 ///
 /// Lines on standard output, one JSON object each, `at` in Unix milliseconds:
-/// `{"c":3,"e":"status","cat":"reconnected","at":…}`, `{"c":3,"e":"msg","seq":17,"tt":"…","at":…}`.
+/// `{"c":3,"e":"status","cat":"reconnected","at":…}`, `{"c":3,"e":"msg","seq":17,"tt":"…","at":…}`,
+/// and the session's typed events, `{"c":3,"e":"event","what":"session resumed","at":…}`
+/// (``ChaosProbe/eventName(_:)``).
 /// The probe runs until standard input closes, then shuts every client down and exits.
 struct ChaosProbe: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -21,6 +23,7 @@ struct ChaosProbe: AsyncParsableCommand {
             are expected to be objects with an integer "seq". Runs until standard input closes.
 
               tether chaos probe --origin 127.0.0.1:9090 --channel chaos --clients 10 < /dev/tty
+              tether chaos probe --origin 127.0.0.1:9090 --channel chaos --transport websocket < /dev/tty
             """)
 
     @Option(help: "Server (or proxy) host:port.")
@@ -45,6 +48,9 @@ struct ChaosProbe: AsyncParsableCommand {
             help: "Linux: judge the network by these interfaces only (repeatable; default: every non-loopback one).")
     var watchInterfaces: [String] = []
 
+    @Option(help: "Wire: long-poll (PubNub's HTTP, the default), websocket (a session kept across drops) or auto (WebSocket, falling back to long-poll when the upgrade is refused).")
+    var transport: ChaosTransport = .longPoll
+
     @Flag(help: "No network monitor (the SDK learns of outages from failed requests only).")
     var noNetworkMonitor = false
 
@@ -66,11 +72,15 @@ struct ChaosProbe: AsyncParsableCommand {
                 throw ValidationError(error.description)
             }
             configuration.logger = logger
+            configuration.transport = transport.preference
             let transport = try HTTPClientTransport(connectTimeout: configuration.connectTimeout, logger: logger)
             let client = TetherClient(configuration: configuration, transport: transport, clock: ContinuousClock(),
                                       networkMonitor: noNetworkMonitor ? nil : makeMonitor())
             client.addStatusListener { status in
                 out.line(#"{"c":\#(index),"e":"status","cat":"\#(status.category)","at":\#(unixMilliseconds())}"#)
+            }
+            client.addConnectionEventListener { event in
+                out.line(#"{"c":\#(index),"e":"event","what":"\#(Self.eventName(event))","at":\#(unixMilliseconds())}"#)
             }
             for subscription in client.subscribe(to: [channel]) {
                 subscription.onEvent { event in
@@ -94,6 +104,19 @@ struct ChaosProbe: AsyncParsableCommand {
         }
     }
 
+    /// A connection event's name on a probe line: fixed words, so no JSON escaping is needed
+    /// (the expiry's server message and the session id are left out).
+    static func eventName(_ event: ConnectionEvent) -> String {
+        switch event {
+        case .reconnectStarted: return "reconnect started"
+        case .reconnectSucceeded: return "reconnect succeeded"
+        case .reconnectFailed: return "reconnect failed"
+        case .sessionResumed: return "session resumed"
+        case .sessionExpired: return "session expired"
+        case .transportChanged(let wire): return wire == .webSocket ? "transport websocket" : "transport long-poll"
+        }
+    }
+
     private func makeMonitor() -> (any NetworkMonitor)? {
         #if os(Linux)
         return watchInterfaces.isEmpty ? RTNetlinkNetworkMonitor() : RTNetlinkNetworkMonitor(interfaces: Set(watchInterfaces))
@@ -102,6 +125,22 @@ struct ChaosProbe: AsyncParsableCommand {
         #else
         return nil
         #endif
+    }
+}
+
+/// `--transport`: the probe's names for ``TransportPreference`` (the same words as
+/// `tether subscribe --transport`, whose parser lives in the CLI target).
+enum ChaosTransport: String, ExpressibleByArgument, CaseIterable, Sendable {
+    case websocket
+    case longPoll = "long-poll"
+    case auto
+
+    var preference: TransportPreference {
+        switch self {
+        case .websocket: return .webSocket
+        case .longPoll: return .longPoll
+        case .auto: return .automatic
+        }
     }
 }
 

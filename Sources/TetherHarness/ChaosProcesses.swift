@@ -24,7 +24,7 @@ func runCommand(_ arguments: [String]) -> (status: Int32, output: String) {
 
 /// One event a probe reported.
 struct ProbeEvent: Sendable {
-    enum Kind: Sendable { case message(seq: Int), status(String) }
+    enum Kind: Sendable { case message(seq: Int), status(String), event(String) }
     var client: Int
     var kind: Kind
     var at: Int64
@@ -79,6 +79,7 @@ final class ProbeProcess: Sendable {
         switch kind {
         case "msg": return ProbeEvent(client: client, kind: .message(seq: object["seq"] as? Int ?? -1), at: at)
         case "status": return ProbeEvent(client: client, kind: .status(object["cat"] as? String ?? "?"), at: at)
+        case "event": return ProbeEvent(client: client, kind: .event(object["what"] as? String ?? "?"), at: at)
         default: return nil
         }
     }

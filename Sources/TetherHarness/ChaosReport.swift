@@ -2,18 +2,33 @@ import Foundation
 
 /// The client SDKs the suite compares.
 enum ChaosSDK: String, CaseIterable, Sendable, Codable {
+    /// Tether's SDK on PubNub's long-poll (`tether chaos probe`).
     case tether
+    /// Tether's SDK on its WebSocket session (`tether chaos probe --transport websocket`).
+    case tetherWebSocket = "tether-ws"
     case pubnubThreaded = "pubnub-threaded"
     case pubnubAsyncio = "pubnub-asyncio"
 
     /// The column label.
     var label: String {
         switch self {
-        case .tether: "Tether Swift SDK"
+        case .tether: "Tether Swift SDK (long-poll)"
+        case .tetherWebSocket: "Tether Swift SDK (WebSocket)"
         case .pubnubThreaded: "PubNub Python (threaded)"
         case .pubnubAsyncio: "PubNub Python (asyncio)"
         }
     }
+
+    /// Whether this is Tether's own SDK (held to "no silent loss"; its probe is `tether chaos probe`).
+    var isTether: Bool {
+        switch self {
+        case .tether, .tetherWebSocket: true
+        case .pubnubThreaded, .pubnubAsyncio: false
+        }
+    }
+
+    /// The status category that says a client is connected.
+    var connectedCategory: String { isTether ? "connected" : "PNConnectedCategory" }
 }
 
 /// One message the suite published.
@@ -46,6 +61,9 @@ struct ChaosResult: Sendable, Codable {
     var caughtUpMax: Double?
     /// Statuses after the fault started, in order of first appearance, with counts over clients.
     var statuses: [String]
+    /// Tether's typed connection events after the fault started (reconnect started / succeeded /
+    /// failed, session resumed / expired, transport changes), the same way; empty for PubNub.
+    var events: [String] = []
     /// Peak reconnections in any one second (reconnection storm).
     var peakReconnectsPerSecond: Int?
     /// Why the SDK was not run, or what went wrong with the run itself.
@@ -77,6 +95,8 @@ enum ChaosMeasure {
         var caughtUp: [Double] = []
         var statusCounts: [String: Int] = [:]
         var statusOrder: [String] = []
+        var eventCounts: [String: Int] = [:]
+        var eventOrder: [String] = []
         var reconnectTimes: [Int64] = []
         var lostSample: Set<Int> = []
         for client in 0..<clients {
@@ -104,6 +124,10 @@ enum ChaosMeasure {
                     if statusCounts[category] == nil { statusOrder.append(category) }
                     statusCounts[category, default: 0] += 1
                     if firstReconnect == nil, reconnectCategories.contains(category), event.at >= faultEnd - 50 { firstReconnect = event.at }
+                case .event(let what):
+                    guard event.at >= faultStart - 50 else { continue }
+                    if eventCounts[what] == nil { eventOrder.append(what) }
+                    eventCounts[what, default: 0] += 1
                 }
             }
             let missing = expected.subtracting(seen)
@@ -131,6 +155,7 @@ enum ChaosMeasure {
             outOfOrder: outOfOrder, caughtUpClients: caughtUp.count,
             caughtUpMedian: caughtUp.isEmpty ? nil : caughtUp[caughtUp.count / 2], caughtUpMax: caughtUp.last,
             statuses: statusOrder.map { statusCounts[$0]! > 1 ? "\($0) ×\(statusCounts[$0]!)" : $0 },
+            events: eventOrder.map { eventCounts[$0]! > 1 ? "\($0) ×\(eventCounts[$0]!)" : $0 },
             peakReconnectsPerSecond: peak, note: nil, lostSample: lostSample.sorted())
     }
 }
@@ -168,8 +193,13 @@ enum ChaosTable {
         return text
     }
 
+    /// The statuses, then the session's own events (resumed / expired / transport changes; the
+    /// reconnect started / succeeded events mirror the statuses and are left to the JSON).
     static func statusesCell(_ result: ChaosResult) -> String {
-        result.statuses.isEmpty ? "none" : result.statuses.joined(separator: ", ")
+        var text = result.statuses.isEmpty ? "none" : result.statuses.joined(separator: ", ")
+        let session = result.events.filter { !$0.hasPrefix("reconnect ") }
+        if !session.isEmpty { text += "; events: " + session.joined(separator: ", ") }
+        return text
     }
 
     static func seconds(_ value: Double) -> String {

@@ -49,12 +49,14 @@ struct ChaosScenario: Sendable {
                       summary: "The server stops for 120 s (connections refused), publishes fail meanwhile, then it starts again.",
                       publishRate: 10, direct: true),
         ChaosScenario(id: .captivePortal, title: "Captive portal 20 s",
-                      summary: "Every request is answered with an HTML sign-in page for 20 s.", publishRate: 10),
+                      summary: "Every open connection is reset and every request is answered with an HTML sign-in page for 20 s "
+                          + "(a WebSocket upgrade too).", publishRate: 10),
         ChaosScenario(id: .grantRevoked, title: "Grant revoked, then restored",
                       summary: "The clients' auth key loses read access to the channel (403) for 20 s, then the grant is restored.",
                       publishRate: 10, usesAccessManager: true),
         ChaosScenario(id: .overload, title: "Overload (429, Retry-After 5)",
-                      summary: "Every request is answered 429 Too Many Requests with Retry-After: 5 for 20 s.", publishRate: 10),
+                      summary: "Every open connection is reset and every request (a WebSocket upgrade too) is answered "
+                          + "429 Too Many Requests with Retry-After: 5 for 20 s.", publishRate: 10),
         ChaosScenario(id: .slowLink, title: "Slow link",
                       summary: "Every chunk is delayed 12 s ± 1 s in each direction for 40 s, so requests time out.", publishRate: 10),
         ChaosScenario(id: .outageBacklog, title: "5,000 messages during a 60 s outage",

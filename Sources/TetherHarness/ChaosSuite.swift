@@ -6,22 +6,24 @@ import Tether
 import TetherTesting
 
 /// `tether chaos suite`: every seed situation, reproduced against a real server with Tether's SDK
-/// and the PubNub Python SDK (threaded and asyncio) side by side; see `docs/resilience.md`.
+/// (on long-poll and on its WebSocket session) and the PubNub Python SDK (threaded and asyncio)
+/// side by side; see `docs/resilience.md`.
 struct ChaosSuite: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "suite",
-        abstract: "Run the resilience scenarios with Tether's SDK and the PubNub Python SDK and print the side-by-side table.",
+        abstract: "Run the resilience scenarios with Tether's SDK (long-poll and WebSocket) and the PubNub Python SDK and print the side-by-side table.",
         discussion: """
             For each scenario: a fresh `tether serve`, a fault proxy in front of it, one probe process \
             per SDK subscribed through the proxy, and a publisher sending numbered messages straight \
             to the server. The fault is injected, and every client's deliveries are checked against \
             what the server acknowledged: lost, duplicated, out of order, time from the fault's end \
-            to caught up, and the statuses each SDK emitted. Exits 1 when Tether's SDK lost, \
-            duplicated or reordered anything or did not catch up.
+            to caught up, and the statuses each SDK emitted. Tether's SDK runs twice: on long-poll \
+            (tether) and on its WebSocket session (tether-ws). Exits 1 when Tether's SDK, on \
+            either wire, lost, duplicated or reordered anything or did not catch up.
 
               tether chaos suite                              # the full suite (about 15 minutes)
               tether chaos suite --quick                      # time-compressed (durations x0.1), as in scripts/test
-              tether chaos suite --scenario tunnel --sdk tether
+              tether chaos suite --scenario tunnel --sdk tether --sdk tether-ws
               tether chaos suite --markdown table.md --json results.json
 
             The PubNub probes need Python with `pubnub` (pip install pubnub==10.8.0); --python picks \
@@ -33,7 +35,7 @@ struct ChaosSuite: AsyncParsableCommand {
     @Option(help: "A scenario to run (repeatable; default: all). --list shows them.")
     var scenario: [String] = []
 
-    @Option(help: "An SDK to run: tether, pubnub-threaded, pubnub-asyncio (repeatable; default: all).")
+    @Option(help: "An SDK to run: tether, tether-ws, pubnub-threaded, pubnub-asyncio (repeatable; default: all).")
     var sdk: [String] = []
 
     @Option(help: "Multiply every fault duration by this (0.1 compresses 30 s to 3 s).")
@@ -131,9 +133,9 @@ struct ChaosSuite: AsyncParsableCommand {
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
             try encoder.encode(results).write(to: URL(fileURLWithPath: json))
         }
-        let failures = results.filter { $0.sdk == .tether && !$0.isClean && !($0.note?.hasPrefix("skipped") ?? false) }
+        let failures = results.filter { $0.sdk.isTether && !$0.isClean && !($0.note?.hasPrefix("skipped") ?? false) }
         if !failures.isEmpty {
-            say("\nTether's SDK did not hold the line in: \(failures.map(\.scenario).joined(separator: ", "))")
+            say("\nTether's SDK did not hold the line in: \(failures.map { "\($0.scenario) (\($0.sdk.rawValue))" }.joined(separator: ", "))")
             throw ExitCode.failure
         }
     }
@@ -230,15 +232,16 @@ struct ChaosScenarioRunner: Sendable {
         var probes: [ProbeProcess] = []
         var notes: [ChaosSDK: String] = [:]
         for sdk in sdks {
-            if sdk != .tether, let pythonProblem {
+            if !sdk.isTether, let pythonProblem {
                 notes[sdk] = pythonProblem
                 continue
             }
             var command = namespace?.prefix ?? []
             switch sdk {
-            case .tether:
+            case .tether, .tetherWebSocket:
                 command += [ServerProcess.executablePath, "chaos", "probe", "--origin", clientOrigin, "--channel", channel,
-                            "--clients", String(clients(for: sdk)), "--sub-key", subscribeKey, "--user-prefix", "tether"]
+                            "--clients", String(clients(for: sdk)), "--sub-key", subscribeKey, "--user-prefix", sdk.rawValue,
+                            "--transport", sdk == .tetherWebSocket ? "websocket" : "long-poll"]
             case .pubnubThreaded, .pubnubAsyncio:
                 command += [absolute(pythonPath), "-u", probeScript, "--mode", sdk == .pubnubThreaded ? "threaded" : "asyncio",
                             "--origin", clientOrigin, "--channel", channel, "--clients", String(clients(for: sdk)),
@@ -290,7 +293,7 @@ struct ChaosScenarioRunner: Sendable {
             guard let probe = probes.first(where: { $0.sdk == sdk }) else { continue }
             var result = ChaosMeasure.result(
                 scenario: scenario.id.rawValue, sdk: sdk, clients: probe.clients, events: probe.snapshot, published: published,
-                faultStart: faultStart, faultEnd: faultEnd, connectedCategory: sdk == .tether ? "connected" : "PNConnectedCategory",
+                faultStart: faultStart, faultEnd: faultEnd, connectedCategory: sdk.connectedCategory,
                 reconnectCategories: ["reconnected", "connected", "PNReconnectedCategory", "PNConnectedCategory"])
             if result.notConnected == probe.clients, !probe.isRunning {
                 result.note = "the probe exited: \(probe.errorTail)"
@@ -334,7 +337,7 @@ struct ChaosScenarioRunner: Sendable {
     }
 
     private func connectedClients(_ probe: ProbeProcess) -> Int {
-        let category = probe.sdk == .tether ? "connected" : "PNConnectedCategory"
+        let category = probe.sdk.connectedCategory
         var clients: Set<Int> = []
         for event in probe.snapshot { if case .status(let c) = event.kind, c == category { clients.insert(event.client) } }
         return clients.count
@@ -368,7 +371,11 @@ struct ChaosScenarioRunner: Sendable {
             try await Task.sleep(for: scaled(120))
             try await server.start()
         case .captivePortal:
+            // The portal takes the network over: established connections are cut, so an open
+            // WebSocket meets the portal on its next upgrade like a long-poll on its next request
+            // (without the cut a socket would never send another HTTP request to intercept).
             try await proxy.apply(.captivePortal)
+            await proxy.resetOpenConnections()
             try await Task.sleep(for: scaled(20))
             try await proxy.apply(.pass)
         case .grantRevoked:
@@ -376,7 +383,10 @@ struct ChaosScenarioRunner: Sendable {
             try await Task.sleep(for: scaled(20))
             try await admin.grant(AuthKeyGrant(channels: [channel], authKeys: [Self.authKey], read: true, write: false, ttlMinutes: 0))
         case .overload:
+            // The load balancer sheds its connections too, so every wire meets the 429 on its
+            // next connection (an established WebSocket sends no new request to answer).
             try await proxy.apply(.overloaded(retryAfterSeconds: max(1, Int((5 * options.scale).rounded()))))
+            await proxy.resetOpenConnections()
             try await Task.sleep(for: scaled(20))
             try await proxy.apply(.pass)
         case .slowLink:
