@@ -13,19 +13,42 @@ enum EngineTaskState: Sendable {
 struct DesiredSubscription: Sendable {
     var channels: [String: Int] = [:]
     var groups: [String: Int] = [:]
-    var presence: Set<String> = []
+    /// How many attached subscriptions ask for each name's presence events: the `-pnpres` name
+    /// is subscribed while one does (and the name itself is), and dropped with the last.
+    var presenceChannels: [String: Int] = [:]
+    var presenceGroups: [String: Int] = [:]
     var attached: [ObjectIdentifier: Subscription.Target] = [:]
+    var attachedWithPresence: Set<ObjectIdentifier> = []
 
     var channelList: [String] {
         var list = channels.keys.sorted()
-        for name in presence.sorted() where channels[name] != nil { list.append(name + NameRules.presenceSuffix) }
+        for name in presenceChannels.keys.sorted() where channels[name] != nil { list.append(name + NameRules.presenceSuffix) }
         return list
     }
 
     var groupList: [String] {
         var list = groups.keys.sorted()
-        for name in presence.sorted() where groups[name] != nil { list.append(name + NameRules.presenceSuffix) }
+        for name in presenceGroups.keys.sorted() where groups[name] != nil { list.append(name + NameRules.presenceSuffix) }
         return list
+    }
+
+    /// Removes one attached subscription (its name's count and its presence count).
+    mutating func detach(_ id: ObjectIdentifier) {
+        guard let target = attached.removeValue(forKey: id) else { return }
+        let withPresence = attachedWithPresence.remove(id) != nil
+        switch target {
+        case .channel(let name):
+            Self.decrement(&channels, name)
+            if withPresence { Self.decrement(&presenceChannels, name) }
+        case .group(let name):
+            Self.decrement(&groups, name)
+            if withPresence { Self.decrement(&presenceGroups, name) }
+        }
+    }
+
+    private static func decrement(_ counts: inout [String: Int], _ name: String) {
+        counts[name, default: 1] -= 1
+        if counts[name] ?? 0 <= 0 { counts[name] = nil }
     }
 }
 
@@ -92,9 +115,15 @@ extension TetherClient {
                 case .channel, .group: break
                 }
             }
-            for id in removed { desired.attached[id] = nil }
-            for name in channels { desired.channels[name] = nil }
-            for name in groups { desired.groups[name] = nil }
+            for id in removed { desired.detach(id) }
+            for name in channels {
+                desired.channels[name] = nil
+                desired.presenceChannels[name] = nil
+            }
+            for name in groups {
+                desired.groups[name] = nil
+                desired.presenceGroups[name] = nil
+            }
             return removed
         }
         for subscription in engine.listeners.subscriptions where removed.contains(ObjectIdentifier(subscription)) {
@@ -183,17 +212,7 @@ extension TetherClient {
 
     func detach(_ subscription: Subscription) {
         engine.listeners.unregister(subscription)
-        desired.withLock { desired in
-            guard let target = desired.attached.removeValue(forKey: ObjectIdentifier(subscription)) else { return }
-            switch target {
-            case .channel(let name):
-                desired.channels[name, default: 1] -= 1
-                if desired.channels[name] ?? 0 <= 0 { desired.channels[name] = nil }
-            case .group(let name):
-                desired.groups[name, default: 1] -= 1
-                if desired.groups[name] ?? 0 <= 0 { desired.groups[name] = nil }
-            }
-        }
+        desired.withLock { $0.detach(ObjectIdentifier(subscription)) }
         apply(timetoken: nil)
     }
 
@@ -201,13 +220,14 @@ extension TetherClient {
         let id = ObjectIdentifier(subscription)
         guard desired.attached[id] == nil else { return }
         desired.attached[id] = subscription.target
+        if subscription.withPresence { desired.attachedWithPresence.insert(id) }
         switch subscription.target {
         case .channel(let name):
             desired.channels[name, default: 0] += 1
-            if subscription.withPresence { desired.presence.insert(name) }
+            if subscription.withPresence { desired.presenceChannels[name, default: 0] += 1 }
         case .group(let name):
             desired.groups[name, default: 0] += 1
-            if subscription.withPresence { desired.presence.insert(name) }
+            if subscription.withPresence { desired.presenceGroups[name, default: 0] += 1 }
         }
     }
 

@@ -94,3 +94,18 @@ struct LifecycleBugTests {
         #expect(h.changes.compactMap(\.reconnectEvent) == [])
     }
 }
+
+extension LifecycleBugTests {
+    @Test func aPartialUnsubscribeIsReportedAsAnUnsubscribe() {
+        var h = Harness(Self.linear(retries: 5))
+        h.subscribe(["a", "b"]); h.succeed(100)
+        h.subscribe(["a"])
+        let status = h.statuses.last
+        #expect(status?.category == .subscriptionChanged)
+        #expect(status?.operation == .unsubscribe)
+        #expect(status?.affectedChannels == ["b"])
+        // Adding (or swapping) names is still a subscribe.
+        h.subscribe(["a", "c"])
+        #expect(h.statuses.last?.operation == .subscribe)
+    }
+}

@@ -179,6 +179,7 @@ package struct SubscribeMachine: Sendable {
         let before = connectionState
         let affectedChannels = changed ? addedChannels + removedChannels : newChannels
         let affectedGroups = changed ? addedGroups + removedGroups : newGroups
+        let removalOnly = changed && addedChannels.isEmpty && addedGroups.isEmpty
 
         if newChannels.isEmpty && newGroups.isEmpty {
             switch state {
@@ -212,7 +213,7 @@ package struct SubscribeMachine: Sendable {
             let current = r.loop.cursor
             if changed {
                 actions.append(report(.subscriptionChanged(channels: affectedChannels, groups: affectedGroups, last: current.timetoken,
-                                                           current: timetoken ?? current.timetoken)))
+                                                           current: timetoken ?? current.timetoken, removalOnly: removalOnly)))
             }
             if configuration.keepTimetokenOnListChange || timetoken != nil || !changed {
                 actions += perform(r.loop.restart(from: timetoken, settings: receiveSettings, ids: &requestIDs))
@@ -226,7 +227,7 @@ package struct SubscribeMachine: Sendable {
             // Seed 001: subscribing (even to the same set) forces an immediate attempt.
             if changed && r.connectedBefore {
                 actions.append(report(.subscriptionChanged(channels: affectedChannels, groups: affectedGroups, last: r.cursor?.timetoken,
-                                                           current: r.cursor?.timetoken)))
+                                                           current: r.cursor?.timetoken, removalOnly: removalOnly)))
             }
             actions.append(.cancelTimer(.retry))
             actions += startHandshake(purpose: r.connectedBefore ? .restore : .connect,
@@ -237,7 +238,7 @@ package struct SubscribeMachine: Sendable {
             state = .waitingForNetwork(paused)
             if changed && paused.connectedBefore {
                 actions.append(report(.subscriptionChanged(channels: affectedChannels, groups: affectedGroups,
-                                                           last: paused.cursor?.timetoken, current: paused.cursor?.timetoken)))
+                                                           last: paused.cursor?.timetoken, current: paused.cursor?.timetoken, removalOnly: removalOnly)))
             }
         case .stopped(let s):
             actions.append(.cancelTimer(.timeProbe))

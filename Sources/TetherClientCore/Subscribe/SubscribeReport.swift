@@ -15,8 +15,9 @@ package struct SubscribeReport: Sendable {
         /// A handshake after an outage, probe, network change or `reconnect()` answered.
         case reconnected(last: Timetoken?, current: Timetoken)
         /// The app changed the subscription while it runs; the lists are what was added and
-        /// removed (or the whole set when it did not change).
-        case subscriptionChanged(channels: [String], groups: [String], last: Timetoken?, current: Timetoken?)
+        /// removed (or the whole set when it did not change). `removalOnly`: names were only
+        /// removed (a partial unsubscribe, reported with operation `unsubscribe`).
+        case subscriptionChanged(channels: [String], groups: [String], last: Timetoken?, current: Timetoken?, removalOnly: Bool = false)
         /// The app unsubscribed from everything; the lists are what it left.
         case unsubscribed(channels: [String], groups: [String], last: Timetoken?)
         /// The app called `disconnect()`.
@@ -71,8 +72,8 @@ extension Status {
         case .reconnected(let last, let current):
             self.init(category: .reconnected, operation: .subscribe, affectedChannels: channels, affectedGroups: groups,
                       subscribedChannels: channels, subscribedGroups: groups, lastTimetoken: last, currentTimetoken: current)
-        case .subscriptionChanged(let affected, let affectedGroups, let last, let current):
-            self.init(category: .subscriptionChanged, operation: .subscribe, affectedChannels: affected, affectedGroups: affectedGroups,
+        case .subscriptionChanged(let affected, let affectedGroups, let last, let current, let removalOnly):
+            self.init(category: .subscriptionChanged, operation: removalOnly ? .unsubscribe : .subscribe, affectedChannels: affected, affectedGroups: affectedGroups,
                       subscribedChannels: channels, subscribedGroups: groups, lastTimetoken: last, currentTimetoken: current)
         case .unsubscribed(let removed, let removedGroups, let last):
             self.init(category: .disconnected, operation: .unsubscribe, affectedChannels: removed, affectedGroups: removedGroups,
