@@ -244,7 +244,7 @@ extension TetherClient {
         engineTask.withLock { state in
             guard case .idle = state else { return }
             let engine = self.engine
-            state = .running(Task { [self] in await engine.run(client: self) })
+            state = .running(Task { [self] in await Self.$isEngineCall.withValue(true) { await engine.run(client: self) } })
         }
     }
 }

@@ -175,8 +175,32 @@ public final class TetherClient: Sendable {
             throw TetherError(Status(category: .badRequest, operation: operation, error: error, serverMessage: error.description,
                                      affectedChannels: channels, affectedGroups: groups))
         }
-        return try await execute(spec, channels: channels, groups: groups, decode: decode)
+        let endpoint = RetryConfiguration.Endpoint(operation)
+        // Publishes retry in the outbox; the subscribe engine's own calls (probes, leaves,
+        // backfill) follow the engine's policy, not this one.
+        guard endpoint != .messageSend, endpoint != .subscribe, !Self.isEngineCall, configuration.retry.retries(endpoint) else {
+            return try await execute(spec, channels: channels, groups: groups, decode: decode)
+        }
+        // The endpoint is not in `excludedEndpoints`: transient failures are retried with the
+        // policy's delays (and never sooner than a `Retry-After`), then the last failure is thrown.
+        let start = elapsedClock.now()
+        var attempt = 0
+        while true {
+            do { return try await execute(spec, channels: channels, groups: groups, decode: decode) } catch {
+                attempt += 1
+                guard RetryConfiguration.isTransient(error.status),
+                      let delay = configuration.retry.delay(beforeRetry: attempt, elapsed: elapsedClock.now() - start,
+                                                            randomness: Double.random(in: 0..<1)) else { throw error }
+                logger.debug("retrying", metadata: ["operation": "\(operation)", "attempt": "\(attempt)", "category": "\(error.status.category)"])
+                do { try await elapsedClock.sleep(max(delay, error.status.retryAfter ?? .zero)) } catch {
+                    throw TetherError(Status(category: .cancelled, operation: operation, affectedChannels: channels, affectedGroups: groups))
+                }
+            }
+        }
     }
+
+    /// Set for every task of the subscribe engine (``startEngineIfNeeded()``).
+    @TaskLocal static var isEngineCall = false
 
     func execute<Result: Sendable>(
         _ spec: RequestSpec, channels: [String], groups: [String],

@@ -252,3 +252,33 @@ public struct CustomReconnectionStrategy: Sendable, Hashable {
     /// Hashes the id.
     public func hash(into hasher: inout Hasher) { hasher.combine(id) }
 }
+
+extension RetryConfiguration.Endpoint {
+    /// The group `operation` belongs to.
+    package init(_ operation: TetherOperation) {
+        switch operation {
+        case .subscribe: self = .subscribe
+        case .publish, .fire, .signal: self = .messageSend
+        case .history, .fetchMessages, .messageCounts, .deleteMessages: self = .messageStorage
+        case .unsubscribe, .hereNow, .whereNow, .heartbeat, .leave, .getState, .setState: self = .presence
+        case .addChannelsToGroup, .removeChannelsFromGroup, .listChannelsInGroup, .listGroups, .deleteGroup: self = .channelGroups
+        case .grant, .grantToken, .revokeToken: self = .accessManager
+        case .time: self = .time
+        }
+    }
+}
+
+extension RetryConfiguration {
+    /// Whether a failed REST call may succeed if sent again unchanged: the request did not get
+    /// an answer (network, timeout), an intermediary answered instead of the server (a proxy's
+    /// page), or the server was overloaded or failing (429, 5xx). Refusals (400, 403, 404…) do not.
+    package static func isTransient(_ status: Status) -> Bool {
+        switch status.category {
+        case .networkIssues, .timeout, .malformedResponse: return true
+        default:
+            guard let code = status.statusCode else { return false }
+            return code == 429 || (500...599).contains(code)
+        }
+    }
+}
+

@@ -30,4 +30,45 @@ struct LifecycleClientTests {
         #expect(client.subscribedChannels == ["a"])
         await client.shutdown()
     }
+
+    @Test func anEndpointTakenOutOfExcludedEndpointsIsRetriedAutomatically() async throws {
+        let (client, transport, clock) = try makeStepClient {
+            $0.retry = RetryConfiguration(policy: .linear(delay: .seconds(2), maximumRetries: 2), jitter: .zero ... .zero,
+                                          excludedEndpoints: [.accessManager])
+        }
+        async let answer = client.hereNow(channels: ["a"])
+        try #require(await transport.next(path: "/v2/presence/sub-key/demo/channel/a")).fail(.connectionRefused)
+        await clock.advanceToSleeper(after: .seconds(2))
+        // A proxy's 502 is transient too.
+        try #require(await transport.next(path: "/v2/presence/sub-key/demo/channel/a")).respond(status: 502, json: "{}")
+        await clock.advanceToSleeper(after: .seconds(2))
+        try #require(await transport.next(path: "/v2/presence/sub-key/demo/channel/a"))
+            .respond(json: #"{"status":200,"message":"OK","occupancy":1,"uuids":["x"],"service":"Presence"}"#)
+        #expect(try await answer.totalOccupancy == 1)
+
+        // A refusal is not retried.
+        async let refused = failure { try await client.hereNow(channels: ["b"]) }
+        try #require(await transport.next(path: "/v2/presence/sub-key/demo/channel/b"))
+            .respond(status: 400, json: #"{"status":400,"message":"Invalid","error":true,"service":"Presence"}"#)
+        #expect(await refused?.category == .badRequest)
+
+        // The policy's two retries run out: the last failure is thrown.
+        async let exhausted = failure { try await client.hereNow(channels: ["c"]) }
+        try #require(await transport.next(path: "/v2/presence/sub-key/demo/channel/c")).fail(.connectionRefused)
+        await clock.advanceToSleeper(after: .seconds(2))
+        try #require(await transport.next(path: "/v2/presence/sub-key/demo/channel/c")).fail(.connectionRefused)
+        await clock.advanceToSleeper(after: .seconds(2))
+        try #require(await transport.next(path: "/v2/presence/sub-key/demo/channel/c")).fail(.connectionRefused)
+        #expect(await exhausted?.category == .networkIssues)
+        await client.shutdown()
+    }
+
+    @Test func excludedEndpointsAreNotRetried() async throws {
+        // The default: everything but subscribe is excluded, so a REST failure returns at once.
+        let (client, transport, _) = try makeStepClient()
+        async let answer = failure { try await client.hereNow(channels: ["a"]) }
+        try #require(await transport.next(path: "/v2/presence/sub-key/demo/channel/a")).fail(.connectionRefused)
+        #expect(await answer?.category == .networkIssues)
+        await client.shutdown()
+    }
 }
