@@ -24,7 +24,7 @@ public final class TetherClient: Sendable {
     let outboxDriver: OutboxDriver
     let outboxListeners = OutboxListeners()
     let outboxTask = Mutex<EngineTaskState>(.idle)
-    private let networkMonitor: (any NetworkMonitor)?
+    let networkMonitor: (any NetworkMonitor)?
     let session: WebSocketSession
     let webSocketConnector: any WebSocketConnector
     /// Whether the WebSocket wire can be used (see ``init(configuration:transport:clock:networkMonitor:)``).
@@ -44,9 +44,23 @@ public final class TetherClient: Sendable {
         self.init(configuration: configuration, transport: transport)
     }
 
-    /// Creates a client on a custom transport (tests, other platforms). Does no I/O.
+    /// Creates a client on a custom transport (tests, other platforms). Does no I/O. It watches
+    /// the network unless ``TetherConfiguration/watchesNetwork`` is off.
     public convenience init(configuration: TetherConfiguration, transport: any Transport) {
-        self.init(configuration: configuration, transport: transport, clock: ContinuousClock(), networkMonitor: nil)
+        self.init(configuration: configuration, transport: transport, clock: ContinuousClock(),
+                  networkMonitor: configuration.watchesNetwork ? Self.platformNetworkMonitor(for: configuration) : nil)
+    }
+
+    /// The platform's network monitor: rtnetlink on Linux (counting loopback when the origin is
+    /// a loopback address), `NWPathMonitor` on Apple platforms; nil elsewhere.
+    static func platformNetworkMonitor(for configuration: TetherConfiguration) -> (any NetworkMonitor)? {
+        #if os(Linux)
+        return RTNetlinkNetworkMonitor(includeLoopback: configuration.originIsLoopback)
+        #elseif canImport(Network)
+        return PathNetworkMonitor()
+        #else
+        return nil
+        #endif
     }
 
     /// Creates a client with an injected clock for the subscribe engine's timers (tests pass a

@@ -69,6 +69,13 @@ public struct TetherConfiguration: Sendable {
     /// `probeTimeout`; a failure restarts the loop. Default 25 s + 10 s: a dead link is noticed
     /// within 35 s. `nil` disables it.
     public var deadLinkDetection: DeadLinkDetection?
+    /// Whether the client watches the device's network itself (default true): rtnetlink on
+    /// Linux (loopback counted when the origin is a loopback address), `NWPathMonitor` on Apple
+    /// platforms. While the network is down, retries pause (`networkDown`); when it returns, the
+    /// subscription reconnects at once (`networkUp`). Applies to clients created without an
+    /// explicit monitor (``TetherClient/init(configuration:)``, ``TetherClient/init(configuration:transport:)``);
+    /// ``TetherClient/init(configuration:transport:clock:networkMonitor:)`` uses the one it is given.
+    public var watchesNetwork: Bool
     /// Which presence-heartbeat results become statuses (default failures only).
     public var heartbeatReporting: HeartbeatReporting
     /// When the subscribe engine fetches history itself (default: when the server reports a
@@ -111,6 +118,7 @@ public struct TetherConfiguration: Sendable {
         self.restoreSubscription = true
         self.catchUpOnSubscriptionRestore = true
         self.timeProbeInterval = .seconds(10)
+        self.watchesNetwork = true
         self.deadLinkDetection = DeadLinkDetection()
         self.heartbeatReporting = .failures
         self.backfill = .onGap
@@ -201,3 +209,12 @@ public struct DeadLinkDetection: Sendable, Hashable {
         self.probeTimeout = probeTimeout
     }
 }
+
+extension TetherConfiguration {
+    /// Whether the origin's host is a loopback address (the client and server share a machine).
+    var originIsLoopback: Bool {
+        let host = originHostAndPort.host.lowercased()
+        return host == "localhost" || host == "::1" || host.hasPrefix("127.")
+    }
+}
+

@@ -71,4 +71,19 @@ struct LifecycleClientTests {
         #expect(await answer?.category == .networkIssues)
         await client.shutdown()
     }
+
+    @Test func theNetworkMonitorIsOnByDefaultWithASwitchToTurnItOff() throws {
+        let loopback = try TetherClient(configuration: TetherConfiguration(subscribeKey: "demo", userId: "u", origin: "127.0.0.1:8090"))
+        #if os(Linux)
+        let monitor = try #require(loopback.networkMonitor as? RTNetlinkNetworkMonitor)
+        #expect(monitor.includeLoopback, "a loopback origin counts the loopback interface as a network")
+        let remote = try TetherClient(configuration: TetherConfiguration(subscribeKey: "demo", userId: "u", origin: "tether.example.com"))
+        #expect((remote.networkMonitor as? RTNetlinkNetworkMonitor)?.includeLoopback == false)
+        #endif
+        var off = try TetherConfiguration(subscribeKey: "demo", userId: "u", origin: "127.0.0.1:8090")
+        off.watchesNetwork = false
+        #expect(try TetherClient(configuration: off).networkMonitor == nil)
+        // An explicit monitor (or none) is used as given.
+        #expect(TetherClient(configuration: off, transport: InMemoryTransport(), clock: ContinuousClock(), networkMonitor: nil).networkMonitor == nil)
+    }
 }
