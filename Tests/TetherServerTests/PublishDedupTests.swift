@@ -18,6 +18,7 @@ import TetherTesting
         var body: String
         var timetoken: Timetoken?
         var isRepeat: Bool
+        var exposedHeaders: String?
     }
 
     private func publish(_ server: TestServer, _ channel: String, _ message: String, requestID: String?,
@@ -35,7 +36,8 @@ import TetherTesting
         let array = (try? JSONSerialization.jsonObject(with: Data(response.body.utf8))) as? [Any]
         let timetoken = (array?.count == 3 ? array?[2] as? String : nil).flatMap { Timetoken(parsing: $0) }
         return Answer(status: response.status, body: response.body, timetoken: timetoken,
-                      isRepeat: response.headers.first(name: "Tether-Duplicate") == "1")
+                      isRepeat: response.headers.first(name: "Tether-Duplicate") == "1",
+                      exposedHeaders: response.headers.first(name: "Access-Control-Expose-Headers"))
     }
 
     private func history(_ server: TestServer, _ channel: String) async throws -> [String] {
@@ -57,6 +59,7 @@ import TetherTesting
         #expect(again.body == first.body)  // PubNub's `[1,"Sent","<tt>"]`, unchanged
         #expect(again.timetoken == first.timetoken)
         #expect(again.isRepeat)
+        #expect(again.exposedHeaders == "Tether-Duplicate")  // readable by a browser's script
         // A repeat with a different body is still the same publish: the id decides.
         let changed = try await publish(server, "chat", "\"other text\"", requestID: "6f1c-1")
         #expect(changed.timetoken == first.timetoken && changed.isRepeat)

@@ -192,7 +192,8 @@ extension TetherResponder {
         let body = "[1,\"Sent\",\"\(outcome.timetoken.rawValue)\"]"
         if outcome.isRepeat {
             // Tether extension: PubNub's answer, plus a header saying nothing new was stored.
-            return Reply.json(.ok, body, extraHeaders: [.tetherDuplicate: "1"])
+            // Exposed to browsers' scripts too (CORS hides unlisted headers).
+            return Reply.json(.ok, body, extraHeaders: [.tetherDuplicate: "1", .accessControlExposeHeaders: "Tether-Duplicate"])
         }
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : "message")
         return Reply.json(.ok, body)
