@@ -168,11 +168,11 @@ public final class LongPollHub: Sendable {
     /// its own that the publish then waits for.
     package func publish(
         _ makeEnvelope: (Timetoken) -> SubscribeEnvelope, store stored: ((Timetoken) -> StoredMessage)?, dedupKey: DedupKey?
-    ) async throws -> PublishOutcome {
+    ) async throws -> HubPublishResult {
         let key = deduplication.isEnabled ? dedupKey : nil
         if let key, let original = await claim(key) {
             metrics.recordDedupHit()
-            return PublishOutcome(timetoken: original, isRepeat: true)
+            return HubPublishResult(timetoken: original, isRepeat: true)
         }
         let now = clock()
         let probe = makeEnvelope(.zero)
@@ -207,7 +207,7 @@ public final class LongPollHub: Sendable {
         }
         commit(BufferedEvent(envelope: envelope, isStored: message != nil))
         if let key { settle(key, timetoken: timetoken, at: rememberedAt) }
-        return PublishOutcome(timetoken: timetoken, isRepeat: false)
+        return HubPublishResult(timetoken: timetoken, isRepeat: false)
     }
 
     /// Takes `key` for a new publish (`nil`), or returns the timetoken of the publish that holds
@@ -460,7 +460,7 @@ public final class LongPollHub: Sendable {
 }
 
 /// What a publish through ``LongPollHub/publish(_:store:dedupKey:)`` came to.
-package struct PublishOutcome: Sendable, Equatable {
+package struct HubPublishResult: Sendable, Equatable {
     /// The event's timetoken (the original one for a repeat).
     package var timetoken: Timetoken
     /// The request id was published before, within the window: nothing was stored or

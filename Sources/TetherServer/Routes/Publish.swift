@@ -169,7 +169,7 @@ extension TetherResponder {
         let retentionHours = publish.ttlHours.flatMap { $0 > 0 ? $0 : nil } ?? target.keyset.historyRetentionHours
         let subscribeKey = target.keyset.subscribeKey
         let channel = target.channel
-        let outcome: PublishOutcome
+        let outcome: HubPublishResult
         do {
             outcome = try await state.hub.publish({ tt in
                 SubscribeEnvelope(timetoken: tt, subscribeKey: subscribeKey, channel: channel, payload: publish.payload,
