@@ -16,7 +16,7 @@ final class SubscribeEngine: Sendable {
     private let actionSink: AsyncStream<[SubscribeMachine.Action]>.Continuation
     private let clock: ElapsedClock
     private let monitor: (any NetworkMonitor)?
-    private let slots = CancellationSlots()
+    private let slots = CancellationSlots<SubscribeSlot>()
     let listeners = ListenerRegistry()
     private let logger: Logger
 
@@ -89,7 +89,7 @@ final class SubscribeEngine: Sendable {
         case .cancelSubscribe:
             slots.cancel(.subscribe)
         case .schedule(let timer, let delay):
-            let slot = CancellationSlots.Slot.timer(timer)
+            let slot = SubscribeSlot.timer(timer)
             let token = slots.replace(slot)
             group.addTask { [self] in
                 await slots.race(slot, token: token) { [self] in
@@ -181,17 +181,18 @@ extension ReceivedEvent {
     }
 }
 
+/// The subscribe engine's cancellable child tasks.
+enum SubscribeSlot: Hashable, Sendable {
+    case subscribe
+    case probe
+    case liveness
+    case backfill
+    case timer(SubscribeMachine.TimerID)
+}
+
 /// Individually cancellable child tasks inside one task group: each runs its work racing a
 /// per-slot cancellation stream; starting a slot again cancels the previous occupant.
-final class CancellationSlots: Sendable {
-    enum Slot: Hashable, Sendable {
-        case subscribe
-        case probe
-        case liveness
-        case backfill
-        case timer(SubscribeMachine.TimerID)
-    }
-
+final class CancellationSlots<Slot: Hashable & Sendable>: Sendable {
     private struct Occupant {
         var token: Int
         var cancel: AsyncStream<Void>.Continuation

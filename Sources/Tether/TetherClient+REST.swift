@@ -1,3 +1,4 @@
+import Foundation
 public import TetherClientCore
 public import TetherProtocol
 
@@ -11,18 +12,33 @@ extension TetherClient {
 
     // MARK: - Publish, signal, fire
 
-    /// Publishes a message on a channel. With a ``TetherConfiguration/cryptoModule`` the message
-    /// is encrypted (its `meta` never is).
+    /// Publishes a message on a channel through the ``outbox`` and returns when the server has it.
+    ///
+    /// The message gets one request id (``PublishOptions/requestId``, or a UUID the outbox makes),
+    /// sent with every attempt, so a server that deduplicates answers a repeat with the original
+    /// timetoken (``PublishResult/isRepeat``). While the network is down the call waits; network
+    /// failures, timeouts, 5xx and 429 (after its `Retry-After`) are retried with
+    /// ``OutboxConfiguration/retry``, in order per channel. 403, 400, 413 and other answers that
+    /// cannot change fail at once. With a ``TetherConfiguration/cryptoModule`` the message is
+    /// encrypted (its `meta` never is).
+    ///
+    /// Cancelling the calling task stops the wait, not the message: once accepted, it is the
+    /// outbox's until it is sent, fails or is cancelled through ``Outbox/cancel(_:)``. When the
+    /// call throws a send failure, the message has left the outbox (the error is its outcome); use
+    /// ``Outbox/enqueue(channel:message:options:)`` to keep failed messages for a later resend.
+    ///
+    /// - Throws: ``TetherError`` with the failure's status (category, HTTP code, server message),
+    ///   or the outbox's refusal (``TetherError/outboxError``: ``OutboxError/Code/full``…).
     public func publish(channel: String, message: JSONValue, options: PublishOptions = PublishOptions())
         async throws(TetherError) -> PublishResult
     {
-        let text = try encryptIfConfigured(message, operation: .publish, channel: channel)
-        return try await perform(.publish, channels: [channel], build: { e throws(RequestBuildError) in
-            try e.publish(channel: channel, messageJSON: text, options: options)
-        }, decode: ResponseDecoding.publish)
+        let draft = try publishDraft(channel: channel, message: message, options: options)
+        startOutboxIfNeeded()
+        return try await outboxDriver.send(draft)
     }
 
-    /// Publishes any `Encodable` value (encoded with `JSONEncoder`).
+    /// Publishes any `Encodable` value (encoded with `JSONEncoder`), as
+    /// ``publish(channel:message:options:)``.
     public func publish(channel: String, encoding value: some Encodable, options: PublishOptions = PublishOptions())
         async throws(TetherError) -> PublishResult
     {
@@ -35,22 +51,91 @@ extension TetherClient {
     }
 
     /// Fire: a message delivered to server-side handlers only, never to subscribers, never stored.
+    ///
+    /// One attempt, outside the outbox: a fire is a request to the server's handlers, not a
+    /// message anyone will miss, and its failure goes back to the caller (who can
+    /// ``Status/retry()`` it). ``PublishOptions/requestId`` is sent when set.
     public func fire(channel: String, message: JSONValue, options: PublishOptions = PublishOptions())
         async throws(TetherError) -> PublishResult
     {
         let text = try encryptIfConfigured(message, operation: .fire, channel: channel)
-        return try await perform(.fire, channels: [channel], build: { e throws(RequestBuildError) in
-            try e.publish(channel: channel, messageJSON: text, options: options, fire: true)
-        }, decode: ResponseDecoding.publish)
+        let spec: RequestSpec
+        do { spec = try endpoints.publish(channel: channel, messageJSON: text, options: options, fire: true) } catch {
+            throw TetherError(Status(category: .badRequest, operation: .fire, error: error, serverMessage: error.description,
+                                     affectedChannels: [channel]))
+        }
+        let (result, headers) = try await executeWithHeaders(spec, channels: [channel], groups: [], decode: ResponseDecoding.publish)
+        return PublishResult(timetoken: result.timetoken, requestId: options.requestId, isRepeat: Self.isRepeat(headers))
     }
 
-    /// Sends a signal: a small (64-byte) message, delivered live, never stored, never encrypted.
-    public func signal(channel: String, message: JSONValue, customMessageType: String? = nil, timeout: Duration? = nil)
-        async throws(TetherError) -> PublishResult
+    /// Sends a signal through the ``outbox``: a small (64-byte) message, delivered live, never
+    /// stored, never encrypted. Waits, retries and fails as ``publish(channel:message:options:)``;
+    /// `requestId` chooses the request id (otherwise the outbox makes one).
+    public func signal(channel: String, message: JSONValue, customMessageType: String? = nil, timeout: Duration? = nil,
+                       requestId: String? = nil) async throws(TetherError) -> PublishResult
     {
-        try await perform(.signal, channels: [channel], build: { e throws(RequestBuildError) in
-            try e.signal(channel: channel, messageJSON: message.jsonText, customMessageType: customMessageType, timeout: timeout)
-        }, decode: ResponseDecoding.publish)
+        let options = PublishOptions(customMessageType: customMessageType, timeout: timeout, requestId: requestId)
+        let text = message.jsonText
+        try validate(operation: .signal, channel: channel, requestId: requestId) { e throws(RequestBuildError) in
+            _ = try e.signal(channel: channel, messageJSON: text, customMessageType: customMessageType, timeout: timeout,
+                             requestID: requestId)
+        }
+        startOutboxIfNeeded()
+        return try await outboxDriver.send(OutboxDraft(kind: .signal, channel: channel, payload: Array(text.utf8), options: options,
+                                                       requestID: requestId))
+    }
+
+    /// Checks and encrypts a message for the outbox (no I/O): what would make every attempt fail
+    /// is refused now, as a bad request.
+    func publishDraft(channel: String, message: JSONValue, options: PublishOptions) throws(TetherError) -> OutboxDraft {
+        let text = try encryptIfConfigured(message, operation: .publish, channel: channel)
+        try validate(operation: .publish, channel: channel, requestId: options.requestId) { e throws(RequestBuildError) in
+            _ = try e.publish(channel: channel, messageJSON: text, options: options)
+        }
+        return OutboxDraft(kind: .publish, channel: channel, payload: Array(text.utf8), options: options, requestID: options.requestId)
+    }
+
+    private func validate(operation: TetherOperation, channel: String, requestId: String?,
+                          build: (Endpoints) throws(RequestBuildError) -> Void) throws(TetherError) {
+        do throws(RequestBuildError) {
+            if let requestId, let problem = PublishOptions.requestIdProblem(requestId) { throw .invalidArgument(problem) }
+            try build(endpoints)
+        } catch {
+            throw TetherError(Status(category: .badRequest, operation: operation, error: error, serverMessage: error.description,
+                                     affectedChannels: [channel]))
+        }
+    }
+
+    /// Sends one attempt of an outbox message, with its request id.
+    func sendOutboxMessage(_ message: OutboxMessage) async -> Result<PublishResult, TetherError> {
+        let text = String(decoding: message.payload, as: UTF8.self)
+        let operation: TetherOperation = message.kind == .signal ? .signal : .publish
+        let spec: RequestSpec
+        do throws(RequestBuildError) {
+            switch message.kind {
+            case .publish:
+                spec = try endpoints.publish(channel: message.channel, messageJSON: text, options: message.options,
+                                             requestID: message.requestID)
+            case .signal:
+                spec = try endpoints.signal(channel: message.channel, messageJSON: text, customMessageType: message.options.customMessageType,
+                                            timeout: message.options.timeout, requestID: message.requestID)
+            }
+        } catch {
+            return .failure(TetherError(Status(category: .badRequest, operation: operation, error: error, serverMessage: error.description,
+                                               affectedChannels: [message.channel])))
+        }
+        do {
+            let (result, headers) = try await executeWithHeaders(spec, channels: [message.channel], groups: [],
+                                                                 decode: ResponseDecoding.publish)
+            return .success(PublishResult(timetoken: result.timetoken, requestId: message.requestID, isRepeat: Self.isRepeat(headers)))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// Whether the server answered a repeat of a request it had stored (`Tether-Duplicate: 1`).
+    static func isRepeat(_ headers: [String: String]) -> Bool {
+        headers.first { $0.key.lowercased() == "tether-duplicate" }?.value.trimmingCharacters(in: .whitespaces) == "1"
     }
 
     private func encryptIfConfigured(_ message: JSONValue, operation: TetherOperation, channel: String) throws(TetherError) -> String {

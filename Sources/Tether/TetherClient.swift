@@ -21,6 +21,10 @@ public final class TetherClient: Sendable {
     let engine: SubscribeEngine
     let engineTask = Mutex<EngineTaskState>(.idle)
     let desired = Mutex<DesiredSubscription>(DesiredSubscription())
+    let outboxDriver: OutboxDriver
+    let outboxListeners = OutboxListeners()
+    let outboxTask = Mutex<EngineTaskState>(.idle)
+    private let networkMonitor: (any NetworkMonitor)?
 
     /// Creates a client with the default AsyncHTTPClient transport. Does no I/O.
     public convenience init(configuration: TetherConfiguration) throws(ConfigurationError) {
@@ -48,13 +52,42 @@ public final class TetherClient: Sendable {
         self.transport = transport
         self.token = Mutex(configuration.authKey)
         self.logger = configuration.logger
-        self.engine = SubscribeEngine(configuration: configuration.subscribeMachineConfiguration, clock: ElapsedClock(clock),
+        let elapsed = ElapsedClock(clock)
+        self.engine = SubscribeEngine(configuration: configuration.subscribeMachineConfiguration, clock: elapsed,
                                       monitor: networkMonitor, logger: configuration.logger)
+        self.networkMonitor = networkMonitor
+        self.outboxDriver = OutboxDriver(configuration: configuration.outbox, clock: elapsed, listeners: outboxListeners,
+                                         logger: configuration.logger)
     }
 
-    /// Closes every connection and stops the transport and the subscribe engine; subscription and
-    /// status streams finish. Calls made afterwards fail with ``StatusCategory/cancelled``.
+    /// The outbox every publish and signal goes through: list, resend or cancel its messages,
+    /// follow their states, or hand it a message without awaiting the send (see ``Outbox``).
+    public var outbox: Outbox { Outbox(client: self) }
+
+    /// Starts the outbox's loop (sends, retry timers, network reports) on its first use.
+    func startOutboxIfNeeded() {
+        outboxTask.withLock { state in
+            guard case .idle = state else { return }
+            let driver = outboxDriver
+            let monitor = networkMonitor
+            state = .running(Task { [self] in await driver.run(client: self, monitor: monitor) })
+        }
+    }
+
+    /// Closes every connection and stops the transport, the subscribe engine and the outbox;
+    /// subscription, status and outbox streams finish. Callers awaiting a publish get
+    /// ``StatusCategory/cancelled``; with a durable outbox, messages not yet sent stay in its
+    /// journal for the next launch. Calls made afterwards fail with ``StatusCategory/cancelled``.
     public func shutdown() async {
+        await outboxDriver.shutdown()
+        let outbox = outboxTask.withLock { state -> Task<Void, Never>? in
+            defer { state = .shutDown }
+            if case .running(let task) = state { return task }
+            return nil
+        }
+        outbox?.cancel()
+        await outbox?.value
+        outboxListeners.finishAll()
         let task = engineTask.withLock { state -> Task<Void, Never>? in
             defer { state = .shutDown }
             if case .running(let task) = state { return task }

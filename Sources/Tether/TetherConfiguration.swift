@@ -74,6 +74,9 @@ public struct TetherConfiguration: Sendable {
     /// When the subscribe engine fetches history itself (default: when the server reports a
     /// retention gap).
     public var backfill: BackfillPolicy
+    /// The outbox every publish and signal goes through: its bounds, retries and optional
+    /// durable journal (default: 1,000 messages, 4 MiB, 4 channels at once, in memory only).
+    public var outbox: OutboxConfiguration
 
     /// Creates a configuration; throws when the user id or origin is invalid.
     public init(subscribeKey: String, publishKey: String? = nil, secretKey: String? = nil, userId: String,
@@ -106,6 +109,7 @@ public struct TetherConfiguration: Sendable {
         self.deadLinkDetection = DeadLinkDetection()
         self.heartbeatReporting = .failures
         self.backfill = .onGap
+        self.outbox = OutboxConfiguration()
         try setUserId(userId)
         try setOrigin(origin)
     }

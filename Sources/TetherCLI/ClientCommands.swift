@@ -2,16 +2,26 @@ import ArgumentParser
 import Foundation
 import Tether
 
-/// `tether publish`: publish one message with the SDK.
+/// `tether publish`: publish one message with the SDK, through its outbox.
 struct ClientPublish: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "publish",
         abstract: "Publish a message on a channel.",
         discussion: """
             The message is JSON; anything that is not valid JSON is sent as a JSON string. Prints \
-            the message's timetoken.
+            `sent timetoken=<timetoken> request-id=<id>`, followed by `(repeat: stored earlier)` \
+            when the server answered that it already had this request id (the message was not \
+            stored again).
+
+            Every attempt carries the same request id: one the outbox makes (a UUID), or \
+            --request-id. Without --outbox the message gets one attempt (--retries to allow \
+            more); with --outbox FILE it is written to that durable outbox journal before it is \
+            sent and retried (network failures, timeouts, 5xx, 429) with back-off, and a message \
+            left in the journal by an interrupted run is sent by the next `tether publish` or \
+            `tether outbox flush` on the same file, with its original request id.
 
               tether publish chat '{"text":"hello"}'
+              tether publish chat '{"text":"hello"}' --request-id order-42
             """)
 
     @OptionGroup var client: ClientOptions
@@ -34,20 +44,39 @@ struct ClientPublish: AsyncParsableCommand {
     @Flag(help: "Send the message in a POST body.")
     var post = false
 
+    @Option(name: .customLong("request-id"),
+            help: "The request id to send (an idempotency key: 1-64 printable ASCII characters, no spaces). (default: a new UUID)")
+    var requestId: String?
+
+    @OptionGroup var outbox: OutboxOptions
+
+    func validate() throws {
+        if let requestId, let problem = PublishOptions.requestIdProblem(requestId) { throw ValidationError("--request-id: \(problem)") }
+        try outbox.validate()
+    }
+
     func run() async throws {
         let payload = (try? JSONValue(parsing: message)) ?? .string(message)
-        var options = PublishOptions(store: store, ttl: ttl, usePOST: post)
+        var options = PublishOptions(store: store, ttl: ttl, usePOST: post, requestId: requestId)
         if let meta {
             guard let value = try? JSONValue(parsing: meta), value.objectValue != nil else {
                 throw ValidationError("--meta must be a JSON object")
             }
             options.meta = value
         }
-        try await withClient(client) { (c: TetherClient) throws(TetherError) in
+        try await withClient(client, configure: outbox.apply) { (c: TetherClient) throws(TetherError) in
             let result = try await c.publish(channel: channel, message: payload, options: options)
-            print(result.timetoken)
+            print(sentLine(result))
         }
     }
+}
+
+/// `sent timetoken=… request-id=…`, with `(repeat: stored earlier)` when the server said so.
+func sentLine(_ result: PublishResult) -> String {
+    var line = "sent timetoken=\(result.timetoken)"
+    if let id = result.requestId { line += " request-id=\(id)" }
+    if result.isRepeat { line += " (repeat: stored earlier)" }
+    return line
 }
 
 /// `tether history`: print stored messages with the SDK.

@@ -36,7 +36,7 @@ struct ClientOptions: ParsableArguments {
     var timeout: Double?
 
     /// Builds the client, turning configuration problems into clear CLI errors.
-    func makeClient() throws -> TetherClient {
+    func makeClient(configure: (inout TetherConfiguration) -> Void = { _ in }) throws -> TetherClient {
         let env = ProcessInfo.processInfo.environment
         var logger = Logger(label: "tether.cli")
         logger.logLevel = .warning
@@ -69,14 +69,16 @@ struct ClientOptions: ParsableArguments {
             default: throw ValidationError("--cryptor must be legacy, aes-cbc or aes-gcm")
             }
         }
+        configure(&configuration)
         do { return try TetherClient(configuration: configuration) } catch { throw ValidationError(error.description) }
     }
 }
 
 /// Runs `body` with a client, shuts the client down, and turns SDK failures into one clear
 /// line on stderr and exit code 1.
-func withClient(_ options: ClientOptions, _ body: (TetherClient) async throws(TetherError) -> Void) async throws {
-    let client = try options.makeClient()
+func withClient(_ options: ClientOptions, configure: (inout TetherConfiguration) -> Void = { _ in },
+                _ body: (TetherClient) async throws(TetherError) -> Void) async throws {
+    let client = try options.makeClient(configure: configure)
     do {
         try await body(client)
         await client.shutdown()
@@ -87,7 +89,7 @@ func withClient(_ options: ClientOptions, _ body: (TetherClient) async throws(Te
     }
 }
 
-private func hint(for status: Status, origin: String) -> String {
+func hint(for status: Status, origin: String) -> String {
     switch status.category {
     case .networkIssues: return "hint: is a server running at \(origin)? (start one with `tether serve`)\n"
     case .timeout: return "hint: the server at \(origin) did not answer in time; raise --timeout or check the network\n"

@@ -42,9 +42,11 @@ package struct Endpoints: Sendable {
     }
 
     /// Publish (or fire when `fire` is true): `message` is the JSON text to send (already encrypted
-    /// when a cryptor is configured).
-    package func publish(channel: String, messageJSON: String, options: PublishOptions, fire: Bool = false) throws(RequestBuildError)
-        -> RequestSpec
+    /// when a cryptor is configured). `requestID` (the outbox's, made once per message) is sent as
+    /// `requestid`, so the server can answer a repeat with the original timetoken; without one,
+    /// ``PublishOptions/requestId`` is sent when set.
+    package func publish(channel: String, messageJSON: String, options: PublishOptions, fire: Bool = false,
+                         requestID: String? = nil) throws(RequestBuildError) -> RequestSpec
     {
         guard let pub = context.publishKey, !pub.isEmpty else { throw .missingPublishKey }
         try Self.check(channel: channel)
@@ -61,6 +63,10 @@ package struct Endpoints: Sendable {
             query.append(QueryItem("meta", meta.jsonText))
         }
         if let cmt = options.customMessageType { query.append(QueryItem("custom_message_type", cmt)) }
+        if let id = requestID ?? options.requestId {
+            if let problem = PublishOptions.requestIdProblem(id) { throw .invalidArgument(problem) }
+            query.append(QueryItem("requestid", id))
+        }
         let base = "/publish/\(PercentCoding.encode(pub))/\(sub)/0/\(PercentCoding.encode(channel))/0"
         if options.usePOST {
             return make(fire ? .fire : .publish, .post, base, query, body: Array(messageJSON.utf8), timeout: options.timeout)
@@ -68,14 +74,18 @@ package struct Endpoints: Sendable {
         return make(fire ? .fire : .publish, .get, base + "/" + PercentCoding.encode(messageJSON), query, timeout: options.timeout)
     }
 
-    /// `GET /signal/{pub}/{sub}/0/{ch}/0/{message}`.
-    package func signal(channel: String, messageJSON: String, customMessageType: String? = nil, timeout: Duration? = nil)
-        throws(RequestBuildError) -> RequestSpec
+    /// `GET /signal/{pub}/{sub}/0/{ch}/0/{message}`, with `requestid` when given.
+    package func signal(channel: String, messageJSON: String, customMessageType: String? = nil, timeout: Duration? = nil,
+                        requestID: String? = nil) throws(RequestBuildError) -> RequestSpec
     {
         guard let pub = context.publishKey, !pub.isEmpty else { throw .missingPublishKey }
         try Self.check(channel: channel)
         var query: [QueryItem] = []
         if let customMessageType { query.append(QueryItem("custom_message_type", customMessageType)) }
+        if let requestID {
+            if let problem = PublishOptions.requestIdProblem(requestID) { throw .invalidArgument(problem) }
+            query.append(QueryItem("requestid", requestID))
+        }
         return make(.signal, "/signal/\(PercentCoding.encode(pub))/\(sub)/0/\(PercentCoding.encode(channel))/0/\(PercentCoding.encode(messageJSON))",
                     query, timeout: timeout)
     }

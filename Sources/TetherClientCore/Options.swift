@@ -14,12 +14,18 @@ public struct PublishOptions: Sendable, Hashable {
     public var usePOST: Bool
     /// A custom message type (3–50 characters of `[A-Za-z0-9_-]`).
     public var customMessageType: String?
-    /// A timeout for this call, overriding the configuration's non-subscribe timeout.
+    /// A timeout for each attempt, overriding the configuration's non-subscribe timeout.
     public var timeout: Duration?
+    /// The request id sent as `requestid` with every attempt of this message, chosen by the app:
+    /// an idempotency key such as the app's own message id (1–64 printable ASCII characters, no
+    /// spaces). `nil` (the default) lets the outbox make one (a UUID) when it accepts the message.
+    /// Within the server's dedup window, a second message with the same id is answered with the
+    /// first one's timetoken and not stored again (``PublishResult/isRepeat``).
+    public var requestId: String?
 
     /// Creates options.
     public init(meta: JSONValue? = nil, store: Bool? = nil, ttl: Int? = nil, replicate: Bool = true, usePOST: Bool = false,
-                customMessageType: String? = nil, timeout: Duration? = nil) {
+                customMessageType: String? = nil, timeout: Duration? = nil, requestId: String? = nil) {
         self.meta = meta
         self.store = store
         self.ttl = ttl
@@ -27,6 +33,24 @@ public struct PublishOptions: Sendable, Hashable {
         self.usePOST = usePOST
         self.customMessageType = customMessageType
         self.timeout = timeout
+        self.requestId = requestId
+    }
+
+    /// The longest request id, in bytes.
+    package static let maximumRequestIdBytes = 64
+
+    /// Why `id` cannot be a request id (`nil` when it can): 1–64 bytes of printable ASCII
+    /// (`!`…`~`), no spaces or control characters, so it travels unchanged in a query string and
+    /// a journal, and fits the server's dedup index.
+    package static func requestIdProblem(_ id: String) -> String? {
+        if id.isEmpty { return "the request id is empty" }
+        if id.utf8.count > maximumRequestIdBytes {
+            return "the request id is \(id.utf8.count) bytes long; at most \(maximumRequestIdBytes) are allowed"
+        }
+        if !id.utf8.allSatisfy({ (0x21...0x7E).contains($0) }) {
+            return "the request id must be printable ASCII without spaces (characters ! to ~)"
+        }
+        return nil
     }
 }
 

@@ -2,10 +2,24 @@ public import TetherProtocol
 
 /// The result of publish, signal and fire.
 public struct PublishResult: Sendable, Hashable {
-    /// The timetoken the server assigned to the message.
+    /// The timetoken the server assigned to the message (for a repeat, the original one).
     public var timetoken: Timetoken
+    /// The request id every attempt of the message carried (`requestid`); `nil` for a `fire`
+    /// sent without one.
+    public var requestId: String?
+    /// Whether the server said it had stored this request already (`Tether-Duplicate: 1`): an
+    /// earlier attempt, whose answer was lost, or an earlier message with the same
+    /// ``PublishOptions/requestId``, reached it within its dedup window. The timetoken is the
+    /// original one and nothing was stored or delivered again. Always false against a server that
+    /// does not deduplicate.
+    public var isRepeat: Bool
+
     /// Creates a result.
-    public init(timetoken: Timetoken) { self.timetoken = timetoken }
+    public init(timetoken: Timetoken, requestId: String? = nil, isRepeat: Bool = false) {
+        self.timetoken = timetoken
+        self.requestId = requestId
+        self.isRepeat = isRepeat
+    }
 }
 
 /// One stored message returned by history or fetch.

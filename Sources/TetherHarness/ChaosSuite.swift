@@ -408,6 +408,10 @@ struct ChaosScenarioRunner: Sendable {
             secretKey: scenario.usesAccessManager ? keys.secret : nil, userId: "chaos-publisher", origin: origin, useTLS: false, logger: logger)
         configuration.nonSubscribeTimeout = .seconds(5)
         configuration.connectTimeout = .seconds(2)
+        // One attempt per publish, as the scenarios count them: a publish that fails is not
+        // expected by the subscribers, and a retry must not store a message twice behind the
+        // measurement's back (the scenarios measure the subscribe side).
+        configuration.outbox.retry = .disabled
         return try TetherClient(configuration: configuration)
     }
 

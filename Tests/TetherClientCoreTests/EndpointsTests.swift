@@ -25,6 +25,21 @@ struct EndpointsTests {
         #expect(spec.queryValue("uuid") == "me")
     }
 
+    @Test func requestIdsOnPublishAndSignal() throws {
+        let outbox = try e.publish(channel: "c", messageJSON: "1", options: PublishOptions(requestId: "app-id"), requestID: "outbox-id")
+        #expect(outbox.queryValue("requestid") == "outbox-id", "the outbox's id wins")
+        let chosen = try e.publish(channel: "c", messageJSON: "1", options: PublishOptions(requestId: "app-id"))
+        #expect(chosen.queryValue("requestid") == "app-id")
+        #expect(try e.publish(channel: "c", messageJSON: "1", options: PublishOptions()).queryValue("requestid") == nil)
+        let signal = try e.signal(channel: "c", messageJSON: "1", requestID: "sig-1")
+        #expect(signal.queryValue("requestid") == "sig-1")
+        for bad in ["", "a b", String(repeating: "x", count: 65), "\u{7F}", "é"] {
+            #expect(throws: RequestBuildError.self) { try e.publish(channel: "c", messageJSON: "1", options: PublishOptions(), requestID: bad) }
+            #expect(PublishOptions.requestIdProblem(bad) != nil)
+        }
+        #expect(PublishOptions.requestIdProblem(String(repeating: "~", count: 64)) == nil)
+    }
+
     @Test func publishPOSTAndFire() throws {
         let post = try e.publish(channel: "c", messageJSON: "\"x\"", options: PublishOptions(usePOST: true))
         #expect(post.method == .post && post.path == "/publish/pub/sub/0/c/0" && post.body == Array("\"x\"".utf8))
@@ -110,6 +125,13 @@ struct SigningTests {
         let text = RequestSigning.prepare(&spec, publishKey: "pub", unixSeconds: 1_700_000_000)
         #expect(text == "POST\npub\n/publish/pub/sub/0/c/0\ntimestamp=1700000000&uuid=me\n{\"a\":1}")
         #expect(spec.queryValue("timestamp") == "1700000000")
+    }
+
+    @Test func theRequestIdIsSigned() throws {
+        var spec = try Endpoints(context: RequestContext(publishKey: "pub", subscribeKey: "sub", userId: "me", authKey: nil))
+            .publish(channel: "c", messageJSON: "1", options: PublishOptions(), requestID: "r-1")
+        let text = RequestSigning.prepare(&spec, publishKey: "pub", unixSeconds: 1_700_000_000)
+        #expect(text.contains("requestid=r-1&"))
     }
 
     @Test func signatureEncoding() {

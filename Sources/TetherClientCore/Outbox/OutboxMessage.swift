@@ -1,4 +1,28 @@
-package import TetherProtocol
+public import TetherProtocol
+
+/// The outbox's key for a message: unique within one outbox (and its journal, across launches),
+/// increasing in the order messages were accepted.
+public struct OutboxMessageID: Sendable, Hashable, Comparable, CustomStringConvertible {
+    /// The number.
+    public let rawValue: UInt64
+
+    /// Wraps a number.
+    package init(_ rawValue: UInt64) { self.rawValue = rawValue }
+
+    /// `m<n>`.
+    public var description: String { "m\(rawValue)" }
+
+    /// Orders by number (acceptance order).
+    public static func < (lhs: OutboxMessageID, rhs: OutboxMessageID) -> Bool { lhs.rawValue < rhs.rawValue }
+}
+
+/// Which call sends an outbox message.
+public enum OutboxMessageKind: UInt8, Sendable, Hashable, CaseIterable {
+    /// `publish` (stored and delivered).
+    case publish = 1
+    /// `signal` (delivered live, never stored).
+    case signal = 2
+}
 
 /// One message accepted by the outbox: what to send, and the request id that makes every send of
 /// it the same request to the server.
@@ -9,29 +33,11 @@ package import TetherProtocol
 /// them), so the server can answer a repeat with the original timetoken (issue #15, item 1;
 /// SendBird's "temporary message request id", seed 003).
 package struct OutboxMessage: Sendable, Hashable {
-    /// The outbox's key for a message: unique within one outbox (and its journal), increasing in
-    /// the order messages were accepted.
-    package struct ID: Sendable, Hashable, Comparable, CustomStringConvertible {
-        /// The number.
-        package let rawValue: UInt64
+    /// The outbox's key for a message (``OutboxMessageID``).
+    package typealias ID = OutboxMessageID
 
-        /// Wraps a number.
-        package init(_ rawValue: UInt64) { self.rawValue = rawValue }
-
-        /// `m<n>`.
-        package var description: String { "m\(rawValue)" }
-
-        /// Orders by number (acceptance order).
-        package static func < (lhs: ID, rhs: ID) -> Bool { lhs.rawValue < rhs.rawValue }
-    }
-
-    /// Which call sends it.
-    package enum Kind: UInt8, Sendable, Hashable, CaseIterable {
-        /// `publish` (stored and delivered).
-        case publish = 1
-        /// `signal` (delivered live, never stored).
-        case signal = 2
-    }
+    /// Which call sends it (``OutboxMessageKind``).
+    package typealias Kind = OutboxMessageKind
 
     /// The outbox's key.
     package var id: ID
@@ -70,7 +76,7 @@ package struct OutboxMessage: Sendable, Hashable {
 /// `pending` when the app resends it; a pending or failed one ends as `cancelled` when the app
 /// cancels it. A message whose send failed with a retryable error goes back to `pending` until
 /// its retry.
-package enum OutboxMessageState: Sendable, Hashable {
+public enum OutboxMessageState: Sendable, Hashable, CustomStringConvertible {
     /// Accepted, waiting its turn: behind an earlier message to its channel, for a free send slot,
     /// for the connection, or for its next retry.
     case pending
@@ -82,6 +88,25 @@ package enum OutboxMessageState: Sendable, Hashable {
     case failed(StatusCategory)
     /// The app cancelled it before it was sent. Final.
     case cancelled
+
+    /// `pending`, `sending(2)`, `sent(<timetoken>)`, `failed(<category>)` or `cancelled`.
+    public var description: String {
+        switch self {
+        case .pending: return "pending"
+        case .sending(let attempt): return "sending(\(attempt))"
+        case .sent(let timetoken): return "sent(\(timetoken))"
+        case .failed(let category): return "failed(\(category))"
+        case .cancelled: return "cancelled"
+        }
+    }
+
+    /// Whether the message has left the outbox for good (sent or cancelled).
+    public var isFinal: Bool {
+        switch self {
+        case .sent, .cancelled: return true
+        case .pending, .sending, .failed: return false
+        }
+    }
 }
 
 /// Why a send failed, as the shell reports it to the outbox (from the request's ``Status``).
@@ -107,32 +132,37 @@ package struct OutboxSendFailure: Sendable, Hashable {
 }
 
 /// Why the outbox refused a command, with a code to switch on and a message for humans.
-package struct OutboxError: Error, Sendable, Hashable, CustomStringConvertible {
+public struct OutboxError: Error, Sendable, Hashable, CustomStringConvertible {
     /// What kind of refusal; extensible.
-    package struct Code: Sendable, Hashable, CustomStringConvertible {
+    public struct Code: Sendable, Hashable, CustomStringConvertible {
         /// The code's name.
-        package var description: String
+        public var description: String
 
         /// The outbox holds its maximum count or bytes of unsettled messages (pending, sending or
         /// failed): the new message is refused, nothing already accepted is dropped. Space returns
         /// as messages are sent, or when the app cancels failed ones.
-        package static let full = Code(description: "full")
+        public static let full = Code(description: "full")
         /// The message alone is larger than the outbox's byte bound: it can never be accepted.
-        package static let tooLarge = Code(description: "tooLarge")
+        public static let tooLarge = Code(description: "tooLarge")
         /// A message with this id is already in the outbox.
-        package static let duplicateMessage = Code(description: "duplicateMessage")
+        public static let duplicateMessage = Code(description: "duplicateMessage")
         /// No message with this id is in the outbox (already sent, cancelled, or never accepted).
-        package static let unknownMessage = Code(description: "unknownMessage")
+        public static let unknownMessage = Code(description: "unknownMessage")
+        /// The outbox is shut down (the client was shut down): nothing more is accepted.
+        public static let shutDown = Code(description: "shutDown")
+        /// The durable journal could not be opened or written (permissions, a full disk): the
+        /// message was not accepted, because it could not be kept.
+        public static let journal = Code(description: "journal")
         /// Only a failed message can be resent.
-        package static let notFailed = Code(description: "notFailed")
+        public static let notFailed = Code(description: "notFailed")
         /// The message is being sent: it may already be stored, so it cannot be cancelled.
-        package static let inFlight = Code(description: "inFlight")
+        public static let inFlight = Code(description: "inFlight")
     }
 
     /// What kind of refusal.
-    package var code: Code
+    public var code: Code
     /// What happened, for logs and the app.
-    package var message: String
+    public var message: String
 
     /// Creates an error.
     package init(_ code: Code, _ message: String) {
@@ -141,5 +171,5 @@ package struct OutboxError: Error, Sendable, Hashable, CustomStringConvertible {
     }
 
     /// The message.
-    package var description: String { message }
+    public var description: String { message }
 }
