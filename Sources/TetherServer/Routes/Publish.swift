@@ -64,6 +64,18 @@ struct PublishRequest {
     /// Fire (`store=0&norep=1`): acknowledged, delivered nowhere.
     var isFire: Bool
     var publisher: String?
+    /// The client's request id (`requestid`, issue #15): a repeat within the server's dedup
+    /// window is answered with the original timetoken.
+    var requestID: String?
+
+    /// The longest request id accepted, in bytes (a UUID is 36).
+    static let maxRequestIDBytes = 64
+
+    /// Whether `text` is a valid request id: 1–64 bytes of printable ASCII, no space.
+    static func isValidRequestID(_ text: String) -> Bool {
+        let bytes = text.utf8
+        return !bytes.isEmpty && bytes.count <= maxRequestIDBytes && bytes.allSatisfy { (0x21...0x7E).contains($0) }
+    }
 
     /// Reads the message (`messageBytes`, already decompressed) and its options. Throws
     /// ``Refusal`` or, for a malformed number, `ParameterError`.
@@ -109,6 +121,12 @@ struct PublishRequest {
         // subscriber and no history.
         isFire = target.kind == .message && !store && wire.query["norep"] == "1"
         publisher = wire.query["uuid"]
+        if let id = wire.query["requestid"] {
+            guard Self.isValidRequestID(id) else {
+                throw target.refuse(.badRequest, "Invalid requestid: 1-64 printable ASCII characters without spaces")
+            }
+            requestID = id
+        }
         self.target = target
     }
 }
@@ -151,9 +169,9 @@ extension TetherResponder {
         let retentionHours = publish.ttlHours.flatMap { $0 > 0 ? $0 : nil } ?? target.keyset.historyRetentionHours
         let subscribeKey = target.keyset.subscribeKey
         let channel = target.channel
-        let timetoken: Timetoken
+        let outcome: PublishOutcome
         do {
-            timetoken = try await state.hub.publish({ tt in
+            outcome = try await state.hub.publish({ tt in
                 SubscribeEnvelope(timetoken: tt, subscribeKey: subscribeKey, channel: channel, payload: publish.payload,
                                   publisher: publish.publisher, meta: publish.meta, kind: kind,
                                   customMessageType: publish.customMessageType, sequence: publish.sequence)
@@ -162,7 +180,7 @@ extension TetherResponder {
                               payload: publish.payload, meta: publish.meta, customMessageType: publish.customMessageType,
                               sequence: publish.sequence,
                               expiresAt: retentionHours > 0 ? tt.adding(seconds: retentionHours * 3600) : nil)
-            } : nil)
+            } : nil, dedupKey: publish.requestID.map { DedupKey(subscribeKey: subscribeKey, publisher: publish.publisher, requestID: $0) })
         } catch let error as StoreError {
             // The reservation was abandoned: nothing was delivered, and (unless the outcome is
             // unknown) nothing stored.
@@ -171,7 +189,12 @@ extension TetherResponder {
             return Reply.json(status, ErrorBody.publish(text, timetoken: state.hub.currentCursor),
                               extraHeaders: Self.retryAfterHeader(retryAfter))
         }
+        let body = "[1,\"Sent\",\"\(outcome.timetoken.rawValue)\"]"
+        if outcome.isRepeat {
+            // Tether extension: PubNub's answer, plus a header saying nothing new was stored.
+            return Reply.json(.ok, body, extraHeaders: [.tetherDuplicate: "1"])
+        }
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : "message")
-        return Reply.json(.ok, "[1,\"Sent\",\"\(timetoken.rawValue)\"]")
+        return Reply.json(.ok, body)
     }
 }
