@@ -34,12 +34,12 @@ enum ChaosPublishing {
         var repeats: Int
     }
 
-    /// The faults, as one schedule lasting about `40 × scale` seconds: flapping (pass, reset,
+    /// The faults, as one schedule lasting about `30 × scale` seconds: flapping (pass, reset,
     /// responses dropped after the request was forwarded, blackhole), with a server restart in
     /// the middle.
     static func flap(proxy: FaultProxy, server: ServerProcess, options: ChaosRunOptions) async throws {
         let cycle: [(FaultProxy.Fault, Double)] = [
-            (.pass, 3), (.dropMidResponse(afterBytes: 0), 2), (.pass, 2), (.reset, 2), (.pass, 2), (.blackhole, 3),
+            (.pass, 2), (.dropMidResponse(afterBytes: 0), 3), (.pass, 1), (.reset, 1), (.pass, 1), (.blackhole, 2),
         ]
         for round in 0..<3 {
             for (fault, seconds) in cycle {
@@ -178,8 +178,10 @@ struct ChaosPublishProbe: AsyncParsableCommand {
                     do {
                         let result = try await client.outbox.result(of: id)
                         out.line(#"{"c":0,"e":"sent","seq":\#(seq),"tt":"\#(result.timetoken)","repeat":\#(result.isRepeat),"at":\#(unixMilliseconds())}"#)
-                    } catch {
+                    } catch let error as TetherError {
                         out.line(#"{"c":0,"e":"failed","seq":\#(seq),"cat":"\#(error.category)","at":\#(unixMilliseconds())}"#)
+                    } catch {
+                        out.line(#"{"c":0,"e":"failed","seq":\#(seq),"cat":"unknown","at":\#(unixMilliseconds())}"#)
                     }
                 }
             }

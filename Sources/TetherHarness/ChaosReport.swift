@@ -110,6 +110,8 @@ enum ChaosMeasure {
                     if statusCounts[category] == nil { statusOrder.append(category) }
                     statusCounts[category, default: 0] += 1
                     if firstReconnect == nil, reconnectCategories.contains(category), event.at >= faultEnd - 50 { firstReconnect = event.at }
+                case .publishAccepted, .publishSent, .publishFailed, .publishDone:
+                    continue
                 }
             }
             let missing = expected.subtracting(seen)

@@ -328,7 +328,7 @@ struct ChaosScenarioRunner: Sendable {
         proxyLogger.logLevel = .critical
         let proxy = try await FaultProxy.start(port: 0, upstream: server.origin, logger: proxyLogger)
         let count = max(30, Int(300 * min(1, options.scale * 4)))
-        let rate = Double(count) / (40 * options.scale)
+        let rate = Double(count) / (30 * options.scale)
         let pythonScript = workDirectory + "/pubnub_publish_probe.py"
         try ChaosPythonPublishProbe.script.write(toFile: pythonScript, atomically: true, encoding: .utf8)
 
@@ -473,6 +473,8 @@ struct ChaosScenarioRunner: Sendable {
             await server.stop()
             try await Task.sleep(for: scaled(5))
             try await server.start()
+        case .publisherFlapping:
+            throw ChaosError("the publisher scenario runs its own faults")
         }
     }
 }
