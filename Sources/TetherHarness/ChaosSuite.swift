@@ -127,8 +127,8 @@ struct ChaosSuite: AsyncParsableCommand {
             results += outcome
         }
 
-        var table = ChaosTable.markdown(results, scenarios: scenarios)
-        if let publishing = ChaosPublishing.markdown(results) { table += "\n\nPublisher side:\n\n" + publishing }
+        var table = scenarios.contains(where: { !$0.isPublisherSide }) ? ChaosTable.markdown(results, scenarios: scenarios) : ""
+        if let publishing = ChaosPublishing.markdown(results) { table += (table.isEmpty ? "" : "\n\n") + "Publisher side:\n\n" + publishing }
         print("")
         print(table)
         if let markdown { try (table + "\n").write(toFile: markdown, atomically: true, encoding: .utf8) }
