@@ -1,4 +1,4 @@
-@_spi(Benchmarks) public import TetherProtocol
+package import TetherProtocol
 
 /// What a publish is deduplicated on (issue #15): the keyset, the publisher's uuid (empty when
 /// the request names none) and the client's request id.
