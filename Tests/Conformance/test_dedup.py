@@ -94,3 +94,29 @@ def test_the_pubnub_sdk_publishes_as_before(pubnub, origin):
     assert not first.status.is_error() and not second.status.is_error()
     assert first.result.timetoken != second.result.timetoken
     assert [i["message"] for i in fetch_all(origin, ch)] == ["same", "same"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dedup-window=-1"], "--dedup-window must be between 0 (off) and 86400 seconds"),
+    (["--dedup-window", "86401"], "--dedup-window must be between 0 (off) and 86400 seconds"),
+    (["--dedup-max-entries", "0"], "--dedup-max-entries must be between 1 and 10000000"),
+    (["--dedup-max-entries", "99999999999"], "--dedup-max-entries must be between 1 and 10000000"),
+    (["--ws-keepalive", "0"], "--ws-keepalive must be between"),
+    (["--ws-ping-interval", "3601"], "--ws-ping-interval must be between"),
+    (["--ws-max-connections", "0"], "--ws-max-connections must be between"),
+    (["--ws-outbound-buffer=-5"], "--ws-outbound-buffer must be between"),
+    (["--ws", "maybe"], "--ws must be on or off"),
+])
+def test_serve_refuses_out_of_range_dedup_and_websocket_settings(args, message, tmp_path):
+    """Every new `tether serve` setting is bounded: a hostile value stops the server before it
+    starts, with a message naming the setting and its range."""
+    import os
+    import subprocess
+
+    from helpers import TETHER_BIN
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    proc = subprocess.run([TETHER_BIN, "serve", "--port", "0", "--data-dir", str(tmp_path / "data"), *args],
+                          capture_output=True, text=True, timeout=30, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir()), "nothing written before validation"
