@@ -59,6 +59,18 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "full (every acknowledged publish fsynced) or normal (fewer fsyncs; may lose the last commits on power loss). [env: TETHER_DURABILITY] (default: full)")
     var durability: String?
 
+    @Option(name: .customLong("dedup-window"), help: """
+        Seconds a publish with a request id is remembered, so a repeat is answered with the original timetoken \
+        (0-86400; 0 turns deduplication off). [env: TETHER_DEDUP_WINDOW] (default: 600)
+        """)
+    var dedupWindow: Int?
+
+    @Option(name: .customLong("dedup-max-entries"), help: """
+        Publishes remembered for deduplication at most; beyond it the oldest are forgotten early \
+        (1-10000000). [env: TETHER_DEDUP_MAX_ENTRIES] (default: 100000)
+        """)
+    var dedupMaxEntries: Int?
+
     @Flag(inversion: .prefixedNo, help: """
         Run SQLite's quick check on the store before serving (reads the whole file once, about 7 s per GB).         [env: TETHER_STORE_CHECK=0 turns it off] (default: on)
         """)
@@ -116,6 +128,12 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError("--durability must be full or normal")
         }
         if let port, !(0...65535).contains(port) { throw ValidationError("--port must be between 0 and 65535") }
+        if let dedupWindow, !(0...86_400).contains(dedupWindow) {
+            throw ValidationError("--dedup-window must be between 0 (off) and 86400 seconds")
+        }
+        if let dedupMaxEntries, !(1...10_000_000).contains(dedupMaxEntries) {
+            throw ValidationError("--dedup-max-entries must be between 1 and 10000000")
+        }
         if let logLevel, Logger.Level(rawValue: logLevel) == nil {
             throw ValidationError("--log-level must be one of trace, debug, info, notice, warning, error, critical")
         }
@@ -180,6 +198,15 @@ struct Serve: AsyncParsableCommand {
             file.store = file.store ?? .init()
             file.store?.durability = value
         }
+        if let window = try dedupWindow ?? Self.integer(env, "TETHER_DEDUP_WINDOW") {
+            file.dedup = file.dedup ?? .init()
+            file.dedup?.windowSeconds = window
+        }
+        if let entries = try dedupMaxEntries ?? Self.integer(env, "TETHER_DEDUP_MAX_ENTRIES") {
+            file.dedup = file.dedup ?? .init()
+            file.dedup?.maxEntries = entries
+        }
+        if file.dedup != nil { try file.validate() }
         var resolvedPort = port ?? 8090
         if port == nil, let text = env["TETHER_PORT"] {
             guard let value = Int(text), (0...65535).contains(value) else { throw ValidationError("TETHER_PORT must be a port number") }
@@ -218,6 +245,13 @@ struct Serve: AsyncParsableCommand {
 }
 
 extension Serve {
+    /// An integer environment variable, or `nil` when unset.
+    static func integer(_ env: [String: String], _ name: String) throws -> Int? {
+        guard let text = env[name] else { return nil }
+        guard let value = Int(text) else { throw ValidationError("\(name) must be an integer") }
+        return value
+    }
+
     /// `on`/`off` (also `true`/`false`, `1`/`0`).
     static func switchValue(_ text: String) -> Bool? {
         switch text.lowercased() {

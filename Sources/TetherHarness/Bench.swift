@@ -30,6 +30,12 @@ package struct Bench: AsyncParsableCommand {
             memory: --long-polls idle long-polls; the server's VmRSS before and with them open, \
             divided by their number.
 
+            publish-dedup: publish throughput without and with a unique `requestid` on every \
+            publish (the server's deduplication check), --dedup-rounds alternating fan-out runs \
+            of each to the first --subscribers count, a fresh server per run; reports the median \
+            publishes/s of each and the cost of the check. --request-ids adds request ids to the \
+            fanout scenario's publishes instead.
+
             presence: --uuids distinct uuids heartbeat (heartbeat=300) over --channels channels, \
             --here-now-occupancy of them on one channel, through --presence-connections \
             keep-alive connections, --heartbeat-rounds times. Reports heartbeats/s, the server's \
@@ -49,11 +55,21 @@ package struct Bench: AsyncParsableCommand {
     enum Scenario: String, ExpressibleByArgument, CaseIterable, Sendable {
         /// The fan-out, latency, memory or presence run, or all four in that order.
         case fanout, latency, memory, presence, all
+        /// Fan-out publish throughput without and with request ids (not part of `all`).
+        case publishDedup = "publish-dedup"
     }
 
     /// Which runs to do.
-    @Option(help: "fanout, latency, memory, presence or all.")
+    @Option(help: "fanout, latency, memory, presence, all (those four), or publish-dedup.")
     var scenario: Scenario = .all
+
+    /// Every fan-out publish carries a unique request id.
+    @Flag(name: .customLong("request-ids"), help: "Fan-out: every publish carries a unique requestid (the server's deduplication check).")
+    var requestIDs = false
+
+    /// Runs of each variant in the publish-dedup scenario.
+    @Option(name: .customLong("dedup-rounds"), help: "publish-dedup: alternating runs of each variant (without, with request ids).")
+    var dedupRounds: Int = 3
 
     /// An external server to measure instead of spawning one.
     @Option(help: "Measure an already-running server (http://host:port) instead of spawning one.")
@@ -149,6 +165,7 @@ package struct Bench: AsyncParsableCommand {
             throw ValidationError("--subscribers must be a comma-separated list of positive numbers")
         }
         guard publishers > 0 else { throw ValidationError("--publishers must be positive") }
+        guard (1...100).contains(dedupRounds) else { throw ValidationError("--dedup-rounds must be between 1 and 100") }
         if let fanoutRate, !(1...100_000).contains(fanoutRate) { throw ValidationError("--fanout-rate must be between 1 and 100000") }
         guard rate > 0 && rate <= 100_000 else { throw ValidationError("--rate must be between 1 and 100000") }
         guard latencySubscribers > 0 else { throw ValidationError("--latency-subscribers must be positive") }
@@ -183,6 +200,8 @@ package struct Bench: AsyncParsableCommand {
         var memory: MemoryResult?
         /// Presence run.
         var presence: PresenceResult?
+        /// Publish throughput without and with request ids.
+        var publishDedup: PublishDedupResult?
         /// Things the reader should know (skipped runs, limits).
         var notes: [String] = []
     }
@@ -198,11 +217,12 @@ package struct Bench: AsyncParsableCommand {
         let runLatency = scenario == .latency || scenario == .all
         let runMemory = scenario == .memory || scenario == .all
         let runPresence = scenario == .presence || scenario == .all
+        let runPublishDedup = scenario == .publishDedup
         var report = Report(machine: .current(), server: external?.url ?? "spawned", clientThreads: threads)
 
         // Every connection is a file descriptor on both sides; children inherit the limit.
         var needed = 1024
-        if runFanout { needed = max(needed, (subscriberCounts.max() ?? 0) + publishers + 256) }
+        if runFanout || runPublishDedup { needed = max(needed, (subscriberCounts.max() ?? 0) + publishers + 256) }
         if runMemory && external == nil { needed = max(needed, longPolls + 512) }
         let limit = BenchMachine.raiseOpenFileLimit(to: needed)
         var longPollCount = longPolls
@@ -220,11 +240,29 @@ package struct Bench: AsyncParsableCommand {
                 for count in subscriberCounts {
                     let result = try await withServer(external) { target, pid in
                         try await runner.fanout(target: target, serverPID: pid, subscribers: count, publishers: publishers,
-                                                rate: fanoutRate, duration: duration, store: !noStore)
+                                                rate: fanoutRate, duration: duration, store: !noStore, requestIDs: requestIDs)
                     }
                     report.fanout.append(result)
                     if !json { benchLog(Self.describe(result)) }
                 }
+            }
+            if runPublishDedup {
+                var result = PublishDedupResult(subscribers: subscriberCounts[0], publishers: publishers, stored: !noStore,
+                                                seconds: duration, without: [], with: [])
+                for round in 0..<dedupRounds {
+                    // Alternating, and starting with the other variant every round, so drift in
+                    // the machine's speed falls on both.
+                    for withIDs in (round % 2 == 0 ? [false, true] : [true, false]) {
+                        let run = try await withServer(external) { target, pid in
+                            try await runner.fanout(target: target, serverPID: pid, subscribers: result.subscribers,
+                                                    publishers: publishers, rate: nil, duration: duration, store: !noStore,
+                                                    requestIDs: withIDs)
+                        }
+                        if withIDs { result.with.append(run) } else { result.without.append(run) }
+                        if !json { benchLog((withIDs ? "with request ids: " : "without: ") + Self.describe(run)) }
+                    }
+                }
+                report.publishDedup = result
             }
             if runLatency {
                 report.latency = try await withServer(external) { target, pid in
@@ -331,6 +369,23 @@ package struct Bench: AsyncParsableCommand {
         text.count >= width ? text : String(repeating: " ", count: width - text.count) + text
     }
 
+    /// The publish-dedup lines of the report.
+    private static func render(_ r: PublishDedupResult) -> [String] {
+        var lines = [""]
+        lines.append("Publish throughput with and without request ids — \(r.publishers) closed-loop publishers, "
+                     + "\(r.subscribers) subscriber(s), \(fixed(r.seconds, 1)) s per run, "
+                     + (r.stored ? "stored (durable) publishes" : "store=0"))
+        lines.append("  without request ids: \(r.without.map { grouped($0.publishesPerSecond) }.joined(separator: ", ")) publishes/s "
+                     + "(median \(grouped(r.medianWithout)))")
+        lines.append("  with request ids:    \(r.with.map { grouped($0.publishesPerSecond) }.joined(separator: ", ")) publishes/s "
+                     + "(median \(grouped(r.medianWith)))")
+        lines.append("  cost of the check: \(fixed(r.costPercent, 1)) % of publish throughput (median against median); "
+                     + "missing \((r.with + r.without).reduce(0) { $0 + $1.lost }), "
+                     + "duplicates \((r.with + r.without).reduce(0) { $0 + $1.duplicates }), "
+                     + "publish errors \((r.with + r.without).reduce(0) { $0 + $1.publishErrors })")
+        return lines
+    }
+
     /// The human-readable tables.
     static func render(_ report: Report) -> String {
         let m = report.machine
@@ -413,6 +468,9 @@ package struct Bench: AsyncParsableCommand {
         }
         if let r = report.presence {
             lines += renderPresence(r)
+        }
+        if let r = report.publishDedup {
+            lines += render(r)
         }
         for note in report.notes {
             lines.append("note: \(note)")

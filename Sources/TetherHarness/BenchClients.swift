@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import Synchronization
 
@@ -209,20 +210,34 @@ final class PublishLedger: Sendable {
 /// Builds GET publish requests for one channel.
 struct PublishRequest: Sendable {
     private let head: String
-    private let tail: String
+    private let query: String
+    /// With request ids: `&requestid=` and a per-run prefix, followed by the message id.
+    private let requestIDPrefix: String?
+    private let trailer: String
 
-    /// Creates the request builder for `channel` on the `demo` keyset.
-    init(channel: String, target: BenchTarget, store: Bool) {
+    /// Creates the request builder for `channel` on the `demo` keyset. With `requestIDs`, every
+    /// publish carries a unique `requestid` of a UUID's length (36 bytes), as the SDK's do.
+    init(channel: String, target: BenchTarget, store: Bool, requestIDs: Bool = false) {
         head = "GET /publish/demo/demo/0/\(channel)/0/"
-        tail = "?uuid=bench-publisher" + (store ? "" : "&store=0") + target.requestTrailer
+        query = "?uuid=bench-publisher" + (store ? "" : "&store=0")
+        // 23 characters of a fresh UUID, a dash, and the message id padded to 12 digits.
+        requestIDPrefix = requestIDs ? "&requestid=" + UUID().uuidString.prefix(23) + "-" : nil
+        trailer = target.requestTrailer
     }
 
     /// Writes a publish of message `id` sent at `sentAt`.
     func write(id: Int, sentAt: UInt64, context: ChannelHandlerContext) {
-        var buffer = context.channel.allocator.buffer(capacity: head.utf8.count + tail.utf8.count + 64)
+        var buffer = context.channel.allocator.buffer(capacity: head.utf8.count + query.utf8.count + trailer.utf8.count + 128)
         buffer.writeString(head)
         BenchMessage.write(id: id, sentAt: sentAt, into: &buffer)
-        buffer.writeString(tail)
+        buffer.writeString(query)
+        if let requestIDPrefix {
+            buffer.writeString(requestIDPrefix)
+            let digits = String(id)
+            buffer.writeString(String(repeating: "0", count: max(0, 12 - digits.utf8.count)))
+            buffer.writeString(digits)
+        }
+        buffer.writeString(trailer)
         context.writeAndFlush(NIOAny(buffer), promise: nil)
     }
 }

@@ -3,6 +3,35 @@ import NIOCore
 import Synchronization
 
 /// Result of one fan-out run.
+/// The publish-dedup scenario: fan-out runs without and with a request id on every publish.
+struct PublishDedupResult: Codable, Sendable {
+    /// Subscribers per run.
+    var subscribers: Int
+    /// Closed-loop publishers per run.
+    var publishers: Int
+    /// Whether publishes were stored.
+    var stored: Bool
+    /// Seconds each run publishes.
+    var seconds: Double
+    /// Runs without request ids.
+    var without: [FanoutResult]
+    /// Runs with a unique request id on every publish.
+    var with: [FanoutResult]
+
+    private static func median(_ runs: [FanoutResult]) -> Double {
+        let sorted = runs.map(\.publishesPerSecond).sorted()
+        guard !sorted.isEmpty else { return 0 }
+        return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+    }
+
+    /// Median publishes/s without request ids.
+    var medianWithout: Double { Self.median(without) }
+    /// Median publishes/s with request ids.
+    var medianWith: Double { Self.median(with) }
+    /// How much throughput the check costs, in percent of the throughput without it.
+    var costPercent: Double { medianWithout > 0 ? (medianWithout - medianWith) / medianWithout * 100 : 0 }
+}
+
 struct FanoutResult: Codable, Sendable {
     /// Long-poll subscribers on the channel.
     var subscribers: Int
@@ -15,6 +44,8 @@ struct FanoutResult: Codable, Sendable {
     var maxScheduleLagMs: Double?
     /// Whether publishes were stored (`store=1`, durable before acknowledged).
     var stored: Bool
+    /// Whether every publish carried a unique `requestid` (the server's deduplication check).
+    var requestIDs: Bool
     /// Seconds publishing ran.
     var publishSeconds: Double
     /// Publishes acknowledged with 200.
@@ -265,7 +296,8 @@ struct BenchRunner {
     /// Fan-out: closed-loop publishers (or, with `rate`, a paced publisher) on one channel,
     /// `subscribers` long-polls receiving; checks every delivery.
     func fanout(
-        target: BenchTarget, serverPID: Int32?, subscribers: Int, publishers: Int, rate: Int?, duration: Double, store: Bool
+        target: BenchTarget, serverPID: Int32?, subscribers: Int, publishers: Int, rate: Int?, duration: Double, store: Bool,
+        requestIDs: Bool = false
     ) async throws -> FanoutResult {
         let channel = freshChannel("fanout")
         benchLog("fan-out: opening \(subscribers) subscribers on \(channel)")
@@ -273,7 +305,7 @@ struct BenchRunner {
                                                                        recordLatencyFrom: nil)
         let ledger = PublishLedger()
         let control = FloodControl()
-        let request = PublishRequest(channel: channel, target: target, store: store)
+        let request = PublishRequest(channel: channel, target: target, store: store, requestIDs: requestIDs)
         let loop = group.next()
         var paced: NIOLoopBound<PacedPublisher>?
         if let rate {
@@ -355,7 +387,7 @@ struct BenchRunner {
         let lastDelivery = progress.map { $0.lastDelivery.load(ordering: .relaxed) }.max() ?? stoppedAt
         var result = FanoutResult(
             subscribers: subscribers, publishers: publishers, targetRate: rate,
-            maxScheduleLagMs: maxLag.map(milliseconds), stored: store, publishSeconds: publishSeconds,
+            maxScheduleLagMs: maxLag.map(milliseconds), stored: store, requestIDs: requestIDs, publishSeconds: publishSeconds,
             published: published, publishErrors: ledger.errors.load(ordering: .relaxed),
             publishesPerSecond: Double(published) / publishSeconds, deliveries: 0, deliveriesPerSecond: 0,
             deliveriesPerSecondWhilePublishing: Double(deliveredWhilePublishing) / publishSeconds,

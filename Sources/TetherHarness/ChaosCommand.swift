@@ -8,7 +8,7 @@ package struct ChaosCommand: AsyncParsableCommand {
     package static let configuration = CommandConfiguration(
         commandName: "chaos",
         abstract: "Inject network faults between clients and a server; run the resilience suite.",
-        subcommands: [ChaosProxy.self, ChaosSuite.self, ChaosProbe.self]
+        subcommands: [ChaosProxy.self, ChaosSuite.self, ChaosProbe.self, ChaosPublishProbe.self]
     )
 
     package init() {}

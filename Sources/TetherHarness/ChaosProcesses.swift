@@ -24,7 +24,14 @@ func runCommand(_ arguments: [String]) -> (status: Int32, output: String) {
 
 /// One event a probe reported.
 struct ProbeEvent: Sendable {
-    enum Kind: Sendable { case message(seq: Int), status(String), event(String) }
+    enum Kind: Sendable {
+        case message(seq: Int), status(String)
+        /// A typed connection event of the SDK (`session resumed`, `reconnect started`…).
+        case event(String)
+        /// Publisher probes: a message handed to the SDK, its acknowledgement, its failure, and
+        /// the end of the run.
+        case publishAccepted(seq: Int), publishSent(seq: Int, wasRepeat: Bool), publishFailed(seq: Int, category: String), publishDone
+    }
     var client: Int
     var kind: Kind
     var at: Int64
@@ -80,6 +87,14 @@ final class ProbeProcess: Sendable {
         case "msg": return ProbeEvent(client: client, kind: .message(seq: object["seq"] as? Int ?? -1), at: at)
         case "status": return ProbeEvent(client: client, kind: .status(object["cat"] as? String ?? "?"), at: at)
         case "event": return ProbeEvent(client: client, kind: .event(object["what"] as? String ?? "?"), at: at)
+        case "accepted": return ProbeEvent(client: client, kind: .publishAccepted(seq: object["seq"] as? Int ?? -1), at: at)
+        case "sent":
+            return ProbeEvent(client: client, kind: .publishSent(seq: object["seq"] as? Int ?? -1, wasRepeat: object["repeat"] as? Bool ?? false),
+                              at: at)
+        case "failed":
+            return ProbeEvent(client: client, kind: .publishFailed(seq: object["seq"] as? Int ?? -1, category: object["cat"] as? String ?? "?"),
+                              at: at)
+        case "done": return ProbeEvent(client: client, kind: .publishDone, at: at)
         default: return nil
         }
     }

@@ -70,11 +70,17 @@ struct ChaosResult: Sendable, Codable {
     var note: String?
     /// Up to ten lost sequence numbers (diagnostics; in the JSON output).
     var lostSample: [Int] = []
+    /// The publisher-side scenario's counts (nil for the subscriber scenarios).
+    var publishing: ChaosPublishing.Counts?
 
     /// Whether the "no silent loss" bar holds: nothing lost, duplicated or reordered, and every
-    /// client caught up.
+    /// client caught up (publisher side: every message stored exactly once, in order).
     var isClean: Bool {
-        note == nil && lost == 0 && duplicated == 0 && outOfOrder == 0 && caughtUpClients == clients - notConnected && notConnected == 0
+        if let counts = publishing {
+            return note == nil && counts.stored == counts.published && counts.duplicated == 0 && counts.lostSilently == 0
+                && counts.outOfOrder == 0
+        }
+        return note == nil && lost == 0 && duplicated == 0 && outOfOrder == 0 && caughtUpClients == clients - notConnected && notConnected == 0
     }
 }
 
@@ -128,6 +134,8 @@ enum ChaosMeasure {
                     guard event.at >= faultStart - 50 else { continue }
                     if eventCounts[what] == nil { eventOrder.append(what) }
                     eventCounts[what, default: 0] += 1
+                case .publishAccepted, .publishSent, .publishFailed, .publishDone:
+                    continue
                 }
             }
             let missing = expected.subtracting(seen)
@@ -167,7 +175,7 @@ enum ChaosTable {
             "| Scenario | SDK | Clients | Lost | Duplicated | Out of order | Caught up after the fault | Statuses after the fault starts |",
             "|---|---|---:|---:|---:|---:|---|---|",
         ]
-        for scenario in scenarios {
+        for scenario in scenarios where !scenario.isPublisherSide {
             for result in results where result.scenario == scenario.id.rawValue {
                 if let note = result.note {
                     lines.append("| \(scenario.title) | \(result.sdk.label) | \(result.clients) | – | – | – | – | \(escape(note)) |")

@@ -14,6 +14,7 @@ struct ChaosScenario: Sendable {
         case slowLink = "slow-link"
         case outageBacklog = "outage-backlog"
         case reconnectionStorm = "reconnection-storm"
+        case publisherFlapping = "publisher-flapping"
     }
 
     let id: ID
@@ -32,6 +33,8 @@ struct ChaosScenario: Sendable {
     /// Whether the clients connect to the server itself rather than through the fault proxy
     /// (the server's own restarts: a proxy in between would turn "refused" into "closed").
     var direct = false
+    /// Whether the SDKs publish (and history is counted) instead of subscribing.
+    var isPublisherSide = false
 
     /// Every scenario, in the order of the report.
     static let all: [ChaosScenario] = [
@@ -65,5 +68,9 @@ struct ChaosScenario: Sendable {
         ChaosScenario(id: .reconnectionStorm, title: "Reconnection storm",
                       summary: "Hundreds of clients per SDK; the server restarts (down 5 s) and every client reconnects at once.",
                       publishRate: 2, isStorm: true, direct: true),
+        ChaosScenario(id: .publisherFlapping, title: "Publisher: flapping link and a server restart",
+                      summary: "Each SDK publishes 300 numbered messages through a link that flaps (resets, responses dropped "
+                          + "after the server stored the message, blackholes) while the server restarts once; history is counted.",
+                      publishRate: 10, isPublisherSide: true),
     ]
 }

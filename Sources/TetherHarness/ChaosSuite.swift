@@ -117,6 +117,11 @@ struct ChaosSuite: AsyncParsableCommand {
                                              pythonPath: pythonPath, probeScript: probeScript, pythonProblem: pythonProblem)
             let outcome = await runner.run()
             for result in outcome {
+                if let counts = result.publishing, result.note == nil {
+                    say("   \(result.sdk.rawValue): published \(counts.published), stored \(counts.stored), duplicated \(counts.duplicated), "
+                        + "lost silently \(counts.lostSilently), failed visibly \(counts.failedVisibly), out of order \(counts.outOfOrder)")
+                    continue
+                }
                 say("   \(result.sdk.rawValue): " + (result.note ?? "lost \(result.lost), duplicated \(result.duplicated), "
                     + "out of order \(result.outOfOrder), caught up \(ChaosTable.caughtUpCell(result)); "
                     + "statuses \(ChaosTable.statusesCell(result))"))
@@ -124,7 +129,8 @@ struct ChaosSuite: AsyncParsableCommand {
             results += outcome
         }
 
-        let table = ChaosTable.markdown(results, scenarios: scenarios)
+        var table = scenarios.contains(where: { !$0.isPublisherSide }) ? ChaosTable.markdown(results, scenarios: scenarios) : ""
+        if let publishing = ChaosPublishing.markdown(results) { table += (table.isEmpty ? "" : "\n\n") + "Publisher side:\n\n" + publishing }
         print("")
         print(table)
         if let markdown { try (table + "\n").write(toFile: markdown, atomically: true, encoding: .utf8) }
@@ -191,6 +197,7 @@ struct ChaosScenarioRunner: Sendable {
     private func runChecked() async throws -> [ChaosResult] {
         try? FileManager.default.removeItem(atPath: workDirectory)
         try FileManager.default.createDirectory(atPath: workDirectory, withIntermediateDirectories: true)
+        if scenario.isPublisherSide { return try await runPublisher() }
         let keys = ChaosScenarioRunner.accessManagerKeys
         // Every simulated device shares one loopback address, which the default per-address
         // rate limits would read as one abusive client; the suite measures network faults.
@@ -313,6 +320,84 @@ struct ChaosScenarioRunner: Sendable {
         return results
     }
 
+    /// The publisher-side scenario: each SDK publishes through the proxy while the link flaps and
+    /// the server restarts; then history is read straight from the server and counted.
+    private func runPublisher() async throws -> [ChaosResult] {
+        let server = ServerProcess(arguments: ["--data-dir", workDirectory + "/data", "--log-level", "warning", "--rate-limits", "off"],
+                                   logPath: workDirectory + "/server.log")
+        try await server.start()
+        defer { Task { await server.stop() } }
+        var proxyLogger = Logger(label: "tether.chaos.proxy")
+        proxyLogger.logLevel = .critical
+        let proxy = try await FaultProxy.start(port: 0, upstream: server.origin, logger: proxyLogger)
+        let count = max(30, Int(300 * min(1, options.scale * 4)))
+        let rate = Double(count) / (30 * options.scale)
+        let pythonScript = workDirectory + "/pubnub_publish_probe.py"
+        try ChaosPythonPublishProbe.script.write(toFile: pythonScript, atomically: true, encoding: .utf8)
+
+        var probes: [(sdk: ChaosSDK, channel: String, probe: ProbeProcess)] = []
+        var notes: [ChaosSDK: String] = [:]
+        for sdk in sdks {
+            let channel = "chaos-publisher-\(sdk.rawValue)-\(UInt32.random(in: 0...UInt32.max))"
+            var command: [String]
+            switch sdk {
+            case .tether:
+                command = [ServerProcess.executablePath, "chaos", "publish-probe", "--origin", proxy.origin, "--channel", channel,
+                           "--count", String(count), "--rate", String(rate)]
+            case .pubnubThreaded:
+                if let pythonProblem {
+                    notes[sdk] = pythonProblem
+                    continue
+                }
+                command = [absolute(pythonPath), "-u", pythonScript, "--origin", proxy.origin, "--channel", channel,
+                           "--count", String(count), "--rate", String(rate)]
+            case .pubnubAsyncio:
+                notes[sdk] = "skipped: the publisher scenario runs the threaded PubNub SDK (asyncio publishes the same way)"
+                continue
+            case .tetherWebSocket:
+                notes[sdk] = "skipped: publishes go over REST through the outbox on either wire (the long-poll row is the same client)"
+                continue
+            }
+            probes.append((sdk, channel, try ProbeProcess(sdk: sdk, clients: 1, command: command,
+                                                          stderrPath: workDirectory + "/publish-probe-\(sdk.rawValue).log")))
+        }
+        defer { for entry in probes { Task { await entry.probe.stop(grace: .seconds(1)) } } }
+
+        try await ChaosPublishing.flap(proxy: proxy, server: server, options: options)
+        // Every probe has handed over its last message by now (the flapping lasts longer than the
+        // publishing); wait for each to report that every message has settled.
+        let settleDeadline = ContinuousClock.now + .seconds(max(60, options.settleTimeout * 3))
+        while ContinuousClock.now < settleDeadline {
+            if probes.allSatisfy({ entry in entry.probe.snapshot.contains { if case .publishDone = $0.kind { true } else { false } } }) { break }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        let admin = try makeAdmin(origin: server.origin)
+        var results: [ChaosResult] = []
+        for sdk in sdks {
+            if let note = notes[sdk] {
+                results.append(failure(sdk, note: note))
+                continue
+            }
+            guard let entry = probes.first(where: { $0.sdk == sdk }) else { continue }
+            let events = entry.probe.snapshot
+            var result = failure(sdk, note: "")
+            result.clients = 1
+            result.note = nil
+            let history = try await admin.messages(since: .zero, channels: [entry.channel])
+            result.publishing = ChaosPublishing.count(history: history, events: events, published: count)
+            if !events.contains(where: { if case .publishDone = $0.kind { true } else { false } }) {
+                result.note = entry.probe.isRunning ? "the probe had not settled every message when the suite gave up"
+                    : "the probe exited: \(entry.probe.errorTail)"
+            }
+            results.append(result)
+        }
+        for entry in probes { await entry.probe.stop() }
+        await proxy.stop()
+        await admin.shutdown()
+        await server.stop()
+        return results
+    }
+
     private func absolute(_ path: String) -> String {
         guard !path.hasPrefix("/") else { return path }
         if path.contains("/") { return FileManager.default.currentDirectoryPath + "/" + path }
@@ -401,6 +486,8 @@ struct ChaosScenarioRunner: Sendable {
             await server.stop()
             try await Task.sleep(for: scaled(5))
             try await server.start()
+        case .publisherFlapping:
+            throw ChaosError("the publisher scenario runs its own faults")
         }
     }
 }

@@ -277,10 +277,13 @@ package enum WebSocketServerFrame {
         }
     }
 
-    package static func ack(requestId: String, timetoken: Timetoken) -> String {
+    /// `isRepeat`: the server already had this request id (nothing new stored or delivered);
+    /// written as `"repeat": true`, and left out otherwise.
+    package static func ack(requestId: String, timetoken: Timetoken, isRepeat: Bool = false) -> String {
         frame("ack") { w in
             key(&w, "requestId"); w.string(requestId)
             key(&w, "timetoken"); w.timetokenString(timetoken)
+            if isRepeat { key(&w, "repeat"); w.raw("true") }
         }
     }
 

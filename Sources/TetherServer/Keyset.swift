@@ -190,6 +190,25 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     public var maxPresenceMemberships: Int?
     /// How the store writes (durability, size cap, write timeout and queue bound).
     public var store: Store?
+    /// How long and how many publishes with a request id are remembered, so a repeat is
+    /// answered with the original timetoken (docs/protocol.md, "Repeated publishes").
+    public var dedup: Dedup?
+
+    /// Deduplication settings; every key optional.
+    public struct Dedup: Sendable, Codable, Equatable {
+        /// Seconds a publish with a request id is remembered, 0 – 86,400; `0` turns
+        /// deduplication off (default 600).
+        public var windowSeconds: Int?
+        /// Publishes remembered at most, 1 – 10,000,000 (default 100,000); beyond it the oldest
+        /// are forgotten before their window ends.
+        public var maxEntries: Int?
+
+        /// Creates deduplication settings.
+        public init(windowSeconds: Int? = nil, maxEntries: Int? = nil) {
+            self.windowSeconds = windowSeconds
+            self.maxEntries = maxEntries
+        }
+    }
 
     /// Store settings; every key optional.
     public struct Store: Sendable, Codable, Equatable {
@@ -253,7 +272,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window, rateLimiting, maxPresenceMemberships, store
+        case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window, rateLimiting, maxPresenceMemberships, store, dedup
     }
 
     /// Decodes a configuration; every key is optional (`keysets` defaults to none).
@@ -267,6 +286,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         rateLimiting = try c.decodeIfPresent(Bool.self, forKey: .rateLimiting)
         maxPresenceMemberships = try c.decodeIfPresent(Int.self, forKey: .maxPresenceMemberships)
         store = try c.decodeIfPresent(Store.self, forKey: .store)
+        dedup = try c.decodeIfPresent(Dedup.self, forKey: .dedup)
     }
 
     /// Reads and validates a configuration file, with errors that name the problem.
@@ -335,6 +355,12 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         }
         if let limit = store?.writeQueueLimit, !(1...1_000_000).contains(limit) {
             throw ServerConfigurationError("store.writeQueueLimit must be between 1 and 1000000")
+        }
+        if let window = dedup?.windowSeconds, !(0...86_400).contains(window) {
+            throw ServerConfigurationError("dedup.windowSeconds must be between 0 (off) and 86400")
+        }
+        if let entries = dedup?.maxEntries, !(1...10_000_000).contains(entries) {
+            throw ServerConfigurationError("dedup.maxEntries must be between 1 and 10000000")
         }
         if let timeout = subscribeTimeoutSeconds, !(1...300).contains(timeout) {
             throw ServerConfigurationError("subscribeTimeoutSeconds must be between 1 and 300 (clients give up at 310)")

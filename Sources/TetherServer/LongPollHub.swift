@@ -50,22 +50,66 @@ public final class LongPollHub: Sendable {
         }
     }
 
+    /// How a publish waiting for an earlier one with the same request id is resumed.
+    private enum DedupWake: Sendable {
+        /// The earlier one was stored: answer with its timetoken.
+        case repeated(Timetoken)
+        /// The key was free: this publish now holds it.
+        case claimed
+        /// The earlier one failed: claim again.
+        case released
+    }
+
     private let state: Mutex<State>
+    /// Recent publishes with a request id (issue #15); a separate lock from delivery's.
+    private let dedup: Mutex<PublishDedupIndex<CheckedContinuation<DedupWake, Never>>>
     private let store: MessageStore
     private let metrics: ServerMetrics
     private let logger: Logger
     private let clock: @Sendable () -> Timetoken
+    /// The deduplication window's clock (the server's injectable clock, as a wall time).
+    private let dedupClock: @Sendable () -> Timetoken
+    /// How long and how many publishes are remembered.
+    package let deduplication: PublishDedupConfiguration
 
     /// Creates a hub whose timetokens start above the store's highest timetoken.
-    public init(store: MessageStore, metrics: ServerMetrics, logger: Logger,
-                configuration: DeliveryHubConfiguration = .init(),
-                clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow) throws {
+    public convenience init(store: MessageStore, metrics: ServerMetrics, logger: Logger,
+                            configuration: DeliveryHubConfiguration = .init(),
+                            clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow) throws {
+        try self.init(store: store, metrics: metrics, logger: logger, configuration: configuration, clock: clock,
+                      deduplication: .init(), dedupClock: LongPollHub.systemNow)
+    }
+
+    /// Creates a hub that also remembers publishes with a request id for
+    /// `deduplication.windowSeconds` of `dedupClock`, restoring those the store remembers.
+    package init(store: MessageStore, metrics: ServerMetrics, logger: Logger,
+                 configuration: DeliveryHubConfiguration = .init(),
+                 clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow,
+                 deduplication: PublishDedupConfiguration, dedupClock: @escaping @Sendable () -> Timetoken) throws {
         self.store = store
         self.metrics = metrics
         self.logger = logger
         self.clock = clock
+        self.dedupClock = dedupClock
+        self.deduplication = deduplication
         let core = DeliveryHub(floor: try store.highestTimetoken(), now: clock(), configuration: configuration)
         self.state = Mutex(State(core: core))
+        var index = PublishDedupIndex<CheckedContinuation<DedupWake, Never>>(configuration: deduplication)
+        if deduplication.isEnabled {
+            let now = dedupClock()
+            for record in try store.publishRecords(since: Self.horizon(now, deduplication), limit: deduplication.maximumEntries) {
+                index.restore(record.key, timetoken: record.timetoken, at: record.createdAt, now: now)
+            }
+            _ = index.takeEvictionCount()
+            if index.rememberedCount > 0 {
+                logger.debug("restored remembered publishes", metadata: ["count": "\(index.rememberedCount)"])
+            }
+        }
+        self.dedup = Mutex(index)
+    }
+
+    private static func horizon(_ now: Timetoken, _ configuration: PublishDedupConfiguration) -> Timetoken {
+        Timetoken(now.rawValue - min(now.rawValue, configuration.windowUnits))
     }
 
     /// The wall clock as a timetoken.
@@ -113,21 +157,43 @@ public final class LongPollHub: Sendable {
     package func publish(
         _ makeEnvelope: (Timetoken) -> SubscribeEnvelope, store stored: ((Timetoken) -> StoredMessage)?
     ) async throws -> Timetoken {
+        try await publish(makeEnvelope, store: stored, dedupKey: nil).timetoken
+    }
+
+    /// Publishes an event as ``publish(_:store:)`` does; with a `dedupKey` (and deduplication
+    /// on), a key published within the window is answered with its original timetoken and
+    /// nothing is stored or delivered again. A repeat that arrives while the original is still
+    /// being stored waits for its outcome. The key is remembered durably in the same
+    /// transaction as the message — or, for an event that is not stored, in a transaction of
+    /// its own that the publish then waits for.
+    package func publish(
+        _ makeEnvelope: (Timetoken) -> SubscribeEnvelope, store stored: ((Timetoken) -> StoredMessage)?, dedupKey: DedupKey?
+    ) async throws -> HubPublishResult {
+        let key = deduplication.isEnabled ? dedupKey : nil
+        if let key, let original = await claim(key) {
+            metrics.recordDedupHit()
+            return HubPublishResult(timetoken: original, isRepeat: true)
+        }
         let now = clock()
         let probe = makeEnvelope(.zero)
-        let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
-        let timetoken = state.withLock { $0.core.reserve(key, now: now) }
+        let channelKey = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
+        let timetoken = state.withLock { $0.core.reserve(channelKey, now: now) }
         let envelope = makeEnvelope(timetoken)
-        if let stored {
+        let message = stored?(timetoken)
+        let rememberedAt = key == nil ? Timetoken.zero : dedupClock()
+        let record = key.map { PublishRecord(key: $0, timetoken: timetoken, channel: probe.channel, createdAt: rememberedAt) }
+        if message != nil || record != nil {
             do {
-                try await store.append(stored(timetoken)) { [self] committed in
+                try await store.append(StoreWrite(message: message, record: record)) { [self] committed in
                     // The publisher was told "outcome unknown"; the reservation was kept in
                     // flight, so a message that did commit is delivered at its timetoken, never
-                    // skipped by a cursor that moved on.
+                    // skipped by a cursor that moved on. A repeat waits for this outcome too.
                     if committed {
-                        commit(BufferedEvent(envelope: envelope, isStored: true))
+                        commit(BufferedEvent(envelope: envelope, isStored: message != nil))
+                        if let key { settle(key, timetoken: timetoken, at: rememberedAt) }
                     } else {
                         wake(state.withLock { $0.core.abandon(timetoken) }, reason: .event)
+                        if let key { release(key) }
                     }
                 }
             } catch let error as StoreError where error.code == .outcomeUnknown {
@@ -135,12 +201,68 @@ public final class LongPollHub: Sendable {
             } catch {
                 let woken = state.withLock { $0.core.abandon(timetoken) }
                 wake(woken, reason: .event)
+                if let key { release(key) }
                 throw error
             }
         }
-        commit(BufferedEvent(envelope: envelope, isStored: stored != nil))
-        return timetoken
+        commit(BufferedEvent(envelope: envelope, isStored: message != nil))
+        if let key { settle(key, timetoken: timetoken, at: rememberedAt) }
+        return HubPublishResult(timetoken: timetoken, isRepeat: false)
     }
+
+    /// Takes `key` for a new publish (`nil`), or returns the timetoken of the publish that holds
+    /// it, waiting for that publish's outcome when it is still in flight.
+    private func claim(_ key: DedupKey) async -> Timetoken? {
+        switch dedup.withLock({ $0.claim(key, now: dedupClock()) }) {
+        case .fresh: return nil
+        case .repeated(let timetoken): return timetoken
+        case .inFlight: break
+        }
+        while true {
+            let wake = await withCheckedContinuation { (continuation: CheckedContinuation<DedupWake, Never>) in
+                let now = dedupClock()
+                switch dedup.withLock({ $0.wait(key, continuation, now: now) }) {
+                case .inFlight: break  // resumed by `settle` or `release`
+                case .fresh: continuation.resume(returning: .claimed)
+                case .repeated(let timetoken): continuation.resume(returning: .repeated(timetoken))
+                }
+            }
+            switch wake {
+            case .repeated(let timetoken): return timetoken
+            case .claimed: return nil
+            case .released: continue
+            }
+        }
+    }
+
+    private func settle(_ key: DedupKey, timetoken: Timetoken, at: Timetoken) {
+        let waiters = dedup.withLock { $0.settle(key, timetoken: timetoken, now: at) }
+        for waiter in waiters { waiter.resume(returning: .repeated(timetoken)) }
+    }
+
+    private func release(_ key: DedupKey) {
+        let waiters = dedup.withLock { $0.release(key) }
+        for waiter in waiters { waiter.resume(returning: .released) }
+    }
+
+    /// Forgets remembered publishes whose window has passed; returns how many are remembered
+    /// and how many the bound forgot early since the last sweep.
+    package func sweepDeduplication() -> (entries: Int, evicted: Int) {
+        let now = dedupClock()
+        return dedup.withLock { index in
+            index.expire(now: now)
+            return (index.rememberedCount, index.takeEvictionCount())
+        }
+    }
+
+    /// Publishes remembered, keys in flight and repeats waiting for them (for tests and tools).
+    package var deduplicationCounts: (remembered: Int, inFlight: Int, waiting: Int) {
+        dedup.withLock { ($0.rememberedCount, $0.inFlightCount, $0.waiterCount) }
+    }
+
+    /// Records of remembered publishes created at or before this are past the window and may be
+    /// deleted from the store (everything, when deduplication is off).
+    package var publishRecordHorizon: Timetoken { Self.horizon(dedupClock(), deduplication) }
 
     /// Commits a reserved event into its window and wakes the long-polls it reaches.
     private func commit(_ event: BufferedEvent) {
@@ -335,6 +457,15 @@ public final class LongPollHub: Sendable {
             return (s.core.bufferedBytes, s.core.bufferedChannelCount)
         }
     }
+}
+
+/// What a publish through ``LongPollHub/publish(_:store:dedupKey:)`` came to.
+package struct HubPublishResult: Sendable, Equatable {
+    /// The event's timetoken (the original one for a repeat).
+    package var timetoken: Timetoken
+    /// The request id was published before, within the window: nothing was stored or
+    /// delivered this time.
+    package var isRepeat: Bool
 }
 
 /// A waiting long-poll lost its access (grant expired or revoked, token revoked).

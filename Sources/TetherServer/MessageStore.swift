@@ -213,6 +213,7 @@ public final class MessageStore: Sendable {
                 """)
         }
         Self.registerPresenceMigration(in: &migrator)
+        Self.registerPublishRecordMigration(in: &migrator)
         return migrator
     }
 
@@ -335,11 +336,17 @@ public final class MessageStore: Sendable {
     ///   answered `outcomeUnknown` settles: `true` if it committed, `false` if not. Never called
     ///   for a write answered with its outcome.
     public func append(_ message: StoredMessage, settledLate: (@Sendable (Bool) -> Void)? = nil) async throws {
+        try await append(StoreWrite(message: message, record: nil), settledLate: settledLate)
+    }
+
+    /// Writes a publish's rows — the message, its request-id record, or both — in one group
+    /// commit transaction, with the guarantees and errors of ``append(_:settledLate:)``.
+    func append(_ write: StoreWrite, settledLate: (@Sendable (Bool) -> Void)? = nil) async throws {
         let id = queue.withLock { $0.makeID() }
         let timeout = options.writeTimeout
         if let settledLate { lateSettlers.withLock { $0[id] = settledLate } }
         do {
-            try await waitForWrite(id: id, message, timeout: timeout)
+            try await waitForWrite(id: id, write, timeout: timeout)
         } catch let error as StoreError where error.code == .outcomeUnknown {
             throw error  // the settler stays until the writer knows the outcome
         } catch {
@@ -349,7 +356,7 @@ public final class MessageStore: Sendable {
         lateSettlers.withLock { _ = $0.removeValue(forKey: id) }
     }
 
-    private func waitForWrite(id: UInt64, _ message: StoredMessage, timeout: Duration) async throws {
+    private func waitForWrite(id: UInt64, _ write: StoreWrite, timeout: Duration) async throws {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask {
                 try await Task.sleep(for: timeout)
@@ -357,7 +364,7 @@ public final class MessageStore: Sendable {
             }
             defer { group.cancelAll() }
             try await withCheckedThrowingContinuation { (continuation: Waiter) in
-                let accepted = queue.withLock { $0.enqueue(id: id, message, waiter: continuation) }
+                let accepted = queue.withLock { $0.enqueue(id: id, write, waiter: continuation) }
                 if accepted {
                     doorbellContinuation.yield()
                 } else {
@@ -404,7 +411,13 @@ public final class MessageStore: Sendable {
                             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                             """)
                         var highest: Int64 = 0
-                        for (id, m) in batch where claimed.contains(id) {
+                        var records: [PublishRecord] = []
+                        for (id, write) in batch where claimed.contains(id) {
+                            if let record = write.record {
+                                records.append(record)
+                                highest = max(highest, record.timetoken.storageValue)
+                            }
+                            guard let m = write.message else { continue }
                             let tt = m.timetoken.storageValue
                             highest = max(highest, tt)
                             try statement.execute(arguments: [
@@ -412,6 +425,9 @@ public final class MessageStore: Sendable {
                                 m.customMessageType, m.sequence, m.expiresAt.map { $0.storageValue },
                             ])
                         }
+                        // In the same transaction as the messages: a publish is remembered
+                        // exactly when it is stored (issue #15).
+                        if !records.isEmpty { try Self.insert(records, into: db) }
                         try db.execute(sql: """
                             INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
                             ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)

@@ -27,8 +27,8 @@ enum Reply {
         return Response(status: status, headers: headers, body: body)
     }
 
-    static func json(_ status: HTTPResponse.Status, _ text: String) -> Response {
-        json(status, Array(text.utf8))
+    static func json(_ status: HTTPResponse.Status, _ text: String, extraHeaders: HTTPFields = [:]) -> Response {
+        json(status, Array(text.utf8), extraHeaders: extraHeaders)
     }
 
     /// The generic JSON error object.
@@ -51,4 +51,7 @@ extension HTTPField.Name {
     static let retryAfter = HTTPField.Name("Retry-After")!
     /// Tether extension: the bounds of messages a catching-up subscriber can no longer receive.
     static let tetherGap = HTTPField.Name("X-Tether-Gap")!
+    /// Tether extension: a publish repeated a request id within the dedup window; the
+    /// timetoken is the original's and nothing new was stored or delivered.
+    static let tetherDuplicate = HTTPField.Name("Tether-Duplicate")!
 }

@@ -12,6 +12,9 @@ public struct ServerMetrics: Sendable {
     private let storeWrite: Timer
     private let storeRead: Timer
     private let storeBatch: Recorder
+    private let dedupHits: Counter
+    private let dedupEvictions: Counter
+    private let dedupEntries: Gauge
 
     /// Creates the metrics on `factory` (defaults to the bootstrapped system).
     public init(factory: any MetricsFactory = MetricsSystem.factory) {
@@ -21,6 +24,19 @@ public struct ServerMetrics: Sendable {
         storeWrite = Timer(label: "tether_store_write_seconds", factory: factory)
         storeRead = Timer(label: "tether_store_read_seconds", factory: factory)
         storeBatch = Recorder(label: "tether_store_write_batch_size", factory: factory)
+        dedupHits = Counter(label: "tether_dedup_hits_total", factory: factory)
+        dedupEvictions = Counter(label: "tether_dedup_evictions_total", factory: factory)
+        dedupEntries = Gauge(label: "tether_dedup_entries", factory: factory)
+    }
+
+    /// Counts a publish answered as a repeat of an earlier one with the same request id.
+    public func recordDedupHit() { dedupHits.increment() }
+
+    /// The publishes remembered for deduplication, and how many the entry bound forgot before
+    /// their window ended (docs/operations.md, "Bounds").
+    public func recordDeduplication(entries: Int, evicted: Int) {
+        dedupEntries.record(entries)
+        if evicted > 0 { dedupEvictions.increment(by: evicted) }
     }
 
     /// How close the server is to its configured bounds (docs/operations.md, "Bounds"): bytes and

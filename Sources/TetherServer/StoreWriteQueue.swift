@@ -19,7 +19,7 @@ struct StoreWriteQueue<Waiter> {
     /// One write request.
     struct Entry {
         var id: UInt64
-        var message: StoredMessage
+        var write: StoreWrite
         var waiter: Waiter
     }
 
@@ -64,18 +64,23 @@ struct StoreWriteQueue<Waiter> {
     }
 
     /// Queues write `id`. Returns `false` when the queue is full.
-    mutating func enqueue(id: UInt64, _ message: StoredMessage, waiter: Waiter) -> Bool {
+    mutating func enqueue(id: UInt64, _ write: StoreWrite, waiter: Waiter) -> Bool {
         guard queued.count < limit else { return false }
-        queued.append(Entry(id: id, message: message, waiter: waiter))
+        queued.append(Entry(id: id, write: write, waiter: waiter))
         return true
     }
 
+    /// Queues a message (``enqueue(id:_:waiter:)`` with no publish record).
+    mutating func enqueue(id: UInt64, _ message: StoredMessage, waiter: Waiter) -> Bool {
+        enqueue(id: id, StoreWrite(message: message, record: nil), waiter: waiter)
+    }
+
     /// Takes every queued write as the writer's next batch.
-    mutating func takeBatch() -> [(id: UInt64, message: StoredMessage)] {
+    mutating func takeBatch() -> [(id: UInt64, write: StoreWrite)] {
         let batch = queued
         queued.removeAll(keepingCapacity: true)
         for entry in batch { taken[entry.id] = entry.waiter }
-        return batch.map { ($0.id, $0.message) }
+        return batch.map { ($0.id, $0.write) }
     }
 
     /// Called inside the writer's transaction: claims the batch's writes that were not
@@ -116,4 +121,11 @@ struct StoreWriteQueue<Waiter> {
         }
         return completion
     }
+}
+
+/// One publish's rows, written in one transaction: the message (when it is stored) and the
+/// record that remembers its request id (when it carried one).
+struct StoreWrite: Sendable {
+    var message: StoredMessage?
+    var record: PublishRecord?
 }

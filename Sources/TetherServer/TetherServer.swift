@@ -11,7 +11,7 @@ import ServiceLifecycle
 import Synchronization
 import UnixSignals
 import TetherProtocol
-import TetherServerCore
+package import TetherServerCore
 
 /// How to run a Tether server.
 public struct ServerConfiguration: Sendable {
@@ -49,6 +49,13 @@ public struct ServerConfiguration: Sendable {
     public var subscribeTimeout: TimeAmount {
         let seconds = file.subscribeTimeoutSeconds.flatMap { $0.isFinite ? $0 : nil } ?? 280
         return .milliseconds(Int64(min(max(seconds, 0.001), 300) * 1000))
+    }
+
+    /// The deduplication window and bound (`file.dedup`, clamped to their documented ranges).
+    package var deduplication: PublishDedupConfiguration {
+        PublishDedupConfiguration(
+            windowSeconds: min(file.dedup?.windowSeconds ?? PublishDedupConfiguration.defaultWindowSeconds, 86_400),
+            maximumEntries: min(file.dedup?.maxEntries ?? PublishDedupConfiguration.defaultMaximumEntries, 10_000_000))
     }
 }
 
@@ -111,7 +118,12 @@ public struct TetherServer: Sendable {
                 bufferMaximumAgeSeconds: UInt64(clamping: configuration.file.window?.maximumAgeSeconds ?? 20 * 60),
                 memoryBudgetBytes: configuration.file.window?.memoryBudgetBytes ?? defaults.memoryBudgetBytes,
                 maxChannels: configuration.file.window?.maxChannels ?? defaults.maxChannels)
-            hub = try LongPollHub(store: store, metrics: metrics, logger: logger, configuration: window)
+            // The deduplication window runs on the injected clock, anchored to the wall clock so
+            // that remembered publishes keep their age across restarts.
+            let startedAt = LongPollHub.systemNow()
+            hub = try LongPollHub(store: store, metrics: metrics, logger: logger, configuration: window,
+                                  deduplication: configuration.deduplication,
+                                  dedupClock: { startedAt.adding(elapsed: clock.now()) })
             var groups: [String: [String: Set<String>]] = [:]
             for (subscribeKey, group, channel) in try store.allGroupMemberships() {
                 groups[subscribeKey, default: [:]][group, default: []].insert(channel)
@@ -277,6 +289,12 @@ struct MaintenanceService: Service {
                     break
                 }
                 let windows = hub.sweep()
+                let dedup = hub.sweepDeduplication()
+                metrics.recordDeduplication(entries: dedup.entries, evicted: dedup.evicted)
+                if dedup.evicted > 0 {
+                    logger.warning("deduplication memory full: forgot publishes before their window ended",
+                                   metadata: ["count": "\(dedup.evicted)", "max-entries": "\(hub.deduplication.maximumEntries)"])
+                }
                 rateLimits.sweep()
                 metrics.recordBounds(windowBytes: windows.bytes, windows: windows.windows,
                                      presenceMemberships: presence.read { $0.membershipCount },
@@ -287,6 +305,8 @@ struct MaintenanceService: Service {
                     do {
                         let removed = try await store.pruneExpired(now: LongPollHub.systemNow())
                         if removed > 0 { logger.info("retention removed messages", metadata: ["count": "\(removed)"]) }
+                        let forgotten = try await store.prunePublishRecords(through: hub.publishRecordHorizon)
+                        if forgotten > 0 { logger.debug("pruned remembered publishes", metadata: ["count": "\(forgotten)"]) }
                     } catch {
                         logger.error("retention pruning failed", metadata: ["error": "\(error)"])
                     }
@@ -295,5 +315,14 @@ struct MaintenanceService: Service {
         } onGracefulShutdown: {
             hub.shutdown()
         }
+    }
+}
+
+extension Timetoken {
+    /// This timetoken plus a non-negative duration, saturating.
+    func adding(elapsed: Duration) -> Timetoken {
+        let units = UInt64(max(0, elapsed.nanoseconds)) / 100
+        let (sum, overflow) = rawValue.addingReportingOverflow(units)
+        return Timetoken(overflow ? .max : sum)
     }
 }

@@ -35,3 +35,11 @@ def test_presence_scenario_checks_occupancy_and_reports_idle_cpu():
     assert "300 present on 30 channels (checked)" in out
     assert re.search(r"bytes per present uuid", out)
     assert re.search(r"target: idle CPU under 2% of a core", out)
+
+
+def test_publish_dedup_scenario_reports_both_figures():
+    out = bench("--scenario", "publish-dedup", "--duration", "1", "--subscribers", "2", "--publishers", "2",
+                "--dedup-rounds", "1")
+    assert re.search(r"without request ids: [\d,]+ publishes/s", out), out
+    assert re.search(r"with request ids: +[\d,]+ publishes/s", out), out
+    assert re.search(r"cost of the check: -?[\d.]+ % of publish throughput.*missing 0, duplicates 0, publish errors 0", out), out

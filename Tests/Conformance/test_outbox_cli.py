@@ -114,3 +114,50 @@ def test_flush_reports_a_failure_keeps_the_message_and_resends_it_next_time(serv
 
     missing = tether("outbox", "flush", "--outbox", str(tmp_path / "absent.journal"))
     assert missing.returncode != 0 and "no outbox journal" in missing.stderr
+
+
+def test_a_publish_killed_after_the_server_stored_it_is_stored_once_when_the_next_process_sends_it(server, tmp_path):
+    """Issue 15: the client process dies between the server storing a message and the client
+    learning it (the proxy drops every response). The next process resends it from the durable
+    journal with the same request id; the server answers with the original timetoken and
+    history holds one copy."""
+    journal = str(tmp_path / "outbox.journal")
+    channel = unique("outbox")
+    proxy_port = free_port()
+    proxy = subprocess.Popen([TETHER_BIN, "chaos", "proxy", "--listen", f"127.0.0.1:{proxy_port}", "--upstream", server.origin,
+                              "--fault", "drop 0", "--no-stdin"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=clean_env(), stdin=subprocess.DEVNULL)
+    publisher = None
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", proxy_port), timeout=1).close()
+                break
+            except OSError:
+                assert proxy.poll() is None and time.monotonic() < deadline, "the fault proxy did not start"
+                time.sleep(0.05)
+        publisher = subprocess.Popen([TETHER_BIN, "publish", channel, '{"n":1}', "--outbox", journal,
+                                      "--origin", f"127.0.0.1:{proxy_port}", "--request-id", "cli-request-3"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while not fetch_all(server.origin, channel):
+            assert publisher.poll() is None, publisher.communicate()
+            assert time.monotonic() < deadline, "the server never stored the message"
+            time.sleep(0.05)
+        assert publisher.poll() is None, "the publish never heard the answer, so it is still retrying"
+    finally:
+        if publisher is not None:
+            publisher.kill()
+            publisher.wait()
+        proxy.kill()
+        proxy.wait()
+
+    listed = tether("outbox", "list", "--outbox", journal)
+    assert f"pending publish {channel} request-id=cli-request-3" in listed.stdout, listed.stdout
+    flushed = tether("outbox", "flush", "--outbox", journal, "--origin", server.origin)
+    assert flushed.returncode == 0, flushed.stdout + flushed.stderr
+    assert "flushed 1 message(s): 1 sent, 0 failed" in flushed.stdout, flushed.stdout
+    assert "repeat" in flushed.stdout, flushed.stdout  # the server already had it
+    stored = fetch_all(server.origin, channel)
+    assert [m["message"] for m in stored] == [{"n": 1}], stored

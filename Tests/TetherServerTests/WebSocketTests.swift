@@ -82,6 +82,23 @@ import TetherTestingServer
         await server.stop()
     }
 
+    @Test func aRepeatedRequestIdIsAckedWithTheOriginalTimetokenAndDeliveredOnce() async throws {
+        let server = try await Self.start()
+        let (client, _, _) = try await Self.session(server)
+        client.send(.object(["type": "publish", "requestId": "same-id", "channel": "chat", "message": ["n": 1]]))
+        let first = try #require(await client.frame(ofType: "ack"))
+        #expect(first["repeat"] == nil)
+        client.send(.object(["type": "publish", "requestId": "same-id", "channel": "chat", "message": ["n": 1]]))
+        let second = try #require(await client.frame(ofType: "ack"))
+        #expect(second["timetoken"] == first["timetoken"])
+        #expect(second["repeat"] == .bool(true))
+        let rest = TestServer(inProcess: server)
+        let history = try await rest.object("/v3/history/sub-key/demo/channel/chat")
+        #expect((history["channels"] as? [String: Any])?["chat"].flatMap { $0 as? [Any] }?.count == 1, "stored once")
+        await client.close()
+        await server.stop()
+    }
+
     @Test func restPublishArrivesWithTheLongPollsTimetokenAndCursor() async throws {
         let server = try await Self.start()
         let rest = TestServer(inProcess: server)

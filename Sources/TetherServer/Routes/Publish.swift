@@ -64,6 +64,18 @@ struct PublishRequest {
     /// Fire (`store=0&norep=1`): acknowledged, delivered nowhere.
     var isFire: Bool
     var publisher: String?
+    /// The client's request id (`requestid`, issue #15): a repeat within the server's dedup
+    /// window is answered with the original timetoken.
+    var requestID: String?
+
+    /// The longest request id accepted, in bytes (a UUID is 36).
+    static let maxRequestIDBytes = 64
+
+    /// Whether `text` is a valid request id: 1–64 bytes of printable ASCII, no space.
+    static func isValidRequestID(_ text: String) -> Bool {
+        let bytes = text.utf8
+        return !bytes.isEmpty && bytes.count <= maxRequestIDBytes && bytes.allSatisfy { (0x21...0x7E).contains($0) }
+    }
 
     /// Reads the message (`messageBytes`, already decompressed) and its options. Throws
     /// ``Refusal`` or, for a malformed number, `ParameterError`.
@@ -109,6 +121,12 @@ struct PublishRequest {
         // subscriber and no history.
         isFire = target.kind == .message && !store && wire.query["norep"] == "1"
         publisher = wire.query["uuid"]
+        if let id = wire.query["requestid"] {
+            guard Self.isValidRequestID(id) else {
+                throw target.refuse(.badRequest, "Invalid requestid: 1-64 printable ASCII characters without spaces")
+            }
+            requestID = id
+        }
         self.target = target
     }
 }
@@ -143,8 +161,12 @@ extension TetherResponder {
         }
         let publish = try PublishRequest(target, message: messageBytes, wire)
         switch try await commitPublish(publish, kind: kind) {
-        case .sent(let timetoken):
-            return Reply.json(.ok, "[1,\"Sent\",\"\(timetoken.rawValue)\"]")
+        case .sent(let timetoken, let isRepeat):
+            let body = "[1,\"Sent\",\"\(timetoken.rawValue)\"]"
+            guard isRepeat else { return Reply.json(.ok, body) }
+            // Tether extension: PubNub's answer, plus a header saying nothing new was stored.
+            // Exposed to browsers' scripts too (CORS hides unlisted headers).
+            return Reply.json(.ok, body, extraHeaders: [.tetherDuplicate: "1", .accessControlExposeHeaders: "Tether-Duplicate"])
         case .failed(let status, let text, let retryAfter, let at):
             return Reply.json(status, ErrorBody.publish(text, timetoken: at), extraHeaders: Self.retryAfterHeader(retryAfter))
         }
@@ -152,7 +174,9 @@ extension TetherResponder {
 
     /// What a publish that passed its checks came to.
     enum PublishOutcome {
-        case sent(Timetoken)
+        /// Acknowledged: the timetoken, and whether it was a repeat of a request id the server
+        /// already had (nothing new stored or delivered).
+        case sent(Timetoken, isRepeat: Bool)
         /// A store failure: status, the error array's text, `Retry-After`, the error's timetoken.
         case failed(HTTPResponse.Status, String, retryAfter: Int?, at: Timetoken)
     }
@@ -164,14 +188,14 @@ extension TetherResponder {
         if publish.isFire {
             // Tether has no server-side handlers yet: acknowledged with a fresh timetoken.
             state.metrics.recordPublish(kind: "fire")
-            return .sent(state.hub.currentCursor.successor)
+            return .sent(state.hub.currentCursor.successor, isRepeat: false)
         }
         let retentionHours = publish.ttlHours.flatMap { $0 > 0 ? $0 : nil } ?? target.keyset.historyRetentionHours
         let subscribeKey = target.keyset.subscribeKey
         let channel = target.channel
-        let timetoken: Timetoken
+        let outcome: HubPublishResult
         do {
-            timetoken = try await state.hub.publish({ tt in
+            outcome = try await state.hub.publish({ tt in
                 SubscribeEnvelope(timetoken: tt, subscribeKey: subscribeKey, channel: channel, payload: publish.payload,
                                   publisher: publish.publisher, meta: publish.meta, kind: kind,
                                   customMessageType: publish.customMessageType, sequence: publish.sequence)
@@ -180,7 +204,7 @@ extension TetherResponder {
                               payload: publish.payload, meta: publish.meta, customMessageType: publish.customMessageType,
                               sequence: publish.sequence,
                               expiresAt: retentionHours > 0 ? tt.adding(seconds: retentionHours * 3600) : nil)
-            } : nil)
+            } : nil, dedupKey: publish.requestID.map { DedupKey(subscribeKey: subscribeKey, publisher: publish.publisher, requestID: $0) })
         } catch let error as StoreError {
             // The reservation was abandoned: nothing was delivered, and (unless the outcome is
             // unknown) nothing stored.
@@ -188,7 +212,10 @@ extension TetherResponder {
             let (status, text, retryAfter) = Self.storeFailure(error)
             return .failed(status, text, retryAfter: retryAfter, at: state.hub.currentCursor)
         }
+        if outcome.isRepeat {
+            return .sent(outcome.timetoken, isRepeat: true)
+        }
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : "message")
-        return .sent(timetoken)
+        return .sent(outcome.timetoken, isRepeat: false)
     }
 }

@@ -376,8 +376,8 @@ final class WebSocketConnection: Sendable {
             }
             let request = try PublishRequest(target, message: Array(frame.message.utf8), wire)
             switch try await responder.commitPublish(request, kind: kind) {
-            case .sent(let timetoken):
-                send(WebSocketServerFrame.ack(requestId: frame.requestId, timetoken: timetoken))
+            case .sent(let timetoken, let isRepeat):
+                send(WebSocketServerFrame.ack(requestId: frame.requestId, timetoken: timetoken, isRepeat: isRepeat))
             case .failed(let status, let text, _, _):
                 refuse(Int(status.code), text)
             }
