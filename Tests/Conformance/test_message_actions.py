@@ -336,3 +336,33 @@ def test_history_with_actions_pages_with_more(make_pubnub, origin):
     # The SDK's paging (count, start) walks the same pages.
     older = pn.fetch_messages().channels(ch).include_message_actions(True).start(tts[5]).count(25).sync().result.channels[ch]
     assert [int(m.timetoken) for m in older] == tts[:5]
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+def test_cli_actions_add_list_remove(origin):
+    import os
+    import subprocess
+
+    from helpers import TETHER_BIN
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+
+    def cli(*args):
+        return subprocess.run([TETHER_BIN, "actions", *args, "--origin", origin, "--user-id", "operator"],
+                              capture_output=True, text=True, timeout=30, env=env)
+
+    ch = unique()
+    tt = publish(origin, ch, "m")
+    added = cli("add", ch, str(tt), "reaction", "smile")
+    assert added.returncode == 0, added.stderr
+    action_tt, message_tt, user, type_, value = added.stdout.split()
+    assert (int(message_tt), user, type_, value) == (tt, "operator", "reaction", "smile")
+    listed = cli("list", ch)
+    assert listed.returncode == 0 and listed.stdout.split() == [action_tt, str(tt), "operator", "reaction", "smile"]
+    duplicate = cli("add", ch, str(tt), "reaction", "smile")
+    assert duplicate.returncode == 1 and "Action Already Added" in duplicate.stderr
+    removed = cli("remove", ch, str(tt), action_tt)
+    assert removed.returncode == 0 and removed.stdout.strip() == f"removed {action_tt}"
+    assert cli("list", ch).stdout == ""
+    assert cli("add", ch, "12x", "reaction", "smile").returncode != 0
