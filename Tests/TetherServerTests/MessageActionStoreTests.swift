@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Logging
 import Testing
 @_spi(Benchmarks) import TetherProtocol
@@ -27,7 +28,10 @@ import Testing
     }
 
     private static func withStore(_ body: (MessageStore) async throws -> Void) async throws {
-        let store = try openStore()
+        try await withStore(openStore(), body)
+    }
+
+    private static func withStore(_ store: MessageStore, _ body: (MessageStore) async throws -> Void) async throws {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await store.runWriter() }
             do { try await body(store) } catch {
@@ -99,6 +103,34 @@ import Testing
             #expect(try await store.pruneExpired(now: Timetoken(600)) == 1)
             #expect(try await store.actions(subscribeKey: "k", channel: "c", start: nil, end: nil, limit: 10).actions
                 .map(\.messageTimetoken) == [Timetoken(100)])
+        }
+    }
+
+    @Test func recoveryKeepsActionsOfKeptMessagesAndTheirTimetokens() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-actions-\(UUID().uuidString)").path
+        var logger = Logger(label: "actions-test")
+        logger.logLevel = .critical
+        try await Self.withStore(MessageStore(directory: directory, logger: logger, metrics: ServerMetrics())) { store in
+            try await store.append(Self.message(100))
+            _ = try await store.addAction(Self.action(100, 900))
+        }
+        // An action whose message is gone (as a damaged file can leave it), written without
+        // the foreign key check.
+        var unchecked = Configuration()
+        unchecked.foreignKeysEnabled = false
+        let raw = try DatabaseQueue(path: MessageStore.databasePath(in: directory), configuration: unchecked)
+        try await raw.write { db in
+            try db.execute(sql: "INSERT INTO message_action VALUES ('k', 'c', 55, 950, 'reaction', 'lost', 'u')")
+            try db.execute(sql: "UPDATE server_state SET value = 100 WHERE key = 'highest_timetoken'")
+        }
+        try raw.close()
+        _ = try StoreRecovery.recover(directory: directory)
+        try await Self.withStore(MessageStore(directory: directory, logger: logger, metrics: ServerMetrics())) { store in
+            let kept = try await store.actions(subscribeKey: "k", channel: "c", start: nil, end: nil, limit: 10).actions
+            #expect(kept == [Self.action(100, 900)])
+            // Timetokens stay above every action the file held.
+            let highest = try store.highestTimetoken()
+            #expect(highest >= Timetoken(950))
         }
     }
 }
