@@ -10,7 +10,7 @@ public import TetherProtocol
 /// for await message in room.messages { print(message.payload) }
 /// ```
 ///
-/// Each stream (``messages``, ``signals``, ``presence``) has one consumer; closure listeners
+/// Each stream (``messages``, ``signals``, ``presence``, ``messageActions``) has one consumer; closure listeners
 /// (``onMessage(_:)``…) can be added any number of times. Streams finish when the subscription is
 /// unsubscribed or the client shuts down. Events arrive in timetoken order, each exactly once.
 public final class Subscription: Sendable {
@@ -26,12 +26,17 @@ public final class Subscription: Sendable {
     public let target: Target
     /// Whether presence events (`-pnpres`) are received too.
     public let withPresence: Bool
-    /// Published messages (and files, actions, objects events).
+    /// Published messages (and files and App Context events; message actions have their own
+    /// stream, ``messageActions``).
     public let messages: AsyncStream<ReceivedEvent>
     /// Signals.
     public let signals: AsyncStream<ReceivedEvent>
     /// Presence events (join, leave, timeout, state-change) as received on `-pnpres`.
     public let presence: AsyncStream<ReceivedEvent>
+    /// Message actions added to or removed from the channel's messages (events of kind
+    /// ``EventKind/messageAction``).
+    public let messageActions: AsyncStream<MessageActionEvent>
+    private let actionSink: AsyncStream<MessageActionEvent>.Continuation
     private let messageSink: AsyncStream<ReceivedEvent>.Continuation
     private let signalSink: AsyncStream<ReceivedEvent>.Continuation
     private let presenceSink: AsyncStream<ReceivedEvent>.Continuation
@@ -45,6 +50,7 @@ public final class Subscription: Sendable {
         (messages, messageSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
         (signals, signalSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
         (presence, presenceSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
+        (messageActions, actionSink) = AsyncStream.makeStream(of: MessageActionEvent.self)
     }
 
     /// Adds a closure called for every event (message, signal or presence), in order.
@@ -54,12 +60,17 @@ public final class Subscription: Sendable {
 
     /// Adds a closure called for every message.
     public func onMessage(_ handler: @escaping @Sendable (ReceivedEvent) -> Void) {
-        onEvent { event in if !event.isPresence && event.kind != .signal { handler(event) } }
+        onEvent { event in if !event.isPresence && event.kind != .signal && event.kind != .messageAction { handler(event) } }
     }
 
     /// Adds a closure called for every signal.
     public func onSignal(_ handler: @escaping @Sendable (ReceivedEvent) -> Void) {
         onEvent { event in if event.kind == .signal { handler(event) } }
+    }
+
+    /// Adds a closure called for every message action added or removed.
+    public func onMessageAction(_ handler: @escaping @Sendable (MessageActionEvent) -> Void) {
+        onEvent { event in if let action = event.messageAction { handler(action) } }
     }
 
     /// Adds a closure called for every presence event.
@@ -98,6 +109,8 @@ public final class Subscription: Sendable {
             presenceSink.yield(event)
         } else if event.kind == .signal {
             signalSink.yield(event)
+        } else if event.kind == .messageAction {
+            if let action = event.messageAction { actionSink.yield(action) }
         } else {
             messageSink.yield(event)
         }
@@ -108,6 +121,7 @@ public final class Subscription: Sendable {
         messageSink.finish()
         signalSink.finish()
         presenceSink.finish()
+        actionSink.finish()
     }
 }
 

@@ -107,7 +107,10 @@ package struct Endpoints: Sendable {
     package func fetch(channels: [String], options: FetchOptions) throws(RequestBuildError) -> RequestSpec {
         guard !channels.isEmpty else { throw .invalidArgument("at least one channel is required") }
         for channel in channels { try Self.check(channel: channel) }
-        let ceiling = channels.count == 1 ? 100 : 25
+        if options.includeActions, channels.count != 1 {
+            throw .invalidArgument("fetching with actions takes exactly one channel")
+        }
+        let ceiling = channels.count == 1 && !options.includeActions ? 100 : 25
         let max = min(options.maximumPerChannel ?? ceiling, ceiling)
         guard max >= 1 else { throw .invalidArgument("maximumPerChannel must be at least 1") }
         var query = [QueryItem("max", String(max))]
@@ -119,7 +122,8 @@ package struct Endpoints: Sendable {
             query.append(QueryItem("include_message_type", "true"))
             query.append(QueryItem("include_custom_message_type", "true"))
         }
-        return make(.fetchMessages, "/v3/history/sub-key/\(sub)/channel/\(Self.list(channels))", query, timeout: options.timeout)
+        let family = options.includeActions ? "history-with-actions" : "history"
+        return make(.fetchMessages, "/v3/\(family)/sub-key/\(sub)/channel/\(Self.list(channels))", query, timeout: options.timeout)
     }
 
     /// Message counts since one timetoken (all channels) or one per channel.

@@ -22,7 +22,7 @@ package struct FetchPaginator: Sendable {
 
     /// The page size the server applies to the current request.
     package var pageSize: Int {
-        let ceiling = channels.count == 1 ? 100 : 25
+        let ceiling = channels.count == 1 && !options.includeActions ? 100 : 25
         return min(options.maximumPerChannel ?? ceiling, ceiling)
     }
 

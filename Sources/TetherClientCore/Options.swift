@@ -68,12 +68,17 @@ public struct FetchOptions: Sendable, Hashable {
     public var includePublisher: Bool
     /// Include the message type and custom message type.
     public var includeMessageType: Bool
+    /// Include each message's actions (``HistoryMessage/actions``): one channel per request,
+    /// at most 25 messages per page (history with actions).
+    public var includeActions: Bool = false
     /// A timeout for each request, overriding the configuration's non-subscribe timeout.
     public var timeout: Duration?
 
     /// Creates options.
     public init(start: Timetoken? = nil, end: Timetoken? = nil, maximumPerChannel: Int? = nil, includeMeta: Bool = true,
-                includePublisher: Bool = true, includeMessageType: Bool = true, timeout: Duration? = nil) {
+                includePublisher: Bool = true, includeMessageType: Bool = true, includeActions: Bool = false,
+                timeout: Duration? = nil) {
+        self.includeActions = includeActions
         self.start = start
         self.end = end
         self.maximumPerChannel = maximumPerChannel

@@ -40,6 +40,8 @@ public struct HistoryMessage: Sendable {
     public var customMessageType: String?
     /// Set when the payload could not be decrypted: the status carries the raw payload too.
     public var decryptionError: Status?
+    /// The message's actions, oldest first, when fetched with ``FetchOptions/includeActions``.
+    public var actions: [MessageAction] = []
 
     /// Creates a message.
     public init(channel: String, timetoken: Timetoken, payload: JSONValue, publisher: String? = nil, meta: JSONValue? = nil,
@@ -172,9 +174,11 @@ package enum ResponseDecoding {
                 if let type = item["message_type"] {
                     kind = type.isNull ? .message : type.intValue.flatMap(EventKind.init(rawValue:))
                 }
-                messages.append(HistoryMessage(channel: channel, timetoken: Timetoken(tt), payload: payload,
-                                               publisher: item["uuid"]?.stringValue, meta: meta(item["meta"]), messageType: kind,
-                                               customMessageType: item["custom_message_type"]?.stringValue))
+                var message = HistoryMessage(channel: channel, timetoken: Timetoken(tt), payload: payload,
+                                             publisher: item["uuid"]?.stringValue, meta: meta(item["meta"]), messageType: kind,
+                                             customMessageType: item["custom_message_type"]?.stringValue)
+                message.actions = historyActions(item["actions"], messageTimetoken: Timetoken(tt))
+                messages.append(message)
             }
             result[channel] = messages.sorted { $0.timetoken < $1.timetoken }
         }

@@ -55,6 +55,8 @@ public struct RetryConfiguration: Sendable, Hashable {
         case channelGroups
         /// Access Manager.
         case accessManager
+        /// Message actions: add, remove, get.
+        case messageActions
         /// Time.
         case time
     }
@@ -264,6 +266,7 @@ extension RetryConfiguration.Endpoint {
         case .addChannelsToGroup, .removeChannelsFromGroup, .listChannelsInGroup, .listGroups, .deleteGroup: self = .channelGroups
         case .grant, .grantToken, .revokeToken: self = .accessManager
         case .time: self = .time
+        case .addMessageAction, .removeMessageAction, .fetchMessageActions: self = .messageActions
         }
     }
 }

@@ -48,6 +48,12 @@ public enum TetherOperation: String, Sendable, Hashable, CaseIterable, CustomStr
     case grantToken
     /// Access Manager v3 revoke token.
     case revokeToken
+    /// Add a message action.
+    case addMessageAction
+    /// Remove a message action.
+    case removeMessageAction
+    /// Fetch a channel's message actions.
+    case fetchMessageActions
 
     /// The case name.
     public var description: String { rawValue }

@@ -270,6 +270,33 @@ public final class LongPollHub: Sendable {
         wake(woken, reason: .event)
     }
 
+    /// Publishes an event that follows a write of its own (a message action): reserves the
+    /// event's timetoken, runs `write` with it, then delivers the event — never stored as a
+    /// message — when `write` says so; otherwise, or when `write` throws, the reservation is
+    /// abandoned and nothing is delivered. Returns the timetoken and what `write` returned.
+    package func publishAfterWrite<Outcome: Sendable>(
+        _ makeEnvelope: (Timetoken) -> SubscribeEnvelope,
+        write: (Timetoken) async throws -> (deliver: Bool, outcome: Outcome)
+    ) async throws -> (timetoken: Timetoken, outcome: Outcome) {
+        let now = clock()
+        let probe = makeEnvelope(.zero)
+        let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
+        let timetoken = state.withLock { $0.core.reserve(key, now: now) }
+        let result: (deliver: Bool, outcome: Outcome)
+        do {
+            result = try await write(timetoken)
+        } catch {
+            wake(state.withLock { $0.core.abandon(timetoken) }, reason: .event)
+            throw error
+        }
+        if result.deliver {
+            commit(BufferedEvent(envelope: makeEnvelope(timetoken), isStored: false))
+        } else {
+            wake(state.withLock { $0.core.abandon(timetoken) }, reason: .event)
+        }
+        return (timetoken, result.outcome)
+    }
+
     /// Publishes an event that is never stored (presence events): reserved, committed and
     /// delivered at once.
     @discardableResult

@@ -214,6 +214,7 @@ public final class MessageStore: Sendable {
         }
         Self.registerPresenceMigration(in: &migrator)
         Self.registerPublishRecordMigration(in: &migrator)
+        Self.registerActionMigration(in: &migrator)
         return migrator
     }
 

@@ -35,6 +35,8 @@ enum ParameterBounds {
     static let hereNowLimit: ClosedRange<Int> = 0...Int(Int32.max)
     /// Here-now `offset`.
     static let hereNowOffset: ClosedRange<Int> = 0...Int(Int32.max)
+    /// Message actions `limit`: 1…100 (larger values are served as 100, as PubNub does).
+    static let actionsLimit: ClosedRange<Int> = 1...Int(Int32.max)
     /// v2 grant `ttl`, in minutes: 0 (no expiry) … 525,600 (one year), PubNub's range.
     static let grantTTLMinutes: ClosedRange<Int> = 0...525_600
 }

@@ -26,6 +26,9 @@ public enum Route: String, CaseIterable, Sendable {
     case grant, audit
     case grantToken = "grant-token"
     case revokeToken = "revoke-token"
+    case addMessageAction = "add-message-action"
+    case removeMessageAction = "remove-message-action"
+    case getMessageActions = "get-message-actions"
     case health, metrics
 
     /// What a route requires on a keyset with Access Manager on (one with a secret key).
@@ -50,10 +53,10 @@ public enum Route: String, CaseIterable, Sendable {
         switch self {
         case .options, .time, .health, .metrics: .open
         case .whereNow: .none
-        case .publish, .signal: .permission(.write)
-        case .subscribe, .history, .fetch, .historyWithActions, .messageCounts, .hereNow, .heartbeat, .getState:
+        case .publish, .signal, .addMessageAction: .permission(.write)
+        case .subscribe, .history, .fetch, .historyWithActions, .messageCounts, .hereNow, .heartbeat, .getState, .getMessageActions:
             .permission(.read)
-        case .deleteMessages: .permission(.delete)
+        case .deleteMessages, .removeMessageAction: .permission(.delete)
         case .leave, .setState: .actingAs(.read)
         case .groupChannels, .groupUpdate, .groupDelete: .permission(.manage)
         case .hereNowGlobal, .groupList, .grant, .audit, .grantToken, .revokeToken: .admin
@@ -68,6 +71,7 @@ public enum Route: String, CaseIterable, Sendable {
         case .history, .fetch, .historyWithActions, .deleteMessages, .messageCounts: "Storage"
         case .groupList, .groupChannels, .groupUpdate, .groupDelete: "channel-registry"
         case .grant, .audit, .grantToken, .revokeToken: "Access Manager"
+        case .addMessageAction, .removeMessageAction, .getMessageActions: "actions"
         case .options, .time, .publish, .signal, .health, .metrics: "Tether"
         }
     }
@@ -79,7 +83,7 @@ public enum Route: String, CaseIterable, Sendable {
         switch self {
         case .options, .time, .health, .metrics: nil
         case .publish, .signal: (.publish, 2)
-        case .subscribe, .grantToken, .revokeToken: (.request, 2)
+        case .subscribe, .grantToken, .revokeToken, .addMessageAction, .removeMessageAction, .getMessageActions: (.request, 2)
         case .grant, .audit: (.request, 4)
         case .history, .fetch, .historyWithActions, .deleteMessages, .messageCounts, .hereNowGlobal, .hereNow, .whereNow,
              .heartbeat, .leave, .getState, .setState, .groupList, .groupChannels, .groupUpdate, .groupDelete:
@@ -126,6 +130,13 @@ public enum Route: String, CaseIterable, Sendable {
         case (.get, "v2") where s.count == 5 && s[1] == "auth" && s[2] == "audit" && s[3] == "sub-key": return .audit
         case (.post, "v3") where s.count == 4 && s[1] == "pam" && s[3] == "grant": return .grantToken
         case (.delete, "v3") where s.count == 5 && s[1] == "pam" && s[3] == "grant": return .revokeToken
+        case (_, "v1") where s.count >= 5 && s[1] == "message-actions" && s[3] == "channel":
+            switch (method, s.count, at(5), at(7)) {
+            case (.get, 5, _, _): return .getMessageActions
+            case (.post, 7, "message", _): return .addMessageAction
+            case (.delete, 9, "message", "action"): return .removeMessageAction
+            default: return nil
+            }
         case (.get, "health") where s.count == 1: return .health
         case (.get, "metrics") where s.count == 1: return .metrics
         default: return nil

@@ -119,7 +119,11 @@ public enum StoreRecovery {
         logger.logLevel = .critical
         try MessageStore(directory: scratch, logger: logger, metrics: ServerMetrics()).close()
         let freshPath = MessageStore.databasePath(in: scratch)
-        let fresh = try DatabaseQueue(path: freshPath)
+        // Foreign keys off while copying: a message action whose message was lost is removed
+        // afterwards, rather than stopping its table's salvage at the first such row.
+        var copying = Configuration()
+        copying.foreignKeysEnabled = false
+        let fresh = try DatabaseQueue(path: freshPath, configuration: copying)
 
         var tables: [StoreRecoveryReport.Table] = []
         var unreadable: String?
@@ -143,6 +147,16 @@ public enum StoreRecovery {
             try db.execute(sql: """
                 INSERT INTO server_state (key, value) SELECT 'highest_timetoken', max(timetoken) FROM message WHERE true HAVING count(*) > 0
                 ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
+                """)
+            try db.execute(sql: """
+                INSERT INTO server_state (key, value) SELECT 'highest_timetoken', max(action_tt) FROM message_action WHERE true
+                HAVING count(*) > 0
+                ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
+                """)
+            try db.execute(sql: """
+                DELETE FROM message_action WHERE NOT EXISTS (
+                    SELECT 1 FROM message m WHERE m.sub_key = message_action.sub_key AND m.channel = message_action.channel
+                    AND m.timetoken = message_action.message_tt)
                 """)
         }
         try fresh.close()

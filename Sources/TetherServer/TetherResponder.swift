@@ -79,6 +79,13 @@ public struct TetherResponder: HTTPResponder {
         let s = wire.segments
         guard let route = Route.classify(request.method, s, wire) else {
             let family = s.count > 1 ? s[1] : nil
+            if family == "message-actions", s.first == "v1" {
+                // A message-actions path with a method it does not take (or a shape it does not
+                // have): PubNub's actions error object.
+                let known = s.count == 5 || (s.count == 7 && s[5] == "message") || (s.count == 9 && s[5] == "message" && s[7] == "action")
+                return ("unknown", known ? Reply.actionsError(.methodNotAllowed, "Method Not Allowed")
+                                         : Reply.actionsError(.notFound, "Not found: '\(request.uri.path)'"))
+            }
             let service = family == "presence" ? "Presence" : family == "channel-registration" ? "channel-registry" : "Tether"
             return ("unknown", Reply.error(.notFound, service: service, "Not found: '\(request.uri.path)'"))
         }
@@ -105,6 +112,9 @@ public struct TetherResponder: HTTPResponder {
             case .audit: response = try await grantV2(wire, audit: true)
             case .grantToken: response = try await grantToken(request, wire)
             case .revokeToken: response = try await revokeToken(wire)
+            case .addMessageAction: response = try await addMessageAction(request, wire)
+            case .removeMessageAction: response = try await removeMessageAction(wire)
+            case .getMessageActions: response = try await getMessageActions(wire)
             case .health: response = await health()
             case .metrics: response = metrics()
             }
@@ -173,6 +183,8 @@ public struct TetherResponder: HTTPResponder {
             return Reply.publishError(.badRequest, message, timetoken: now)
         case .fetch, .historyWithActions, .deleteMessages, .messageCounts:
             return Reply.historyError(.badRequest, message)
+        case .addMessageAction, .removeMessageAction, .getMessageActions:
+            return Reply.actionsError(.badRequest, message)
         default:
             return Reply.error(.badRequest, service: route.service, message)
         }

@@ -178,6 +178,12 @@ SPECS: list[Spec] = [
          {"uuid": "admin", "auth": "hostile-auth", "channel": "hostile-ch", "channel-group": "hostile-group"}, admin=True),
     Spec("grantToken", "POST", "/v3/pam/{sub}/grant", {"uuid": "admin"}, body=GRANT_BODY, admin=True),
     Spec("revokeToken", "DELETE", "/v3/pam/{sub}/grant/{token}", {"uuid": "admin"}, admin=True),
+    Spec("getMessageActions", "GET", "/v1/message-actions/{sub}/channel/{ch}",
+         {"uuid": UUID, "start": "99999999999999999", "end": "1", "limit": "10"},
+         numeric={"start": "timetoken", "end": "timetoken", "limit": "actionsLimit"}),
+    Spec("addMessageAction", "POST", "/v1/message-actions/{sub}/channel/{ch}/message/{mtt}", {"uuid": UUID},
+         body='{"type":"reaction","value":"smile"}'),
+    Spec("removeMessageAction", "DELETE", "/v1/message-actions/{sub}/channel/{ch}/message/{mtt}/action/{att}", {"uuid": UUID}),
     Spec("health", "GET", "/health", {}),
     Spec("metrics", "GET", "/metrics", {}),
 ]
@@ -356,7 +362,8 @@ def build_case(spec: Spec, keyset_name: str, param: str, cls: str, raw_value: st
                body: bytes | None = None, duplicate_first: bool | None = None) -> Case:
     keyset = KEYSETS[keyset_name]
     path_values = {"pub": keyset["publishKey"], "sub": keyset["subscribeKey"], "ch": "hostile-ch", "uuid": UUID,
-                   "group": "hostile-group", "msg": MSG, "token": "qEF2AkF0GmXYZ"}
+                   "group": "hostile-group", "msg": MSG, "token": "qEF2AkF0GmXYZ",
+                   "mtt": "15000000000000000", "att": "15000000000000001"}
     raw_path_values = {k: enc(v) for k, v in path_values.items()}
     query = dict(spec.query)
     if spec.route not in ("time", "health", "metrics", "options"):
@@ -468,6 +475,9 @@ def body_shape(r: Resp, route: str) -> str:
         return "publish-array"
     assert isinstance(body, dict), body
     assert body.get("status") == str(r.status), f"status {body.get('status')} in the body of a {r.status}: {body}"
+    if isinstance(body.get("error"), dict) and body["error"].get("source") == "actions":
+        assert isinstance(body["error"].get("message"), str) and body["error"]["message"], body
+        return "actions-error-object"
     if isinstance(body.get("error"), dict):
         assert isinstance(body["error"].get("message"), str) and body.get("service") == "Access Manager", body
         return "pam-error-object"

@@ -403,13 +403,17 @@ import TetherProtocol
         case .grant, .audit: 4
         case .grantToken: 2
         case .revokeToken: 4
+        case .getMessageActions: 4
+        case .addMessageAction: 6
+        case .removeMessageAction: 8
         }
     }
 
     @Test func everyClassifiedRouteHasTheSegmentsItsHandlerReads() async {
         let words = ["publish", "signal", "v1", "v2", "v3", "subscribe", "history", "history-with-actions", "sub-key", "channel",
                      "message-counts", "presence", "uuid", "heartbeat", "leave", "data", "channel-registration", "channel-group",
-                     "remove", "auth", "grant", "audit", "pam", "time", "0", "health", "metrics", "demo", "", "%"]
+                     "remove", "auth", "grant", "audit", "pam", "time", "0", "health", "metrics", "demo", "", "%",
+                     "message-actions", "message", "action"]
         let segments = Gen<String?>.element(of: words).map { $0! }.array(of: 0...10)
         let method = Gen<HTTPRequest.Method?>.element(of: [.get, .post, .delete, .put, .head, .options]).map { $0! }
         let query = Gen<String?>.element(of: ["", "channel-group=g", "add=a", "remove=r", "add=&remove="]).map { $0! }
@@ -443,6 +447,9 @@ import TetherProtocol
             .grant: (.get, "/v2/auth/grant/sub-key/s", ""), .audit: (.get, "/v2/auth/audit/sub-key/s", ""),
             .grantToken: (.post, "/v3/pam/s/grant", ""), .revokeToken: (.delete, "/v3/pam/s/grant/t", ""),
             .health: (.get, "/health", ""), .metrics: (.get, "/metrics", ""),
+            .getMessageActions: (.get, "/v1/message-actions/s/channel/c", ""),
+            .addMessageAction: (.post, "/v1/message-actions/s/channel/c/message/1", ""),
+            .removeMessageAction: (.delete, "/v1/message-actions/s/channel/c/message/1/action/2", ""),
         ]
         for route in Route.allCases {
             let (method, path, query) = try #require(templates[route], "no template for \(route)")

@@ -26,6 +26,7 @@ import TetherServerCore
         .whereNow: .none,
         .leave: .actingAs(.read), .setState: .actingAs(.read),
         .groupChannels: .permission(.manage), .groupUpdate: .permission(.manage), .groupDelete: .permission(.manage),
+        .addMessageAction: .permission(.write), .getMessageActions: .permission(.read), .removeMessageAction: .permission(.delete),
         .hereNowGlobal: .admin, .groupList: .admin, .grant: .admin, .audit: .admin, .grantToken: .admin, .revokeToken: .admin,
     ]
 
@@ -74,6 +75,12 @@ import TetherServerCore
             return Sample(method: .POST, path: "/v3/pam/\(sub)/grant",
                           body: #"{"ttl":5,"permissions":{"resources":{"channels":{"\#(r)":1}}}}"#)
         case .revokeToken: return Sample(method: .DELETE, path: "/v3/pam/\(sub)/grant/not-a-token")
+        case .addMessageAction:
+            return Sample(method: .POST, path: "/v1/message-actions/\(sub)/channel/\(r)/message/15000000000000000",
+                          body: #"{"type":"reaction","value":"smile"}"#)
+        case .removeMessageAction:
+            return Sample(method: .DELETE, path: "/v1/message-actions/\(sub)/channel/\(r)/message/15000000000000000/action/15000000000000001")
+        case .getMessageActions: return Sample(path: "/v1/message-actions/\(sub)/channel/\(r)")
         }
     }
 

@@ -170,6 +170,11 @@ extension TetherResponder {
             let messages = try await store.history(subscribeKey: subscribeKey, channel: channel, start: start, end: end,
                                                    count: max, reverse: false)
             guard !messages.isEmpty else { return ([], nil, false) }
+            // History with actions: every action of the page's messages, in one range read.
+            let actions = withActions
+                ? try await store.actions(subscribeKey: subscribeKey, channel: channel, messagesFrom: messages[0].timetoken,
+                                          through: messages[messages.count - 1].timetoken)
+                : [:]
             var w = JSONWriter(capacity: 64 + messages.reduce(0) { $0 + $1.payload.utf8.count + ($1.meta?.utf8.count ?? 0) + 96 })
             if !first { w.raw(",") }
             w.string(channel)
@@ -196,7 +201,7 @@ extension TetherResponder {
                     w.raw(",\"custom_message_type\":")
                     if let cmt = m.customMessageType { w.string(cmt) } else { w.raw("null") }
                 }
-                if withActions { w.raw(",\"actions\":{}") }
+                if withActions { Self.writeActions(&w, actions[m.timetoken] ?? []) }
                 w.raw("}")
             }
             w.raw("]")
@@ -237,6 +242,41 @@ extension TetherResponder {
             try await writer.finish(nil)
         }
         return Reply.json(.ok, body: body)
+    }
+
+    /// A message's actions as history with actions answers them (PubNub's shape):
+    /// `"actions":{"<type>":{"<value>":[{"uuid":"…","actionTimetoken":"…"}]}}`, oldest first.
+    static func writeActions(_ w: inout JSONWriter, _ actions: [StoredAction]) {
+        w.raw(",\"actions\":{")
+        var types: [String] = []
+        var byType: [String: [String: [StoredAction]]] = [:]
+        var valueOrder: [String: [String]] = [:]
+        for action in actions {
+            if byType[action.type] == nil { types.append(action.type) }
+            if byType[action.type, default: [:]][action.value] == nil { valueOrder[action.type, default: []].append(action.value) }
+            byType[action.type, default: [:]][action.value, default: []].append(action)
+        }
+        for (i, type) in types.enumerated() {
+            if i > 0 { w.raw(",") }
+            w.string(type)
+            w.raw(":{")
+            for (j, value) in (valueOrder[type] ?? []).enumerated() {
+                if j > 0 { w.raw(",") }
+                w.string(value)
+                w.raw(":[")
+                for (k, action) in (byType[type]?[value] ?? []).enumerated() {
+                    if k > 0 { w.raw(",") }
+                    w.raw("{\"uuid\":")
+                    w.string(action.uuid)
+                    w.raw(",\"actionTimetoken\":")
+                    w.timetokenString(action.actionTimetoken)
+                    w.raw("}")
+                }
+                w.raw("]")
+            }
+            w.raw("}")
+        }
+        w.raw("}")
     }
 
     // MARK: - Delete

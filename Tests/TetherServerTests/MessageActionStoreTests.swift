@@ -1,0 +1,136 @@
+import Foundation
+import GRDB
+import Logging
+import Testing
+@_spi(Benchmarks) import TetherProtocol
+@testable import TetherServer
+
+/// Message actions in the store: tied to their message (refused without one, removed with it
+/// by a history delete and by retention), duplicates refused, pages newest-first with `more`.
+@Suite struct MessageActionStoreTests {
+    private static func openStore() throws -> MessageStore {
+        var logger = Logger(label: "actions-test")
+        logger.logLevel = .critical
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-actions-\(UUID().uuidString)").path
+        return try MessageStore(directory: directory, logger: logger, metrics: ServerMetrics())
+    }
+
+    private static func message(_ tt: UInt64, channel: String = "c", expiresAt: UInt64? = nil) -> StoredMessage {
+        StoredMessage(subscribeKey: "k", channel: channel, timetoken: Timetoken(tt), publisher: "p", payload: "\"m\"", meta: nil,
+                      customMessageType: nil, sequence: nil, expiresAt: expiresAt.map { Timetoken($0) })
+    }
+
+    private static func action(_ message: UInt64, _ tt: UInt64, value: String = "v", uuid: String = "u", channel: String = "c")
+        -> StoredAction
+    {
+        StoredAction(subscribeKey: "k", channel: channel, messageTimetoken: Timetoken(message), actionTimetoken: Timetoken(tt),
+                     type: "reaction", value: value, uuid: uuid)
+    }
+
+    private static func withStore(_ body: (MessageStore) async throws -> Void) async throws {
+        try await withStore(openStore(), body)
+    }
+
+    private static func withStore(_ store: MessageStore, _ body: (MessageStore) async throws -> Void) async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await store.runWriter() }
+            do { try await body(store) } catch {
+                store.finish()
+                throw error
+            }
+            store.finish()
+            try await group.waitForAll()
+        }
+        try store.close()
+    }
+
+    @Test func anActionNeedsItsMessageAndIsAddedOncePerUUID() async throws {
+        try await Self.withStore { store in
+            try await store.append(Self.message(100))
+            #expect(try await store.addAction(Self.action(99, 200)) == .messageNotFound)
+            #expect(try await store.addAction(Self.action(100, 200, channel: "other")) == .messageNotFound)
+            #expect(try await store.addAction(Self.action(100, 201)) == .added)
+            #expect(try await store.addAction(Self.action(100, 202)) == .duplicate)
+            #expect(try await store.addAction(Self.action(100, 203, uuid: "someone-else")) == .added)
+            #expect(try await store.actionCount() == 2)
+            // The action's timetoken raises the sequencer's floor.
+            #expect(try store.highestTimetoken() == Timetoken(203))
+        }
+    }
+
+    @Test func removalChecksTheUUID() async throws {
+        try await Self.withStore { store in
+            try await store.append(Self.message(100))
+            _ = try await store.addAction(Self.action(100, 201))
+            #expect(try await store.removeAction(subscribeKey: "k", channel: "c", messageTimetoken: Timetoken(100),
+                                                 actionTimetoken: Timetoken(201), uuid: "intruder") == .wrongUUID)
+            #expect(try await store.removeAction(subscribeKey: "k", channel: "c", messageTimetoken: Timetoken(101),
+                                                 actionTimetoken: Timetoken(201), uuid: "u") == .notFound)
+            #expect(try await store.removeAction(subscribeKey: "k", channel: "c", messageTimetoken: Timetoken(100),
+                                                 actionTimetoken: Timetoken(201), uuid: "u") == .removed(Self.action(100, 201)))
+            #expect(try await store.actionCount() == 0)
+        }
+    }
+
+    @Test func pagesAreTheNewestBeforeStartOldestFirst() async throws {
+        try await Self.withStore { store in
+            try await store.append(Self.message(100))
+            for i in 0..<5 { _ = try await store.addAction(Self.action(100, UInt64(201 + i), value: "\(i)")) }
+            let first = try await store.actions(subscribeKey: "k", channel: "c", start: nil, end: nil, limit: 2)
+            #expect(first.actions.map(\.value) == ["3", "4"] && first.more)
+            let second = try await store.actions(subscribeKey: "k", channel: "c", start: Timetoken(204), end: nil, limit: 2)
+            #expect(second.actions.map(\.value) == ["1", "2"] && second.more)
+            let last = try await store.actions(subscribeKey: "k", channel: "c", start: Timetoken(202), end: nil, limit: 2)
+            #expect(last.actions.map(\.value) == ["0"] && !last.more)
+            let bounded = try await store.actions(subscribeKey: "k", channel: "c", start: nil, end: Timetoken(203), limit: 2)
+            #expect(bounded.actions.map(\.value) == ["3", "4"] && bounded.more)
+            let byMessage = try await store.actions(subscribeKey: "k", channel: "c", messagesFrom: Timetoken(100), through: Timetoken(100))
+            #expect(byMessage[Timetoken(100)]?.map(\.value) == ["0", "1", "2", "3", "4"])
+        }
+    }
+
+    @Test func actionsLeaveWithTheirMessageOnDeleteAndRetention() async throws {
+        try await Self.withStore { store in
+            try await store.append(Self.message(100))
+            try await store.append(Self.message(101))
+            try await store.append(Self.message(102, expiresAt: 500))
+            _ = try await store.addAction(Self.action(100, 201))
+            _ = try await store.addAction(Self.action(101, 202))
+            _ = try await store.addAction(Self.action(102, 203))
+            try await store.delete(subscribeKey: "k", channel: "c", start: Timetoken(100), end: Timetoken(101))
+            #expect(try await store.actions(subscribeKey: "k", channel: "c", start: nil, end: nil, limit: 10).actions
+                .map(\.messageTimetoken) == [Timetoken(100), Timetoken(102)])
+            #expect(try await store.pruneExpired(now: Timetoken(600)) == 1)
+            #expect(try await store.actions(subscribeKey: "k", channel: "c", start: nil, end: nil, limit: 10).actions
+                .map(\.messageTimetoken) == [Timetoken(100)])
+        }
+    }
+
+    @Test func recoveryKeepsActionsOfKeptMessagesAndTheirTimetokens() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-actions-\(UUID().uuidString)").path
+        var logger = Logger(label: "actions-test")
+        logger.logLevel = .critical
+        try await Self.withStore(MessageStore(directory: directory, logger: logger, metrics: ServerMetrics())) { store in
+            try await store.append(Self.message(100))
+            _ = try await store.addAction(Self.action(100, 900))
+        }
+        // An action whose message is gone (as a damaged file can leave it), written without
+        // the foreign key check.
+        var unchecked = Configuration()
+        unchecked.foreignKeysEnabled = false
+        let raw = try DatabaseQueue(path: MessageStore.databasePath(in: directory), configuration: unchecked)
+        try await raw.write { db in
+            try db.execute(sql: "INSERT INTO message_action VALUES ('k', 'c', 55, 950, 'reaction', 'lost', 'u')")
+            try db.execute(sql: "UPDATE server_state SET value = 100 WHERE key = 'highest_timetoken'")
+        }
+        try raw.close()
+        _ = try StoreRecovery.recover(directory: directory)
+        try await Self.withStore(MessageStore(directory: directory, logger: logger, metrics: ServerMetrics())) { store in
+            let kept = try await store.actions(subscribeKey: "k", channel: "c", start: nil, end: nil, limit: 10).actions
+            #expect(kept == [Self.action(100, 900)])
+            // Timetokens stay above every action the file held.
+            let highest = try store.highestTimetoken()
+            #expect(highest >= Timetoken(950))
+        }
+    }
+}
