@@ -158,6 +158,8 @@ public final class HTTPClientTransport: Transport {
                     switch io.errnoCode {
                     case ECONNREFUSED: return .connectionRefused
                     case ETIMEDOUT: return .timedOut
+                    // Accepted, then reset (a proxy or load balancer cutting connections as they open).
+                    case ECONNRESET, EPIPE: return .connectionClosed(String(describing: io))
                     default: return .unreachable(String(describing: io))
                     }
                 }

@@ -97,6 +97,8 @@ final class SubscribeEngine: Sendable {
                         send { machine, now in machine.subscribeSucceeded(id, response: response, gaps: gaps, now: now) }
                     } catch {
                         let status = error.status
+                        logger.debug("subscribe failed", metadata: ["category": "\(status.category)",
+                                                                    "error": "\(status.error.map { String(describing: $0) } ?? "-")"])
                         send { [self] machine, now in machine.subscribeFailed(id, status: status, now: now, randomness: random()) }
                     }
                 }
