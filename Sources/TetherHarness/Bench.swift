@@ -412,6 +412,10 @@ package struct Bench: AsyncParsableCommand {
             if let lag = report.fanout.compactMap(\.maxScheduleLagMs).max(), lag > 100 {
                 lines.append("  ! the paced publisher fell up to \(fixed(lag, 0)) ms behind its schedule: the rate was not sustained")
             }
+            for r in report.fanout where r.subscribersDropped > 0 {
+                lines.append("  ! \(r.subscribersDropped) of \(r.subscribers) subscribers were disconnected by the server during the run"
+                             + (r.firstDropReason.map { " (first: \($0))" } ?? ""))
+            }
             if report.fanout.contains(where: { !$0.complete }) {
                 lines.append("  ! drain timed out: subscribers were still catching up, so `missing` counts messages not yet "
                              + "delivered (not necessarily lost)")

@@ -44,8 +44,13 @@ struct FanoutResult: Codable, Sendable {
     var duplicates: Int
     /// Messages whose timetoken was not above the previous one, summed over subscribers.
     var outOfOrder: Int
-    /// Non-200 subscribe responses.
+    /// Non-200 subscribe responses (WebSocket: `error` and `notice` frames).
     var subscribeErrors: Int
+    /// Subscribers whose connection the server closed before the end of the run (WebSocket: a
+    /// slow consumer is closed with 4003).
+    var subscribersDropped: Int = 0
+    /// Why the first of them was closed, if known.
+    var firstDropReason: String?
     /// Long-poll responses (or WebSocket `subscribed` and `messages` frames) received, summed over subscribers.
     var subscribeResponses: Int
     /// The server's CPU time (user + system) from the first publish until every subscriber had
@@ -383,6 +388,7 @@ struct BenchRunner {
         let complete = try await waitForDelivery(progress, expected: published, timeout: .seconds(max(30, duration * 3)))
         let caughtUp = benchNow()
         let serverSeconds = meter.serverSeconds()
+        let dropped = progress.filter { $0.closed.load(ordering: .acquiring) }
         await close(publisherChannels + floodChannels)
         await closeSubscribers(subscriberChannels, transport: transport)
         let reports = reports(progress)
@@ -409,6 +415,10 @@ struct BenchRunner {
             result.subscribeResponses += report.responses
         }
         result.deliveriesPerSecond = Double(result.deliveries) / seconds(start, max(lastDelivery, stoppedAt))
+        result.subscribersDropped = dropped.count
+        result.firstDropReason = dropped.first.map { p in
+            p.session.withLock { $0.closeCode.map { "close code \($0)" } ?? $0.lastError ?? "connection closed" }
+        }
         if let serverSeconds, result.deliveries > 0 {
             result.serverMicrosPerDelivery = serverSeconds * 1e6 / Double(result.deliveries)
         }
