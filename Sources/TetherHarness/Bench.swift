@@ -460,7 +460,8 @@ package struct Bench: AsyncParsableCommand {
             case .connection: websocket ? "welcomed, not subscribed" : "connected, no request sent"
             default: "one channel each"
             }
-            lines.append("Idle memory — \(grouped(Double(r.longPolls))) \(what)s, \(shape) (open-file limit \(r.openFileLimit))")
+            let plural = websocket && isConnection ? "idle sessions (hello only)" : what + "s"
+            lines.append("Idle memory — \(grouped(Double(r.longPolls))) \(plural), \(shape) (open-file limit \(r.openFileLimit))")
             lines.append("  server VmRSS: \(grouped(Double(r.rssBeforeKiB))) KiB before, \(grouped(Double(r.rssAfterKiB))) KiB with them open"
                          + (websocket ? " (\(grouped(Double(r.waitingOnServer))) ready)"
                             : isConnection ? "" : " (\(grouped(Double(r.waitingOnServer))) waiting)"))
