@@ -43,6 +43,15 @@ package struct Bench: AsyncParsableCommand {
             requests for the large channel (its occupancy is checked) and the server's CPU over \
             --idle-seconds with everyone present and no requests. RSS and CPU need a spawned server.
 
+            --transport websocket: the fan-out, latency and memory subscribers are WebSocket sessions \
+            (GET /v2/ws, hello, subscribe) instead of long-polls; publishing stays REST. The memory \
+            run then holds idle sessions.
+
+            resume (only when named): --resume-sessions WebSocket sessions subscribe, drop their \
+            sockets without `bye`, --resume-missed messages are published, and after --drop-seconds \
+            they resume with their token and cursor. Reports hello → last replayed message and checks \
+            that every missed message arrives exactly once, in order.
+
             The client and a spawned server share the machine's CPUs; see docs/benchmarks.md.
 
             `tether bench soak` runs mixed legitimate and hostile load for minutes and reports the \
@@ -53,15 +62,20 @@ package struct Bench: AsyncParsableCommand {
 
     /// Which measurement to run.
     enum Scenario: String, ExpressibleByArgument, CaseIterable, Sendable {
-        /// The fan-out, latency, memory or presence run, or all four in that order.
-        case fanout, latency, memory, presence, all
+        /// The fan-out, latency, memory or presence run, or all four in that order; or the
+        /// WebSocket resume run (not part of `all`).
+        case fanout, latency, memory, presence, resume, all
         /// Fan-out publish throughput without and with request ids (not part of `all`).
         case publishDedup = "publish-dedup"
     }
 
     /// Which runs to do.
-    @Option(help: "fanout, latency, memory, presence, all (those four), or publish-dedup.")
+    @Option(help: "fanout, latency, memory, presence, all (those four), resume or publish-dedup.")
     var scenario: Scenario = .all
+
+    /// The subscribers' wire.
+    @Option(help: "Subscribers' wire for fanout, latency and memory: long-poll or websocket.")
+    var transport: BenchTransport = .longPoll
 
     /// Every fan-out publish carries a unique request id.
     @Flag(name: .customLong("request-ids"), help: "Fan-out: every publish carries a unique requestid (the server's deduplication check).")
@@ -70,6 +84,18 @@ package struct Bench: AsyncParsableCommand {
     /// Runs of each variant in the publish-dedup scenario.
     @Option(name: .customLong("dedup-rounds"), help: "publish-dedup: alternating runs of each variant (without, with request ids).")
     var dedupRounds: Int = 3
+
+    /// Sessions in the resume run.
+    @Option(name: .customLong("resume-sessions"), help: "Resume run: WebSocket sessions that drop and resume.")
+    var resumeSessions: Int = 1
+
+    /// Messages published while the resume run's sessions are away.
+    @Option(name: .customLong("resume-missed"), help: "Resume run: messages published while the sessions are away.")
+    var resumeMissed: Int = 5_000
+
+    /// Seconds the resume run's sessions stay away.
+    @Option(name: .customLong("drop-seconds"), help: "Resume run: seconds from the drop to the resume.")
+    var dropSeconds: Double = 30
 
     /// An external server to measure instead of spawning one.
     @Option(help: "Measure an already-running server (http://host:port) instead of spawning one.")
@@ -181,6 +207,8 @@ package struct Bench: AsyncParsableCommand {
             throw ValidationError("--here-now-requests, --presence-connections and --heartbeat-rounds must be positive")
         }
         guard idleSeconds > 0 else { throw ValidationError("--idle-seconds must be positive") }
+        guard resumeSessions > 0, resumeMissed > 0 else { throw ValidationError("--resume-sessions and --resume-missed must be positive") }
+        guard dropSeconds >= 0 else { throw ValidationError("--drop-seconds must not be negative") }
         if let url, BenchTarget(url: url) == nil { throw ValidationError("--url must look like http://127.0.0.1:8090") }
     }
 
@@ -202,6 +230,8 @@ package struct Bench: AsyncParsableCommand {
         var presence: PresenceResult?
         /// Publish throughput without and with request ids.
         var publishDedup: PublishDedupResult?
+        /// WebSocket resume run.
+        var resume: ResumeResult?
         /// Things the reader should know (skipped runs, limits).
         var notes: [String] = []
     }
@@ -218,6 +248,7 @@ package struct Bench: AsyncParsableCommand {
         let runMemory = scenario == .memory || scenario == .all
         let runPresence = scenario == .presence || scenario == .all
         let runPublishDedup = scenario == .publishDedup
+        let runResume = scenario == .resume
         var report = Report(machine: .current(), server: external?.url ?? "spawned", clientThreads: threads)
 
         // Every connection is a file descriptor on both sides; children inherit the limit.
@@ -240,7 +271,8 @@ package struct Bench: AsyncParsableCommand {
                 for count in subscriberCounts {
                     let result = try await withServer(external) { target, pid in
                         try await runner.fanout(target: target, serverPID: pid, subscribers: count, publishers: publishers,
-                                                rate: fanoutRate, duration: duration, store: !noStore, requestIDs: requestIDs)
+                                                rate: fanoutRate, duration: duration, store: !noStore, requestIDs: requestIDs,
+                                                transport: transport)
                     }
                     report.fanout.append(result)
                     if !json { benchLog(Self.describe(result)) }
@@ -256,7 +288,7 @@ package struct Bench: AsyncParsableCommand {
                         let run = try await withServer(external) { target, pid in
                             try await runner.fanout(target: target, serverPID: pid, subscribers: result.subscribers,
                                                     publishers: publishers, rate: nil, duration: duration, store: !noStore,
-                                                    requestIDs: withIDs)
+                                                    requestIDs: withIDs, transport: transport)
                         }
                         if withIDs { result.with.append(run) } else { result.without.append(run) }
                         if !json { benchLog((withIDs ? "with request ids: " : "without: ") + Self.describe(run)) }
@@ -267,16 +299,19 @@ package struct Bench: AsyncParsableCommand {
             if runLatency {
                 report.latency = try await withServer(external) { target, pid in
                     try await runner.latency(target: target, serverPID: pid, subscribers: latencySubscribers, rate: rate, duration: duration,
-                                             warmup: warmup, store: !noStore)
+                                             warmup: warmup, store: !noStore, transport: transport)
                 }
             }
             if runMemory {
                 if external != nil {
                     report.notes.append("memory run skipped: it needs a server spawned by the bench (drop --url)")
                 } else {
-                    let server = try await BenchServer(subscribeTimeout: 300)
+                    // Above the WebSocket connection bound's default (10,000), so the sessions fit.
+                    let server = try await BenchServer(subscribeTimeout: 300,
+                                                       extraArguments: ["--ws-max-connections", String(longPollCount + 1_000)])
                     do {
-                        report.memory = try await runner.memory(server: server, count: longPollCount, mode: idle, openFileLimit: limit)
+                        report.memory = try await runner.memory(server: server, count: longPollCount, mode: idle, openFileLimit: limit,
+                                                                transport: transport)
                     } catch {
                         await server.stop()
                         throw error
@@ -304,6 +339,12 @@ package struct Bench: AsyncParsableCommand {
                         throw error
                     }
                     await server.stop()
+                }
+            }
+            if runResume {
+                report.resume = try await withServer(external) { target, pid in
+                    try await runner.resume(target: target, serverPID: pid, sessions: resumeSessions, missed: resumeMissed,
+                                            dropSeconds: dropSeconds, store: !noStore)
                 }
             }
         } catch {
@@ -340,7 +381,7 @@ package struct Bench: AsyncParsableCommand {
     // MARK: - Output
 
     private static func describe(_ r: FanoutResult) -> String {
-        "fan-out \(r.subscribers) subscribers: \(grouped(r.deliveriesPerSecond)) deliveries/s, \(grouped(r.publishesPerSecond)) publishes/s, "
+        "fan-out \(r.subscribers) \(r.transport) subscribers: \(grouped(r.deliveriesPerSecond)) deliveries/s, \(grouped(r.publishesPerSecond)) publishes/s, "
             + "missing \(r.lost)\(r.complete ? "" : " (drain timed out)"), duplicates \(r.duplicates), out of order \(r.outOfOrder)"
     }
 
@@ -400,11 +441,12 @@ package struct Bench: AsyncParsableCommand {
             lines.append("")
             let publishing = first.targetRate.map { "publishing \(grouped(Double($0))) msg/s over \(first.publishers) connections" }
                 ?? "\(first.publishers) closed-loop publishers"
-            lines.append("Fan-out — one channel, \(publishing), \(fixed(first.publishSeconds, 1)) s, "
+            let wire = first.transport == BenchTransport.websocket.rawValue ? "WebSocket sessions" : "long-polls"
+            lines.append("Fan-out (\(wire)) — one channel, \(publishing), \(fixed(first.publishSeconds, 1)) s, "
                          + (first.stored ? "stored (durable) publishes" : "store=0"))
             let header = ["subscribers", "publishes/s", "deliveries/s", "while publishing", "msgs/response", "drain s", "missing", "dup",
-                          "out-of-order", "sub errors", "CPU: server", "client", "softirq", "other"]
-            let widths = [11, 12, 13, 17, 14, 8, 11, 5, 13, 11, 12, 7, 8, 6]
+                          "out-of-order", "sub errors", "CPU: server", "client", "softirq", "other", "server µs/delivery"]
+            let widths = [11, 12, 13, 17, 14, 8, 11, 5, 13, 11, 12, 7, 8, 6, 19]
             lines.append(zip(header, widths).map { pad($0, $1) }.joined(separator: " "))
             for r in report.fanout {
                 let row = [grouped(Double(r.subscribers)), grouped(r.publishesPerSecond), grouped(r.deliveriesPerSecond),
@@ -412,27 +454,42 @@ package struct Bench: AsyncParsableCommand {
                            fixed(Double(r.deliveries) / Double(max(r.subscribeResponses - r.subscribers, 1)), 1), fixed(r.drainSeconds) + (r.complete ? "" : "!"),
                            grouped(Double(r.lost)), grouped(Double(r.duplicates)), grouped(Double(r.outOfOrder)),
                            grouped(Double(r.subscribeErrors)), percent(r.serverCPUPercent), percent(r.clientCPUPercent),
-                           percent(r.interruptCPUPercent), percent(r.otherCPUPercent)]
+                           percent(r.interruptCPUPercent), percent(r.otherCPUPercent),
+                           r.serverMicrosPerDelivery.map { fixed($0) } ?? "-"]
                 lines.append(zip(row, widths).map { pad($0, $1) }.joined(separator: " "))
             }
             lines.append("  deliveries/s: first publish to last delivery; drain: end of publishing to last delivery; "
-                         + "msgs/response: deliveries per long-poll answer")
+                         + (first.transport == BenchTransport.websocket.rawValue ? "msgs/response: deliveries per `messages` frame"
+                            : "msgs/response: deliveries per long-poll answer"))
+            lines.append("  server µs/delivery: the server's CPU from the first publish to the last delivery (publishes included) "
+                         + "÷ deliveries")
             lines.append("  CPU while publishing, 100% = one of \(m.cpus) CPUs; softirq is mostly loopback TCP; "
                          + "other = other processes (should be ~0%)")
             if let lag = report.fanout.compactMap(\.maxScheduleLagMs).max(), lag > 100 {
                 lines.append("  ! the paced publisher fell up to \(fixed(lag, 0)) ms behind its schedule: the rate was not sustained")
             }
+            for r in report.fanout where r.subscribersDropped > 0 {
+                lines.append("  ! \(r.subscribersDropped) of \(r.subscribers) subscribers were disconnected by the server during the run"
+                             + (r.firstDropReason.map { " (first: \($0))" } ?? ""))
+            }
             if report.fanout.contains(where: { !$0.complete }) {
                 lines.append("  ! drain timed out: subscribers were still catching up, so `missing` counts messages not yet "
                              + "delivered (not necessarily lost)")
             }
-            if let r = report.fanout.first(where: { $0.subscribers == 100 }) {
+            if first.transport == BenchTransport.websocket.rawValue {
+                for r in report.fanout where r.subscribers == 100 || r.subscribers == 1_000 {
+                    if let micros = r.serverMicrosPerDelivery {
+                        lines.append("  goal: ~0.3 µs of server CPU per delivery (NATS-class), 1 → \(grouped(Double(r.subscribers))) — "
+                                     + "\(fixed(micros)) µs, \(micros <= 0.3 ? "met" : "NOT met")")
+                    }
+                }
+            } else if let r = report.fanout.first(where: { $0.subscribers == 100 }) {
                 lines.append("  target: ≥ 150,000 deliveries/s to 100 subscribers — \(r.deliveriesPerSecond >= 150_000 ? "met" : "NOT met")")
             }
         }
         if let r = report.latency {
             lines.append("")
-            lines.append("Latency — \(grouped(Double(r.rate))) msg/s to \(r.subscribers) subscribers, \(fixed(r.seconds, 1)) s after "
+            lines.append("Latency (\(r.transport)) — \(grouped(Double(r.rate))) msg/s to \(r.subscribers) subscribers, \(fixed(r.seconds, 1)) s after "
                          + "\(fixed(r.warmupSeconds, 1)) s warm-up, \(r.stored ? "stored (durable) publishes" : "store=0")")
             lines.append("  publish → receive: p50 \(fixed(r.p50Ms)) ms, p90 \(fixed(r.p90Ms)) ms, p99 \(fixed(r.p99Ms)) ms, "
                          + "p99.9 \(fixed(r.p999Ms)) ms, max \(fixed(r.maxMs)) ms, mean \(fixed(r.meanMs)) ms (\(grouped(Double(r.samples))) samples)")
@@ -442,27 +499,35 @@ package struct Bench: AsyncParsableCommand {
                          + "softirq \(percent(r.interruptCPUPercent)), other processes \(percent(r.otherCPUPercent))")
             lines.append("  published \(grouped(Double(r.published))), missing \(r.lost), duplicates \(r.duplicates), "
                          + "out of order \(r.outOfOrder), publish errors \(r.publishErrors)")
-            if r.rate == 1000 && r.subscribers == 10 {
+            if r.transport == BenchTransport.websocket.rawValue && r.rate == 1000 {
+                lines.append("  goal: p99 ≤ 1 ms at 1,000 msg/s over WebSocket — \(r.p99Ms <= 1 ? "met" : "NOT met")")
+            } else if r.rate == 1000 && r.subscribers == 10 {
                 lines.append("  target: p99 ≤ 5 ms at 1,000 msg/s to 10 subscribers — \(r.p99Ms <= 5 ? "met" : "NOT met")")
             }
         }
         if let r = report.memory {
             let isConnection = r.mode == BenchRunner.IdleMode.connection.rawValue
-            let what = isConnection ? "idle connection" : "idle long-poll"
+            let websocket = r.transport == BenchTransport.websocket.rawValue
+            let what = websocket ? (isConnection ? "idle session (hello only)" : "idle WebSocket session")
+                : isConnection ? "idle connection" : "idle long-poll"
             lines.append("")
             let shape = switch BenchRunner.IdleMode(rawValue: r.mode) {
             case .sharedChannel: "all on one channel"
-            case .connection: "connected, no request sent"
+            case .connection: websocket ? "welcomed, not subscribed" : "connected, no request sent"
             default: "one channel each"
             }
-            lines.append("Idle memory — \(grouped(Double(r.longPolls))) \(what)s, \(shape) (open-file limit \(r.openFileLimit))")
+            let plural = websocket && isConnection ? "idle sessions (hello only)" : what + "s"
+            lines.append("Idle memory — \(grouped(Double(r.longPolls))) \(plural), \(shape) (open-file limit \(r.openFileLimit))")
             lines.append("  server VmRSS: \(grouped(Double(r.rssBeforeKiB))) KiB before, \(grouped(Double(r.rssAfterKiB))) KiB with them open"
-                         + (isConnection ? "" : " (\(grouped(Double(r.waitingOnServer))) waiting)"))
+                         + (websocket ? " (\(grouped(Double(r.waitingOnServer))) ready)"
+                            : isConnection ? "" : " (\(grouped(Double(r.waitingOnServer))) waiting)"))
             lines.append("  after closing them \(grouped(Double(r.rssAfterCloseKiB))) KiB; with as many open again "
                          + "\(grouped(Double(r.rssAfterReopenKiB))) KiB")
             lines.append("  \(fixed(r.kibPerLongPoll)) KiB per \(what) (opened in \(fixed(r.openSeconds, 1)) s"
                          + (r.answeredEarly > 0 ? ", \(r.answeredEarly) answered early" : "") + ")")
-            if !isConnection && r.longPolls >= 10_000 {
+            if websocket && r.longPolls >= 10_000 {
+                lines.append("  goal: ≤ 8 KiB per idle session at 10,000 — \(r.kibPerLongPoll <= 8 ? "met" : "NOT met")")
+            } else if !websocket && !isConnection && r.longPolls >= 10_000 {
                 lines.append("  target: < 20 KiB per idle long-poll at 10,000 — \(r.kibPerLongPoll < 20 ? "met" : "NOT met")")
             }
         }
@@ -472,6 +537,9 @@ package struct Bench: AsyncParsableCommand {
         if let r = report.publishDedup {
             lines += render(r)
         }
+        if let r = report.resume {
+            lines += renderResume(r)
+        }
         for note in report.notes {
             lines.append("note: \(note)")
         }
@@ -480,3 +548,28 @@ package struct Bench: AsyncParsableCommand {
 }
 
 extension BenchRunner.IdleMode: ExpressibleByArgument {}
+
+extension BenchTransport: ExpressibleByArgument {}
+
+extension Bench {
+    /// The resume run's lines.
+    static func renderResume(_ r: ResumeResult) -> [String] {
+        func spread(_ values: [Double]) -> String {
+            let sorted = values.sorted()
+            guard let low = sorted.first, let high = sorted.last else { return "-" }
+            if sorted.count == 1 { return "\(fixed(low)) ms" }
+            return "min \(fixed(low)) ms, median \(fixed(sorted[sorted.count / 2])) ms, max \(fixed(high)) ms"
+        }
+        var lines = [""]
+        lines.append("Resume (WebSocket) — \(r.sessions) session\(r.sessions == 1 ? "" : "s") dropped (TCP close, no bye), "
+                     + "\(grouped(Double(r.missed))) messages published while away (\(r.stored ? "stored" : "store=0"), "
+                     + "in \(fixed(r.publishSeconds)) s), resumed after \(fixed(r.dropSeconds, 1)) s with token + cursor")
+        lines.append("  resumed: \(r.resumed) of \(r.sessions); hello → welcome: \(spread(r.welcomeMs))")
+        lines.append("  resume time, hello → last missed message: \(spread(r.resumeMs))\(r.complete ? "" : " (INCOMPLETE: timed out)")")
+        lines.append("  replay: \(grouped(Double(r.replayFrames))) messages frames"
+                     + (r.serverCPUMs.map { "; server CPU \(fixed($0, 1)) ms" } ?? ""))
+        lines.append("  missing \(r.lost), duplicates \(r.duplicates), out of order \(r.outOfOrder), errors \(r.errors), "
+                     + "publish errors \(r.publishErrors)" + (r.firstError.map { " — first: \($0)" } ?? ""))
+        return lines
+    }
+}

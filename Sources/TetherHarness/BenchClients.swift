@@ -82,9 +82,66 @@ final class SubscriberProgress: Sendable {
     let closed = Atomic<Bool>(false)
     /// The final report, set when the connection closes.
     let report = Mutex<SubscriberReport?>(nil)
+    /// WebSocket subscribers: the session, kept across sockets for a resume.
+    let session = Mutex(BenchSessionState())
 
     /// Creates an empty progress record.
     init() {}
+}
+
+/// The checks every bench subscriber runs on its deliveries, whatever the wire: loss,
+/// duplication and order of the bench's messages, and optionally their latency.
+struct DeliveryBook {
+    /// What was seen so far.
+    var report = SubscriberReport()
+    /// The highest publish timetoken seen.
+    var lastTimetoken: UInt64 = 0
+    /// Record latencies of messages with an id at or above this.
+    let recordLatencyFrom: Int?
+
+    /// Creates an empty book.
+    init(recordLatencyFrom: Int?) {
+        self.recordLatencyFrom = recordLatencyFrom
+        if recordLatencyFrom != nil { report.latencies.reserveCapacity(1 << 14) }
+    }
+
+    /// Continues a book (a resumed session keeps checking against what it saw before).
+    init(report: SubscriberReport, lastTimetoken: UInt64) {
+        self.report = report
+        self.lastTimetoken = lastTimetoken
+        self.recordLatencyFrom = nil
+    }
+
+    /// Scans the envelopes in `raw` from offset `from` (the `m` array of a long-poll answer or a
+    /// `messages` frame) and records them; `now` is when they arrived.
+    mutating func scan(_ raw: UnsafeRawBufferPointer, from: Int, now: UInt64, progress: SubscriberProgress) {
+        var p = from
+        var count = 0
+        var newIDs = 0
+        while let envelope = BenchBytes.find("\"p\":{\"t\":\"", in: raw, from: p),
+              let timetoken = BenchBytes.decimal(in: raw, from: envelope + 10) {
+            p = timetoken.end
+            guard let d = BenchBytes.find("\"d\":{\"i\":", in: raw, from: p),
+                  let id = BenchBytes.decimal(in: raw, from: d + 9),
+                  let s = BenchBytes.find("\"s\":", in: raw, from: id.end),
+                  let sentAt = BenchBytes.decimal(in: raw, from: s + 4)
+            else { continue }
+            p = sentAt.end
+            count += 1
+            if timetoken.value <= lastTimetoken { report.outOfOrder += 1 }
+            lastTimetoken = max(lastTimetoken, timetoken.value)
+            if report.received.insert(Int(id.value)) { newIDs += 1 } else { report.duplicates += 1 }
+            if let from = recordLatencyFrom, Int(id.value) >= from {
+                report.latencies.append(now &- sentAt.value)
+            }
+        }
+        if count > 0 {
+            report.deliveries += count
+            progress.lastDelivery.store(now, ordering: .relaxed)
+            progress.deliveries.add(count, ordering: .relaxed)
+            progress.unique.add(newIDs, ordering: .releasing)
+        }
+    }
 }
 
 /// A subscriber: handshake, then back-to-back long-polls on one channel, checking every message
@@ -93,19 +150,15 @@ final class BenchSubscriber: BenchConnectionLogic {
     private let progress: SubscriberProgress
     private let requestHead: String
     private let requestTail: String
-    /// Record latencies of messages with an id at or above this.
-    private let recordLatencyFrom: Int?
     private var cursor: UInt64 = 0
-    private var lastTimetoken: UInt64 = 0
-    private var report = SubscriberReport()
+    private var book: DeliveryBook
 
     /// Creates a subscriber to `channel` on the `demo` keyset.
     init(channel: String, uuid: String, target: BenchTarget, progress: SubscriberProgress, recordLatencyFrom: Int?) {
         self.progress = progress
         self.requestHead = "GET /v2/subscribe/demo/\(channel)/0?uuid=\(uuid)&tt="
         self.requestTail = "&tr=1" + target.requestTrailer
-        self.recordLatencyFrom = recordLatencyFrom
-        if recordLatencyFrom != nil { report.latencies.reserveCapacity(1 << 14) }
+        self.book = DeliveryBook(recordLatencyFrom: recordLatencyFrom)
     }
 
     /// Starts sending when the connection is up.
@@ -123,10 +176,10 @@ final class BenchSubscriber: BenchConnectionLogic {
 
     /// Handles one response.
     func received(_ response: BenchResponse, context: ChannelHandlerContext) {
-        report.responses += 1
+        book.report.responses += 1
         guard response.status == 200 else {
-            report.errors += 1
-            if report.errors > 100 { context.close(promise: nil) } else { poll(context) }
+            book.report.errors += 1
+            if book.report.errors > 100 { context.close(promise: nil) } else { poll(context) }
             return
         }
         let now = benchNow()
@@ -135,45 +188,20 @@ final class BenchSubscriber: BenchConnectionLogic {
             guard let t = BenchBytes.find("{\"t\":{\"t\":\"", in: raw, from: 0),
                   let next = BenchBytes.decimal(in: raw, from: t + 11)
             else {
-                report.errors += 1
+                book.report.errors += 1
                 return
             }
             let wasHandshake = cursor == 0
             cursor = next.value
             poll(context)  // ask for more before doing the bookkeeping
             if wasHandshake { progress.ready.store(true, ordering: .releasing) }
-            var p = next.end
-            var count = 0
-            var newIDs = 0
-            while let envelope = BenchBytes.find("\"p\":{\"t\":\"", in: raw, from: p),
-                  let timetoken = BenchBytes.decimal(in: raw, from: envelope + 10) {
-                p = timetoken.end
-                guard let d = BenchBytes.find("\"d\":{\"i\":", in: raw, from: p),
-                      let id = BenchBytes.decimal(in: raw, from: d + 9),
-                      let s = BenchBytes.find("\"s\":", in: raw, from: id.end),
-                      let sentAt = BenchBytes.decimal(in: raw, from: s + 4)
-                else { continue }
-                p = sentAt.end
-                count += 1
-                if timetoken.value <= lastTimetoken { report.outOfOrder += 1 }
-                lastTimetoken = max(lastTimetoken, timetoken.value)
-                if report.received.insert(Int(id.value)) { newIDs += 1 } else { report.duplicates += 1 }
-                if let from = recordLatencyFrom, Int(id.value) >= from {
-                    report.latencies.append(now &- sentAt.value)
-                }
-            }
-            if count > 0 {
-                report.deliveries += count
-                progress.lastDelivery.store(now, ordering: .relaxed)
-                progress.deliveries.add(count, ordering: .relaxed)
-                progress.unique.add(newIDs, ordering: .releasing)
-            }
+            book.scan(raw, from: next.end, now: now, progress: progress)
         }
     }
 
     /// Records that the connection closed.
     func connectionClosed() {
-        let report = self.report
+        let report = book.report
         progress.report.withLock { $0 = report }
         progress.closed.store(true, ordering: .releasing)
     }

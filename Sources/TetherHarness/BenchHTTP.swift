@@ -309,6 +309,17 @@ enum BenchConnector {
         _ count: Int, to target: BenchTarget, group: any EventLoopGroup, parallel: Int = 128,
         makeLogic: @escaping @Sendable (Int) -> Logic
     ) async throws -> [any Channel] {
+        try await openMany(count, group: group, parallel: parallel) { index, loop in
+            try await connect(to: target, on: loop) { makeLogic(index) }
+        }
+    }
+
+    /// Runs `open` for indexes `0..<count`, each on the next loop of `group`, at most `parallel` at
+    /// a time; returns the channels in index order.
+    static func openMany(
+        _ count: Int, group: any EventLoopGroup, parallel: Int,
+        open: @escaping @Sendable (Int, any EventLoop) async throws -> any Channel
+    ) async throws -> [any Channel] {
         var channels: [(Int, any Channel)] = []
         channels.reserveCapacity(count)
         var next = 0
@@ -317,7 +328,7 @@ enum BenchConnector {
                 let index = next
                 next += 1
                 let loop = group.next()
-                tasks.addTask { (index, try await connect(to: target, on: loop) { makeLogic(index) }) }
+                tasks.addTask { (index, try await open(index, loop)) }
             }
             while next < min(count, parallel) { start() }
             while let opened = try await tasks.next() {

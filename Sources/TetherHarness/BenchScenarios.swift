@@ -33,7 +33,9 @@ struct PublishDedupResult: Codable, Sendable {
 }
 
 struct FanoutResult: Codable, Sendable {
-    /// Long-poll subscribers on the channel.
+    /// The subscribers' wire: `long-poll` or `websocket`.
+    var transport: String
+    /// Subscribers on the channel.
     var subscribers: Int
     /// Publisher connections: closed-loop publishers (one publish in flight each), or the
     /// connection pool of the paced publisher when ``targetRate`` is set.
@@ -73,10 +75,19 @@ struct FanoutResult: Codable, Sendable {
     var duplicates: Int
     /// Messages whose timetoken was not above the previous one, summed over subscribers.
     var outOfOrder: Int
-    /// Non-200 subscribe responses.
+    /// Non-200 subscribe responses (WebSocket: `error` and `notice` frames).
     var subscribeErrors: Int
-    /// Long-poll responses received, summed over subscribers.
+    /// Subscribers whose connection the server closed before the end of the run (WebSocket: a
+    /// slow consumer is closed with 4003).
+    var subscribersDropped: Int = 0
+    /// Why the first of them was closed, if known.
+    var firstDropReason: String?
+    /// Long-poll responses (or WebSocket `subscribed` and `messages` frames) received, summed over subscribers.
     var subscribeResponses: Int
+    /// The server's CPU time (user + system) from the first publish until every subscriber had
+    /// every message, divided by the deliveries (µs; spawned servers only). It includes the
+    /// publishes' own cost.
+    var serverMicrosPerDelivery: Double?
     /// Deliveries in each second of the run.
     var deliveriesPerSecondSeries: [Int]
     /// Server CPU while publishing, in percent of one CPU (spawned servers only).
@@ -91,6 +102,8 @@ struct FanoutResult: Codable, Sendable {
 
 /// Result of the latency run.
 struct LatencyResult: Codable, Sendable {
+    /// The subscribers' wire: `long-poll` or `websocket`.
+    var transport: String
     /// Subscribers on the channel.
     var subscribers: Int
     /// Target publish rate (messages/s).
@@ -172,6 +185,12 @@ struct CPUMeter {
         machineStart = BenchMachine.machineCPUSeconds()
     }
 
+    /// The server's CPU seconds since the start (spawned servers only).
+    func serverSeconds() -> Double? {
+        guard let serverPID, let serverStart, let now = BenchMachine.cpuSeconds(pid: serverPID) else { return nil }
+        return now - serverStart
+    }
+
     /// CPU use since the start.
     func read() -> Reading {
         let wall = seconds(started, benchNow())
@@ -197,6 +216,8 @@ struct CPUMeter {
 
 /// Result of the idle long-poll memory run.
 struct MemoryResult: Codable, Sendable {
+    /// `long-poll` (idle long-polls) or `websocket` (idle sessions).
+    var transport: String
     /// `long-poll` (one channel each), `shared-channel` or `connection` (no request).
     var mode: String
     /// Idle long-polls (or connections) opened.
@@ -246,38 +267,55 @@ struct BenchRunner {
     let group: any EventLoopGroup
 
     /// A channel name no earlier run used (matters with `--url`).
-    private func freshChannel(_ kind: String) -> String {
+    func freshChannel(_ kind: String) -> String {
         "bench-\(kind)-\(UUID().uuidString.prefix(8).lowercased())"
     }
 
-    /// Opens subscribers and waits until each has its handshake cursor.
-    private func openSubscribers(
-        _ count: Int, channel: String, target: BenchTarget, recordLatencyFrom: Int?
+    /// Opens subscribers and waits until each has its handshake cursor (long-poll) or its
+    /// `subscribed` answer (WebSocket).
+    func openSubscribers(
+        _ count: Int, channel: String, target: BenchTarget, recordLatencyFrom: Int?, transport: BenchTransport
     ) async throws -> ([SubscriberProgress], [any Channel]) {
         let progress = (0..<count).map { _ in SubscriberProgress() }
-        let channels = try await BenchConnector.connectMany(count, to: target, group: group) { index in
-            BenchSubscriber(channel: channel, uuid: "bench-sub-\(index)", target: target, progress: progress[index],
-                            recordLatencyFrom: recordLatencyFrom)
+        let channels: [any Channel]
+        switch transport {
+        case .longPoll:
+            channels = try await BenchConnector.connectMany(count, to: target, group: group) { index in
+                BenchSubscriber(channel: channel, uuid: "bench-sub-\(index)", target: target, progress: progress[index],
+                                recordLatencyFrom: recordLatencyFrom)
+            }
+        case .websocket:
+            channels = try await BenchConnector.connectManyWebSockets(count, to: target, group: group) { index in
+                BenchWebSocketSubscriber(mode: .subscribe(channel: channel), uuid: "bench-sub-\(index)", target: target,
+                                         progress: progress[index], recordLatencyFrom: recordLatencyFrom)
+            }
         }
         let deadline = ContinuousClock.now + .seconds(30)
         while !progress.allSatisfy({ $0.ready.load(ordering: .acquiring) }) {
-            if ContinuousClock.now > deadline {
+            if ContinuousClock.now > deadline || progress.contains(where: { $0.closed.load(ordering: .acquiring) }) {
                 for channel in channels { channel.close(promise: nil) }
-                throw BenchError("subscribers did not complete their handshakes within 30 s")
+                let failure = progress.lazy.compactMap { $0.session.withLock { $0.lastError } }.first
+                throw BenchError("subscribers did not complete their handshakes within 30 s" + (failure.map { ": \($0)" } ?? ""))
             }
             try await Task.sleep(for: .milliseconds(10))
         }
         return (progress, channels)
     }
 
+    /// Closes subscribers' connections (WebSocket sessions end with `bye`) and waits until they are closed.
+    func closeSubscribers(_ channels: [any Channel], transport: BenchTransport) async {
+        if transport == .websocket { BenchConnector.sayGoodbye(channels) }
+        await close(channels)
+    }
+
     /// Closes connections and waits until they are closed.
-    private func close(_ channels: [any Channel]) async {
+    func close(_ channels: [any Channel]) async {
         for channel in channels { channel.close(promise: nil) }
         for channel in channels { try? await channel.closeFuture.get() }
     }
 
     /// Waits until every subscriber has `expected` distinct messages (or closed), up to `timeout`.
-    private func waitForDelivery(_ progress: [SubscriberProgress], expected: Int, timeout: Duration) async throws -> Bool {
+    func waitForDelivery(_ progress: [SubscriberProgress], expected: Int, timeout: Duration) async throws -> Bool {
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
             if progress.allSatisfy({ $0.unique.load(ordering: .acquiring) >= expected || $0.closed.load(ordering: .acquiring) }) {
@@ -289,7 +327,7 @@ struct BenchRunner {
     }
 
     /// Collects the subscribers' final reports (after their connections closed).
-    private func reports(_ progress: [SubscriberProgress]) -> [SubscriberReport] {
+    func reports(_ progress: [SubscriberProgress]) -> [SubscriberReport] {
         progress.map { $0.report.withLock { $0 } ?? SubscriberReport() }
     }
 
@@ -297,12 +335,13 @@ struct BenchRunner {
     /// `subscribers` long-polls receiving; checks every delivery.
     func fanout(
         target: BenchTarget, serverPID: Int32?, subscribers: Int, publishers: Int, rate: Int?, duration: Double, store: Bool,
-        requestIDs: Bool = false
+        requestIDs: Bool = false,
+        transport: BenchTransport
     ) async throws -> FanoutResult {
         let channel = freshChannel("fanout")
-        benchLog("fan-out: opening \(subscribers) subscribers on \(channel)")
+        benchLog("fan-out: opening \(subscribers) \(transport.rawValue) subscribers on \(channel)")
         let (progress, subscriberChannels) = try await openSubscribers(subscribers, channel: channel, target: target,
-                                                                       recordLatencyFrom: nil)
+                                                                       recordLatencyFrom: nil, transport: transport)
         let ledger = PublishLedger()
         let control = FloodControl()
         let request = PublishRequest(channel: channel, target: target, store: store, requestIDs: requestIDs)
@@ -380,13 +419,15 @@ struct BenchRunner {
         benchLog("fan-out: \(published) publishes acknowledged; waiting for subscribers to catch up")
         let complete = try await waitForDelivery(progress, expected: published, timeout: .seconds(max(30, duration * 3)))
         let caughtUp = benchNow()
+        let serverSeconds = meter.serverSeconds()
+        let dropped = progress.filter { $0.closed.load(ordering: .acquiring) }
         await close(publisherChannels + floodChannels)
-        await close(subscriberChannels)
+        await closeSubscribers(subscriberChannels, transport: transport)
         let reports = reports(progress)
         let acked = ledger.acked.withLock { $0 }
         let lastDelivery = progress.map { $0.lastDelivery.load(ordering: .relaxed) }.max() ?? stoppedAt
         var result = FanoutResult(
-            subscribers: subscribers, publishers: publishers, targetRate: rate,
+            transport: transport.rawValue, subscribers: subscribers, publishers: publishers, targetRate: rate,
             maxScheduleLagMs: maxLag.map(milliseconds), stored: store, requestIDs: requestIDs, publishSeconds: publishSeconds,
             published: published, publishErrors: ledger.errors.load(ordering: .relaxed),
             publishesPerSecond: Double(published) / publishSeconds, deliveries: 0, deliveriesPerSecond: 0,
@@ -406,17 +447,25 @@ struct BenchRunner {
             result.subscribeResponses += report.responses
         }
         result.deliveriesPerSecond = Double(result.deliveries) / seconds(start, max(lastDelivery, stoppedAt))
+        result.subscribersDropped = dropped.count
+        result.firstDropReason = dropped.first.map { p in
+            p.session.withLock { $0.closeCode.map { "close code \($0)" } ?? $0.lastError ?? "connection closed" }
+        }
+        if let serverSeconds, result.deliveries > 0 {
+            result.serverMicrosPerDelivery = serverSeconds * 1e6 / Double(result.deliveries)
+        }
         return result
     }
 
     /// Latency: an open-loop publisher at `rate` messages/s, `subscribers` long-polls receiving.
-    func latency(target: BenchTarget, serverPID: Int32?, subscribers: Int, rate: Int, duration: Double, warmup: Double, store: Bool) async throws -> LatencyResult {
+    func latency(target: BenchTarget, serverPID: Int32?, subscribers: Int, rate: Int, duration: Double, warmup: Double, store: Bool,
+                 transport: BenchTransport) async throws -> LatencyResult {
         let channel = freshChannel("latency")
         let warmupCount = Int(Double(rate) * warmup)
         let total = warmupCount + Int(Double(rate) * duration)
-        benchLog("latency: opening \(subscribers) subscribers on \(channel)")
+        benchLog("latency: opening \(subscribers) \(transport.rawValue) subscribers on \(channel)")
         let (progress, subscriberChannels) = try await openSubscribers(subscribers, channel: channel, target: target,
-                                                                       recordLatencyFrom: warmupCount)
+                                                                       recordLatencyFrom: warmupCount, transport: transport)
         let ledger = PublishLedger()
         let loop = group.next()
         let request = PublishRequest(channel: channel, target: target, store: store)
@@ -450,7 +499,7 @@ struct BenchRunner {
             return (p.maxLag, p.lateSends)
         }.get()
         await close(publisherChannels)
-        await close(subscriberChannels)
+        await closeSubscribers(subscriberChannels, transport: transport)
         let reports = reports(progress)
         let acked = ledger.acked.withLock { $0 }
         var latencies: [UInt64] = []
@@ -466,7 +515,7 @@ struct BenchRunner {
         let roundTrips = ledger.roundTrips.withLock { $0 }.sorted()
         let mean = latencies.isEmpty ? 0 : Double(latencies.reduce(0, &+)) / Double(latencies.count) / 1e6
         return LatencyResult(
-            subscribers: subscribers, rate: rate, stored: store, seconds: duration, warmupSeconds: warmup, published: published,
+            transport: transport.rawValue, subscribers: subscribers, rate: rate, stored: store, seconds: duration, warmupSeconds: warmup, published: published,
             samples: latencies.count, p50Ms: milliseconds(percentile(latencies, 0.5)), p90Ms: milliseconds(percentile(latencies, 0.9)),
             p99Ms: milliseconds(percentile(latencies, 0.99)), p999Ms: milliseconds(percentile(latencies, 0.999)),
             maxMs: milliseconds(latencies.last ?? 0), meanMs: mean,
@@ -495,7 +544,11 @@ struct BenchRunner {
 
     /// Memory: `count` idle long-polls (or connections) against a spawned server; the server's
     /// RSS before, with them open, after closing them, and with them open a second time.
-    func memory(server: BenchServer, count: Int, mode: IdleMode, openFileLimit: Int) async throws -> MemoryResult {
+    ///
+    /// Over WebSocket (`transport`), each item is an idle session: upgraded, `hello`, and
+    /// (except for `.connection`, which stops at `welcome`) subscribed to its channel; the sessions
+    /// end with `bye` between the rounds.
+    func memory(server: BenchServer, count: Int, mode: IdleMode, openFileLimit: Int, transport: BenchTransport = .longPoll) async throws -> MemoryResult {
         let target = server.target
         // Warm up: a handshake (for the cursor) and a health check, then let the server settle.
         let handshake = try await BenchConnector.get("/v2/subscribe/demo/bench-idle-0/0?tt=0&uuid=bench-idle",
@@ -506,17 +559,52 @@ struct BenchRunner {
               })
         else { throw BenchError("handshake failed with status \(handshake.status)") }
         _ = try await waitingLongPolls(target)
+        if transport == .websocket {
+            // Warm the WebSocket endpoint too: one session, subscribed, ended with `bye`.
+            let (_, warm) = try await openSubscribers(1, channel: "bench-idle-warm", target: target, recordLatencyFrom: nil,
+                                                      transport: .websocket)
+            await closeSubscribers(warm, transport: .websocket)
+        }
         try await Task.sleep(for: .seconds(1))
         guard let before = server.residentKiB() else { throw BenchError("cannot read /proc/\(server.pid)/status") }
-        let what = mode == .connection ? "idle connections" : "idle long-polls"
+        let websocket = transport == .websocket
+        let what = websocket ? (mode == .connection ? "idle sessions (hello only)" : "idle WebSocket sessions")
+            : mode == .connection ? "idle connections" : "idle long-polls"
         let tally = IdleTally()
         let trailer = target.requestTrailer
+        var sessionProgress: [SubscriberProgress] = []
 
         /// Opens the set, waits until the server holds all of them, lets it settle; returns the channels,
         /// the server's count and the seconds it took.
         func open(round: Int) async throws -> ([any Channel], Int, Double) {
             benchLog("memory: server RSS \(server.residentKiB() ?? 0) KiB; opening \(count) \(what) (round \(round))")
             let openStart = benchNow()
+            if websocket {
+                let progress = (0..<count).map { _ in SubscriberProgress() }
+                let channels = try await BenchConnector.connectManyWebSockets(count, to: target, group: group, parallel: 256) { index in
+                    BenchWebSocketSubscriber(
+                        mode: mode == .connection ? .helloOnly : .subscribe(channel: mode == .sharedChannel ? "bench-idle" : "bench-idle-\(index)"),
+                        uuid: "bench-idle-\(index)", target: target, progress: progress[index], recordLatencyFrom: nil)
+                }
+                var ready = 0
+                let deadline = ContinuousClock.now + .seconds(120)
+                while ContinuousClock.now < deadline {
+                    ready = progress.reduce(0) { $0 + ($1.ready.load(ordering: .acquiring) ? 1 : 0) }
+                    if ready >= count || progress.contains(where: { $0.closed.load(ordering: .acquiring) }) { break }
+                    try await Task.sleep(for: .milliseconds(200))
+                }
+                let closed = progress.filter { $0.closed.load(ordering: .acquiring) }
+                if let failed = closed.first {
+                    let why = failed.session.withLock { $0.lastError ?? $0.closeCode.map { "close code \($0)" } ?? "closed" }
+                    benchLog("memory: \(closed.count) sessions closed while opening (\(why))")
+                }
+                let openSeconds = seconds(openStart, benchNow())
+                benchLog("memory: \(ready) sessions \(mode == .connection ? "welcomed" : "subscribed") after "
+                         + "\(String(format: "%.1f", openSeconds)) s; letting the server settle")
+                try await Task.sleep(for: .seconds(2))
+                sessionProgress.append(contentsOf: progress)
+                return (channels, ready, openSeconds)
+            }
             let channels = try await BenchConnector.connectMany(count, to: target, group: group, parallel: 256) { index in
                 let channel = mode == .sharedChannel ? "bench-idle" : "bench-idle-\(index)"
                 return IdleLongPoll(
@@ -542,14 +630,15 @@ struct BenchRunner {
 
         let (channels, waiting, openSeconds) = try await open(round: 1)
         let after = server.residentKiB() ?? 0
-        await close(channels)
+        await closeSubscribers(channels, transport: transport)
         try await Task.sleep(for: .seconds(2))
         let afterClose = server.residentKiB() ?? 0
         let (again, _, _) = try await open(round: 2)
         let afterReopen = server.residentKiB() ?? 0
-        await close(again)
+        await closeSubscribers(again, transport: transport)
         let answered = tally.answered.load(ordering: .relaxed)
-        return MemoryResult(mode: mode.rawValue, longPolls: count, waitingOnServer: waiting, rssBeforeKiB: before, rssAfterKiB: after,
+            + sessionProgress.reduce(0) { $0 + $1.deliveries.load(ordering: .relaxed) }
+        return MemoryResult(transport: transport.rawValue, mode: mode.rawValue, longPolls: count, waitingOnServer: waiting, rssBeforeKiB: before, rssAfterKiB: after,
                             rssAfterCloseKiB: afterClose, rssAfterReopenKiB: afterReopen,
                             kibPerLongPoll: Double(after - before) / Double(max(count, 1)),
                             answeredEarly: answered, openFileLimit: openFileLimit, openSeconds: openSeconds)
