@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Tether
+import TetherHarness
 
 /// `tether publish`: publish one message with the SDK, through its outbox.
 struct ClientPublish: AsyncParsableCommand {

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Synchronization
 import Tether
+import TetherHarness
 
 /// `tether subscribe`: print messages and connection changes as they happen, with the SDK's
 /// subscribe engine (reconnection, catch-up, network awareness).
@@ -103,21 +104,6 @@ struct ClientSubscribe: AsyncParsableCommand {
         }
         for await _ in done {}
         await tether.shutdown()
-    }
-}
-
-/// `--transport`: the CLI's names for ``TransportPreference``.
-enum TransportChoice: String, ExpressibleByArgument, CaseIterable {
-    case websocket
-    case longPoll = "long-poll"
-    case auto
-
-    var preference: TransportPreference {
-        switch self {
-        case .websocket: return .webSocket
-        case .longPoll: return .longPoll
-        case .auto: return .automatic
-        }
     }
 }
 

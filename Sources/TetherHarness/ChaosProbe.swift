@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import Synchronization
-import Tether
+package import Tether
 
 /// `tether chaos probe`: N Tether SDK clients subscribed to one channel, reporting every status
 /// and every received message as a JSON line — the Tether side of `tether chaos suite` (the
@@ -49,7 +49,7 @@ struct ChaosProbe: AsyncParsableCommand {
     var watchInterfaces: [String] = []
 
     @Option(help: "Wire: long-poll (PubNub's HTTP, the default), websocket (a session kept across drops) or auto (WebSocket, falling back to long-poll when the upgrade is refused).")
-    var transport: ChaosTransport = .longPoll
+    var transport: TransportChoice = .longPoll
 
     @Flag(help: "No network monitor (the SDK learns of outages from failed requests only).")
     var noNetworkMonitor = false
@@ -128,14 +128,14 @@ struct ChaosProbe: AsyncParsableCommand {
     }
 }
 
-/// `--transport`: the probe's names for ``TransportPreference`` (the same words as
-/// `tether subscribe --transport`, whose parser lives in the CLI target).
-enum ChaosTransport: String, ExpressibleByArgument, CaseIterable, Sendable {
+/// `--transport` of `tether subscribe`, `tether ping` and `tether chaos probe`: the CLI's names
+/// for ``TransportPreference``.
+package enum TransportChoice: String, ExpressibleByArgument, CaseIterable, Sendable {
     case websocket
     case longPoll = "long-poll"
     case auto
 
-    var preference: TransportPreference {
+    package var preference: TransportPreference {
         switch self {
         case .websocket: return .webSocket
         case .longPoll: return .longPoll
