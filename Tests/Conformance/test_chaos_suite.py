@@ -34,10 +34,6 @@ WS_NOT_PROMPT = {
     # (the server's defaults, not scaled by --quick), so a restart's clients come back spread out.
     "server-restart": 1.5 + 6.0,
     "reconnection-storm": 1.5 + 6.0,
-    # Known SDK issue (reported, not fixed here): an upgrade cut by a reset is not taken as "never
-    # reached a server", so the session waits out the back-off (2, 4 s) instead of the 0.5-1 s
-    # quick reconnection the long-poll gets.
-    "outage-backlog": EVENTUAL_SECONDS,
 }
 TETHER_SDKS = ("tether", "tether-ws")
 ALL_SDKS = ("tether", "tether-ws", "pubnub-threaded", "pubnub-asyncio")
