@@ -187,6 +187,34 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
+    /// A network change while the `hello` waits for its `welcome` restarts the handshake: the
+    /// half-open socket is dropped and the next one is welcomed (found in the full test run: the
+    /// default network monitor saw other tests' links change, and the restarted handshake reused a
+    /// socket whose `welcome` nobody read, so no `session resumed` was ever reported).
+    @Test func aHandshakeRestartedDuringTheHelloOpensAFreshSocket() async throws {
+        let monitor = ScriptedNetworkMonitor()
+        let (client, socket, clock) = try makeSocketClient(monitor: monitor)
+        var events = client.connectionEvents().makeAsyncIterator()
+        monitor.send(.up)
+        client.subscribe(to: ["a"])
+        let peer = try await openSession(socket, token: "t", cursor: 100)
+        peer.close(server: nil)
+        #expect(await events.next() == .reconnectStarted)
+        await clock.advanceToSleeper(after: .seconds(2))
+        let halfOpen = try #require(await socket.nextAttempt()).accept()
+        let hello = try frame(await halfOpen.receive())
+        #expect(hello["resume"]?["token"] == "t")
+        // The path changes before the server's welcome.
+        monitor.send(.changed)
+        #expect(await halfOpen.receive() == nil, "the socket without a welcome is closed")
+        let fresh = try #require(await socket.nextAttempt()).accept()
+        _ = try frame(await fresh.receive())
+        fresh.send(server: welcome(token: "t", resumed: true, cursor: 100, channels: ["a"]))
+        #expect(await events.next() == .sessionResumed(sessionId: "s-1"))
+        #expect(await events.next() == .reconnectSucceeded)
+        await client.shutdown()
+    }
+
     @Test func pingMeasuresTheRoundTripOverTheSocket() async throws {
         let (client, socket, clock) = try makeSocketClient()
         client.subscribe(to: ["a"])
@@ -223,7 +251,8 @@ struct WebSocketStepTests {
 
 // MARK: - Helpers
 
-func makeSocketClient(transport: InMemoryTransport = InMemoryTransport(), configure: (inout TetherConfiguration) -> Void = { _ in })
+func makeSocketClient(transport: InMemoryTransport = InMemoryTransport(), monitor: (any NetworkMonitor)? = nil,
+                      configure: (inout TetherConfiguration) -> Void = { _ in })
     throws -> (TetherClient, InMemoryWebSocket, ManualClock)
 {
     var logger = Logger(label: "tether.test.ws-step")
@@ -237,7 +266,7 @@ func makeSocketClient(transport: InMemoryTransport = InMemoryTransport(), config
     configure(&configuration)
     let socket = InMemoryWebSocket()
     let clock = ManualClock()
-    let client = TetherClient(configuration: configuration, transport: transport, clock: clock, networkMonitor: nil,
+    let client = TetherClient(configuration: configuration, transport: transport, clock: clock, networkMonitor: monitor,
                               webSocketConnector: socket)
     return (client, socket, clock)
 }

@@ -82,6 +82,8 @@ final class WebSocketSession: Sendable {
         /// session starts.
         var deniedChannels: Set<String> = []
         var deniedGroups: Set<String> = []
+        /// The current socket's `hello` was answered by `welcome`: only then is it usable.
+        var welcomed = false
         /// A socket is being opened; others wait for it in `openWaiters`.
         var opening = false
         var openWaiters: [CheckedContinuation<Void, Never>] = []
@@ -110,7 +112,7 @@ final class WebSocketSession: Sendable {
     var url: String { (configuration.useTLS ? "wss://" : "ws://") + configuration.origin + WebSocketProtocol.path }
 
     /// Whether a socket is open (after `welcome`).
-    var isOpen: Bool { state.withLock { $0.link != nil } }
+    var isOpen: Bool { state.withLock { $0.link != nil && $0.welcomed } }
 
     /// Reads every open socket (answering pings, queueing frames) and runs its inactivity pings,
     /// until ``finish()``.
@@ -299,9 +301,9 @@ final class WebSocketSession: Sendable {
         while true {
             enum Gate { case open(Int), shutDown, busy, mine }
             let gate = state.withLock { state -> Gate in
-                if state.link != nil { return .open(state.generation) }
-                if state.isShutDown { return .shutDown }
                 if state.opening { return .busy }
+                if state.link != nil && state.welcomed { return .open(state.generation) }
+                if state.isShutDown { return .shutDown }
                 state.opening = true
                 return .mine
             }
@@ -345,6 +347,7 @@ final class WebSocketSession: Sendable {
             state.generation += 1
             state.unnoticedLoss = nil
             state.link = link
+            state.welcomed = false
             state.frames = []
             state.closure = nil
             state.subscribed = false
@@ -353,6 +356,17 @@ final class WebSocketSession: Sendable {
             return state.generation
         }
         linkSink.yield((link, generation))
+        // A socket is usable only once welcomed: an exchange that fails or is cancelled (a
+        // network change restarting the handshake) drops it, so the next opening starts afresh
+        // instead of finding a half-open socket whose `welcome` nobody read.
+        do { return try await helloExchange(token: token, resumeCursor: resumeCursor, generation: generation) } catch {
+            await drop(generation: generation)
+            throw error
+        }
+    }
+
+    /// `hello` (with the resume token when there is one) → `welcome` on socket `generation`.
+    private func helloExchange(token: String?, resumeCursor: Timetoken?, generation: Int) async throws(SessionFailure) -> Int {
         let resume = token.flatMap { token in resumeCursor.map { (token: token, cursor: Optional($0)) } }
         try await send(SessionFrame.hello(subscribeKey: configuration.subscribeKey, publishKey: configuration.publishKey,
                                           uuid: configuration.userId, auth: configuration.authKey, resume: resume),
@@ -366,6 +380,7 @@ final class WebSocketSession: Sendable {
                 report(.expired(message: message))
             case .welcome(let welcome):
                 state.withLock { state in
+                    state.welcomed = true
                     state.resumeToken = welcome.resumeToken
                     state.sessionId = welcome.sessionId
                     state.welcomeCursor = welcome.cursor
