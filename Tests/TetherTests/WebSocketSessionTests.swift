@@ -353,6 +353,10 @@ struct WebSocketSessionTests {
         let channel = unique("reset")
         let (client, log) = try await sessionClient(origin: proxy.origin, channel: channel) {
             $0.retry = RetryConfiguration(policy: .linear(delay: .seconds(10), maximumRetries: 10), jitter: .zero ... .zero)
+            // The subject is the reset's classification: the machine's own link changes (other
+            // tests' network namespaces) stay out of it. Seen in the full run with the monitor on:
+            // the backlog arrives but `session resumed` sometimes does not (an open item, #14).
+            $0.watchesNetwork = false
         }
         try await proxy.apply(.reset)
         let publisher = try makeClient(origin: server.origin)
