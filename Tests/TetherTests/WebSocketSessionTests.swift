@@ -364,8 +364,10 @@ struct WebSocketSessionTests {
         let before = proxy.counters.reset
         #expect(await eventually(within: 15) { proxy.counters.reset >= before + 4 }, "quick attempts while the link resets")
         try await proxy.apply(.pass)
-        // The session comes back (resumed; in the full parallel run it was sometimes reported
-        // expired instead — an open item in #14), and either way the backlog arrives whole.
+        // The session comes back, and the backlog arrives whole. In three full parallel runs the
+        // `session resumed` event did not come within 20 s although the backlog did (not yet
+        // understood — an open item in #14); expired is accepted too, and the events are printed
+        // when neither comes.
         let sessionEvent = await log.waitForEvent(within: 20) { event in
             switch event {
             case .sessionResumed, .sessionExpired: true
