@@ -292,12 +292,20 @@ enum BenchConnector {
     static func connect<Logic: BenchConnectionLogic>(
         to target: BenchTarget, on loop: any EventLoop, makeLogic: @escaping @Sendable () -> Logic
     ) async throws -> any Channel {
+        try await connectTCP(to: target, on: loop) { BenchConnectionHandler(logic: makeLogic()) }
+    }
+
+    /// A TCP connection to `target` on `loop` (no Nagle, 10 s connect timeout) whose only handler
+    /// `makeHandler` creates on that loop.
+    static func connectTCP<Handler: ChannelHandler>(
+        to target: BenchTarget, on loop: any EventLoop, makeHandler: @escaping @Sendable () -> Handler
+    ) async throws -> any Channel {
         try await ClientBootstrap(group: loop)
             .channelOption(ChannelOptions.socketOption(.tcp_nodelay), value: 1)
             .connectTimeout(.seconds(10))
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(BenchConnectionHandler(logic: makeLogic()))
+                    try channel.pipeline.syncOperations.addHandler(makeHandler())
                 }
             }
             .connect(host: target.host, port: target.port)

@@ -325,16 +325,7 @@ extension BenchConnector {
     static func connectWebSocket(
         to target: BenchTarget, on loop: any EventLoop, makeHandler: @escaping @Sendable () -> BenchWebSocketSubscriber
     ) async throws -> any Channel {
-        try await ClientBootstrap(group: loop)
-            .channelOption(ChannelOptions.socketOption(.tcp_nodelay), value: 1)
-            .connectTimeout(.seconds(10))
-            .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(makeHandler())
-                }
-            }
-            .connect(host: target.host, port: target.port)
-            .get()
+        try await connectTCP(to: target, on: loop, makeHandler: makeHandler)
     }
 
     /// Opens `count` WebSocket subscribers spread over the loops of `group`, at most `parallel` at a time.
