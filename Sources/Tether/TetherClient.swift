@@ -84,6 +84,8 @@ public final class TetherClient: Sendable {
     /// (tests pass TetherTesting's `InMemoryWebSocket`). Does no I/O.
     package init<C: Clock>(configuration: TetherConfiguration, transport: any Transport, clock: C,
                            networkMonitor: (any NetworkMonitor)?, webSocketConnector: (any WebSocketConnector)?) where C.Duration == Duration {
+        var configuration = configuration
+        configuration.webSocket = configuration.webSocket.bounded
         self.configuration = configuration
         self.transport = transport
         self.token = Mutex(configuration.authKey)

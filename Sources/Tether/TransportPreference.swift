@@ -26,6 +26,15 @@ public struct WebSocketOptions: Sendable, Hashable {
     /// upgrade before trying WebSocket again (default 5 minutes).
     public var fallbackRetryInterval: Duration
 
+    /// The settings a client uses: a negative `inactivityPing` is `.zero` (the SDK does not ping),
+    /// `pongTimeout` is at least 100 ms and at most 5 minutes, `fallbackRetryInterval` at least
+    /// 1 s and at most 24 hours (``TetherClient`` applies this when it is created).
+    var bounded: WebSocketOptions {
+        WebSocketOptions(inactivityPing: max(.zero, inactivityPing),
+                         pongTimeout: min(max(.milliseconds(100), pongTimeout), .seconds(300)),
+                         fallbackRetryInterval: min(max(.seconds(1), fallbackRetryInterval), .seconds(86_400)))
+    }
+
     /// Creates the settings.
     public init(inactivityPing: Duration = .seconds(10), pongTimeout: Duration = .seconds(5),
                 fallbackRetryInterval: Duration = .seconds(300)) {

@@ -211,8 +211,8 @@ struct ClientPing: AsyncParsableCommand {
     var transport: TransportChoice = .websocket
 
     func validate() throws {
-        guard count > 0 else { throw ValidationError("--count must be at least 1") }
-        guard interval >= 0 else { throw ValidationError("--interval must not be negative") }
+        guard (1...10_000).contains(count) else { throw ValidationError("--count must be between 1 and 10000") }
+        guard interval >= 0 && interval <= 3_600 else { throw ValidationError("--interval must be between 0 and 3600 seconds") }
     }
 
     func run() async throws {

@@ -126,3 +126,18 @@ def test_ping_without_a_server_fails_clearly():
                             capture_output=True, text=True, timeout=60, env=clean_env(), stdin=subprocess.DEVNULL)
     assert result.returncode == 1
     assert "error:" in result.stderr and "is a server running" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("args", [["--count", "0"], ["--count", "-3"], ["--count", "100000"], ["--interval=-1"],
+                                  ["--interval", "99999"], ["--transport", "carrier-pigeon"]])
+def test_ping_refuses_out_of_range_options(args):
+    result = subprocess.run([TETHER_BIN, "ping", "--origin", "127.0.0.1:9", *args], capture_output=True, text=True, timeout=30,
+                            env=clean_env(), stdin=subprocess.DEVNULL)
+    assert result.returncode != 0
+    assert "Error:" in result.stderr or "error:" in result.stderr, result.stderr
+
+
+def test_subscribe_refuses_an_unknown_transport():
+    result = subprocess.run([TETHER_BIN, "subscribe", "chat", "--transport", "smoke-signals"], capture_output=True, text=True,
+                            timeout=30, env=clean_env(), stdin=subprocess.DEVNULL)
+    assert result.returncode != 0 and "transport" in result.stderr, result.stderr

@@ -86,4 +86,20 @@ struct LifecycleClientTests {
         // An explicit monitor (or none) is used as given.
         #expect(TetherClient(configuration: off, transport: InMemoryTransport(), clock: ContinuousClock(), networkMonitor: nil).networkMonitor == nil)
     }
+
+    @Test func hostileWebSocketOptionsAreBoundedAndTheSessionStillWorks() async throws {
+        let (client, socket, clock) = try makeSocketClient {
+            $0.webSocket = WebSocketOptions(inactivityPing: .seconds(-5), pongTimeout: .seconds(-1),
+                                            fallbackRetryInterval: .seconds(Int64.max / 4))
+        }
+        #expect(client.configuration.webSocket == WebSocketOptions(inactivityPing: .zero, pongTimeout: .milliseconds(100),
+                                                                    fallbackRetryInterval: .seconds(86_400)))
+        var messages = client.subscribe(to: ["a"])[0].messages.makeAsyncIterator()
+        let peer = try await openSession(socket, token: "t", cursor: 100)
+        peer.send(server: messagesFrame(cursor: 101, envelopes: [envelope("a", 101, #""fine""#)]))
+        #expect(await messages.next()?.payload == "fine")
+        // With the SDK's pings off, the only timer is the engine's watchdog (subscribe timeout + 10 s).
+        #expect(clock.sleepers.allSatisfy { $0.offset == .seconds(320) }, "\(clock.sleepers)")
+        await client.shutdown()
+    }
 }
