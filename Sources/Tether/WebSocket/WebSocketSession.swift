@@ -520,6 +520,9 @@ final class WebSocketSession: Sendable {
         let link = state.withLock { $0.generation == generation ? $0.link : nil }
         guard let link else { throw closedFailure(generation: generation) }
         do { try await link.send(text) } catch {
+            // A socket that cannot be written is given up: the retry opens a new one and resumes,
+            // instead of finding this one still "open".
+            await drop(generation: generation)
             throw SessionFailure(error: TetherError(Status(category: error.category, operation: .subscribe, error: error)))
         }
     }
