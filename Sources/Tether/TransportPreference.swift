@@ -28,11 +28,11 @@ public struct WebSocketOptions: Sendable, Hashable {
 
     /// The settings a client uses: a negative `inactivityPing` is `.zero` (the SDK does not ping),
     /// `pongTimeout` is at least 100 ms and at most 5 minutes, `fallbackRetryInterval` at least
-    /// 1 s and at most 24 hours (``TetherClient`` applies this when it is created).
+    /// 100 ms and at most 24 hours (``TetherClient`` applies this when it is created).
     var bounded: WebSocketOptions {
         WebSocketOptions(inactivityPing: max(.zero, inactivityPing),
                          pongTimeout: min(max(.milliseconds(100), pongTimeout), .seconds(300)),
-                         fallbackRetryInterval: min(max(.seconds(1), fallbackRetryInterval), .seconds(86_400)))
+                         fallbackRetryInterval: min(max(.milliseconds(100), fallbackRetryInterval), .seconds(86_400)))
     }
 
     /// Creates the settings.
