@@ -132,7 +132,8 @@ final class SubscribeEngine: Sendable {
             case .idle, .disconnected:
                 // The app ended the subscription: `bye` ends the WebSocket session (presence leave).
                 group.addTask { await client.session.close(bye: true) }
-            case .connecting, .connected, .reconnecting, .waitingForNetwork, .failed:
+            case .connecting, .connected, .reconnecting, .waitingForNetwork, .failed, .background:
+                // In the background `releaseConnection` already did what the policy says.
                 break
             }
         case .deliver(let events):
@@ -184,6 +185,51 @@ final class SubscribeEngine: Sendable {
                     }
                 }
             }
+        case .releaseConnection(let policy, let channels, let groups):
+            group.addTask {
+                switch policy {
+                case .disconnect:
+                    // SendBird's background disconnect / PubNub scenario 1's unsubscribe: others see
+                    // the user leave. `bye` ends a WebSocket session (its presence leave included).
+                    if client.session.holdsSession {
+                        await client.session.close(bye: true)
+                    } else if !(channels.isEmpty && groups.isEmpty) {
+                        try? await client.leave(channels: channels, groups: groups)
+                    }
+                case .suspend(let keepAlive):
+                    await client.session.suspend(keepAlive: keepAlive)
+                case .keep:
+                    break
+                }
+            }
+        case .probeForeground(let id, let counting, let timeout):
+            let token = slots.replace(.foreground)
+            group.addTask { [self] in
+                await slots.race(.foreground, token: token) { [self] in
+                    do throws(TetherError) {
+                        var counts: [String: Int]?
+                        if !counting.isEmpty {
+                            // The count is the probe; a server that cannot count (no storage, no
+                            // grant) still answered, so a Time request decides about the link.
+                            do throws(TetherError) { counts = try await client.messageCounts(since: counting, timeout: timeout) } catch {
+                                _ = try await client.time(timeout: timeout)
+                            }
+                        } else if client.session.isOpen && client.currentWire() == .webSocket {
+                            do throws(TetherError) { _ = try await client.session.ping(timeout: timeout) } catch {
+                                await client.session.abandonSocket()
+                                throw error
+                            }
+                        } else {
+                            _ = try await client.time(timeout: timeout)
+                        }
+                        let answered = counts
+                        send { machine, now in machine.foregroundProbeSucceeded(id, counts: answered, now: now) }
+                    } catch {
+                        let status = error.status
+                        send { [self] machine, now in machine.foregroundProbeFailed(id, status: status, now: now, randomness: random()) }
+                    }
+                }
+            }
         case .backfill(let id, let ranges):
             let token = slots.replace(.backfill)
             group.addTask { [self] in
@@ -220,6 +266,7 @@ enum SubscribeSlot: Hashable, Sendable {
     case subscribe
     case probe
     case liveness
+    case foreground
     case backfill
     case timer(SubscribeMachine.TimerID)
 }

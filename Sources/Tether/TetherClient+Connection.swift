@@ -30,7 +30,7 @@ extension ConnectionState {
         switch self {
         case .connected: return .open
         case .connecting, .reconnecting: return .connecting
-        case .idle, .waitingForNetwork, .disconnected, .failed: return .closed
+        case .idle, .waitingForNetwork, .disconnected, .background, .failed: return .closed
         }
     }
 }

@@ -31,6 +31,9 @@ public final class TetherClient: Sendable {
     let hasWebSocketWire: Bool
     let wire = Mutex(WireChoice())
     let elapsedClock: ElapsedClock
+    /// Follows the application's background/foreground notifications (Apple platforms, when
+    /// ``LifecycleOptions/observesApplicationState`` is on).
+    private let applicationObserver = Mutex<ApplicationStateObserver?>(nil)
 
     /// Creates a client with the default AsyncHTTPClient transport. Does no I/O.
     public convenience init(configuration: TetherConfiguration) throws(ConfigurationError) {
@@ -112,6 +115,10 @@ public final class TetherClient: Sendable {
         }
         self.outboxDriver = OutboxDriver(configuration: configuration.outbox, clock: elapsed, listeners: outboxListeners,
                                          logger: configuration.logger)
+        if configuration.lifecycle.observesApplicationState && ApplicationStateObserver.isAvailable {
+            let observer = ApplicationStateObserver(client: self)
+            applicationObserver.withLock { $0 = observer }
+        }
     }
 
     /// The outbox every publish and signal goes through: list, resend or cancel its messages,

@@ -89,6 +89,11 @@ public struct TetherConfiguration: Sendable {
     public var transport: TransportPreference
     /// Settings of the WebSocket wire: inactivity pings, dead-link timeout, fallback interval.
     public var webSocket: WebSocketOptions
+    /// What the client does when the app goes to the background and comes back
+    /// (``TetherClient/enterBackground()``, ``TetherClient/enterForeground()``; docs/mobile.md).
+    /// Default: suspend for 5 minutes, catch up on everything, observe the application's
+    /// notifications on Apple platforms.
+    public var lifecycle: LifecycleOptions
 
     /// Creates a configuration; throws when the user id or origin is invalid.
     public init(subscribeKey: String, publishKey: String? = nil, secretKey: String? = nil, userId: String,
@@ -125,6 +130,7 @@ public struct TetherConfiguration: Sendable {
         self.outbox = OutboxConfiguration()
         self.transport = .automatic
         self.webSocket = WebSocketOptions()
+        self.lifecycle = LifecycleOptions()
         try setUserId(userId)
         try setOrigin(origin)
     }

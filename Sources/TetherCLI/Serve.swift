@@ -88,6 +88,12 @@ struct Serve: AsyncParsableCommand {
         """)
     var wsKeepAlive: Int?
 
+    @Option(name: .customLong("ws-max-suspend"), help: """
+        The longest a client in the background may ask (with a suspend frame) to keep its WebSocket session, cursor \
+        and presence, in seconds. [env: TETHER_WS_MAX_SUSPEND] (default: 3600)
+        """)
+    var wsMaxSuspend: Int?
+
     @Option(name: .customLong("ws-ping-interval"), help: """
         Idle seconds before the server pings a WebSocket; two missed pings close it. [env: TETHER_WS_PING_INTERVAL] (default: 25)
         """)
@@ -115,6 +121,7 @@ struct Serve: AsyncParsableCommand {
         if let webSocket, Self.switchValue(webSocket) == nil { throw ValidationError("--ws must be on or off") }
         let bounds: [(String, Int?, ClosedRange<Int>)] = [
             ("--ws-keepalive", wsKeepAlive, 1...86_400), ("--ws-ping-interval", wsPingInterval, 1...3_600),
+            ("--ws-max-suspend", wsMaxSuspend, 1...86_400),
             ("--ws-max-connections", wsMaxConnections, 1...10_000_000), ("--ws-max-kept-sessions", wsMaxKeptSessions, 0...10_000_000),
             ("--ws-outbound-buffer", wsOutboundBuffer, 1...1_000_000),
         ]
@@ -162,7 +169,8 @@ struct Serve: AsyncParsableCommand {
             maxConnections: try number(wsMaxConnections, "TETHER_WS_MAX_CONNECTIONS", 1...10_000_000, default: defaults.maxConnections),
             maxKeptSessions: try number(wsMaxKeptSessions, "TETHER_WS_MAX_KEPT_SESSIONS", 0...10_000_000, default: defaults.maxKeptSessions),
             outboundBufferFrames: try number(wsOutboundBuffer, "TETHER_WS_OUTBOUND_BUFFER", 1...1_000_000,
-                                             default: defaults.outboundBufferFrames))
+                                             default: defaults.outboundBufferFrames),
+            maxSuspendSeconds: try number(wsMaxSuspend, "TETHER_WS_MAX_SUSPEND", 1...86_400, default: defaults.maxSuspendSeconds))
     }
 
     func run() async throws {

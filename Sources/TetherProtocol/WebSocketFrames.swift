@@ -51,6 +51,9 @@ package enum WebSocketClientFrame: Sendable, Hashable {
     case ping(id: JSONValue)
     case pong(id: JSONValue)
     case bye
+    /// The app goes to the background: keep the session (and its presence) for
+    /// `keepAliveSeconds` (nil: the server's maximum) after the socket closes.
+    case suspend(keepAliveSeconds: Int?)
 
     /// Why a frame could not be read.
     package enum ReadError: Error, Sendable, Hashable {
@@ -168,6 +171,18 @@ package enum WebSocketClientFrame: Sendable, Hashable {
             self = type == "ping" ? .ping(id: id) : .pong(id: id)
         case "bye":
             self = .bye
+        case "suspend":
+            switch fields["keepAliveSeconds"] {
+            case nil, .null?:
+                self = .suspend(keepAliveSeconds: nil)
+            case .number(let number)?:
+                guard let seconds = Int(exactly: number.doubleValue), (1...86_400).contains(seconds) else {
+                    throw .malformed("\"keepAliveSeconds\" must be a whole number of seconds, 1…86400")
+                }
+                self = .suspend(keepAliveSeconds: seconds)
+            default:
+                throw .malformed("\"keepAliveSeconds\" must be a number")
+            }
         default:
             throw .unknownType(type)
         }
@@ -332,6 +347,11 @@ package enum WebSocketServerFrame {
             key(&w, "reconnectAfterMs"); w.number(reconnectAfterMilliseconds)
             key(&w, "jitterMs"); w.number(jitterMilliseconds)
         }
+    }
+
+    /// The answer to `suspend`: the session is kept this long after the socket closes.
+    package static func suspended(keepAliveSeconds: Int) -> String {
+        frame("suspended") { w in key(&w, "keepAliveSeconds"); w.number(keepAliveSeconds) }
     }
 
     package static func sessionExpired(message: String) -> String {

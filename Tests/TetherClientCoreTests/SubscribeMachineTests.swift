@@ -17,6 +17,8 @@ struct Harness {
     var probes = 0
     var liveness = 0
     var leaves: [[String]] = []
+    var released: [BackgroundPolicy] = []
+    var foregroundProbes: [(id: SubscribeMachine.RequestID, counting: [String: Timetoken])] = []
 
     init(_ configuration: SubscribeMachine.Configuration = .init(retry: RetryConfiguration(jitter: .zero ... .zero))) {
         machine = SubscribeMachine(configuration: configuration)
@@ -40,6 +42,8 @@ struct Harness {
             case .probeLiveness: liveness += 1
             case .backfill(let id, _): lastBackfill = id
             case .continuity(let outcomes): continuity += outcomes
+            case .releaseConnection(let policy, _, _): released.append(policy)
+            case .probeForeground(let id, let counting, _): foregroundProbes.append((id, counting))
             }
         }
         return actions

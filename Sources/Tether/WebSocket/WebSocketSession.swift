@@ -292,6 +292,21 @@ final class WebSocketSession: Sendable {
         await link.close(code: WebSocketCloseCode.normal)
     }
 
+    /// The app goes to the background (``BackgroundPolicy/suspend(keepAlive:)``): asks the
+    /// server to keep the session — subscription, cursor, presence — for `keepAlive`, then closes
+    /// the socket without `bye`. The resume token is kept, so the next receive resumes the session.
+    /// Without an open socket there is nothing to tell; the server keeps the session for its
+    /// ordinary keep-alive.
+    func suspend(keepAlive: Duration) async {
+        let seconds = Int(min(max(keepAlive.components.seconds, 1), 86_400))
+        let link = state.withLock { $0.link }
+        if let link { try? await link.send(SessionFrame.suspend(keepAliveSeconds: seconds)) }
+        await close(bye: false)
+    }
+
+    /// Whether the client holds a session the server may keep (a resume token).
+    var holdsSession: Bool { state.withLock { $0.resumeToken != nil } }
+
     // MARK: - Opening
 
     /// Opens (or resumes) the session unless a socket is open; returns the socket's generation.

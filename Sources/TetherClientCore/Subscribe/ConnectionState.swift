@@ -4,7 +4,7 @@
 /// `CONNECTING` = ``connecting`` and ``reconnecting(attempt:)``; `CLOSED` = everything else.
 /// Diffusion `CONNECTING` = ``connecting``; `CONNECTED_ACTIVE` = ``connected``;
 /// `RECOVERING_RECONNECT` = ``reconnecting(attempt:)`` and ``waitingForNetwork``;
-/// `CLOSED_BY_CLIENT` = ``disconnected`` and ``idle``; `CLOSED_FAILED` = ``failed(_:)``.
+/// `CLOSED_BY_CLIENT` = ``disconnected``, ``background`` and ``idle``; `CLOSED_FAILED` = ``failed(_:)``.
 public enum ConnectionState: Sendable, Hashable, CustomStringConvertible {
     /// Nothing is subscribed; no request runs.
     case idle
@@ -19,6 +19,10 @@ public enum ConnectionState: Sendable, Hashable, CustomStringConvertible {
     case waitingForNetwork
     /// The app called `disconnect()`; `reconnect()` resumes.
     case disconnected
+    /// The app is in the background and the client let go of its connection
+    /// (``BackgroundPolicy/disconnect`` or ``BackgroundPolicy/suspend(keepAlive:)``); the cursor
+    /// is kept and `enterForeground()` resumes (or `reconnect()`).
+    case background
     /// The loop gave up (the category says why: connection error, disconnected unexpectedly,
     /// access denied, malformed filter expression, bad request). `reconnect()` starts again; after
     /// an unexpected disconnect the client also probes the Time API and restores on its own.
@@ -33,6 +37,7 @@ public enum ConnectionState: Sendable, Hashable, CustomStringConvertible {
         case .reconnecting(let attempt): return "reconnecting(attempt: \(attempt))"
         case .waitingForNetwork: return "waitingForNetwork"
         case .disconnected: return "disconnected"
+        case .background: return "background"
         case .failed(let category): return "failed(\(category))"
         }
     }
@@ -42,7 +47,7 @@ public enum ConnectionState: Sendable, Hashable, CustomStringConvertible {
         switch self {
         case .connected: return "OPEN"
         case .connecting, .reconnecting: return "CONNECTING"
-        case .idle, .waitingForNetwork, .disconnected, .failed: return "CLOSED"
+        case .idle, .waitingForNetwork, .disconnected, .background, .failed: return "CLOSED"
         }
     }
 }

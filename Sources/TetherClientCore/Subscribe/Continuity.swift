@@ -13,6 +13,11 @@ public struct ChannelContinuity: Sendable, Hashable, CustomStringConvertible {
         /// server's retention removed them, and history could not fill them); `recovered` others
         /// were delivered.
         case gap(from: Timetoken, through: Timetoken, recovered: Int)
+        /// Messages in `(resumedFrom, through]` were deliberately not delivered: the app came back
+        /// from the background with ``ForegroundCatchUp/unreadCounts`` or
+        /// ``ForegroundCatchUp/latestOnly``. `count` is how many were published before the client
+        /// resubscribed (`message-counts`; nil when not counted), for unread badges; history has them.
+        case skipped(through: Timetoken, count: Int?)
     }
 
     /// The channel (as events name it: a plain channel, a group member, a presence channel).
@@ -35,6 +40,8 @@ public struct ChannelContinuity: Sendable, Hashable, CustomStringConvertible {
         case .continuous: return "\(channel): continuous"
         case .recovered(let count): return "\(channel): recovered \(count)"
         case .gap(let from, let through, let recovered): return "\(channel): gap (\(from), \(through)] recovered \(recovered)"
+        case .skipped(let through, let count):
+            return "\(channel): skipped (\(resumedFrom), \(through)]" + (count.map { " \($0) messages" } ?? "")
         }
     }
 }

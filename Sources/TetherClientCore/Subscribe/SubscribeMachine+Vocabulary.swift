@@ -33,13 +33,15 @@ extension SubscribeMachine {
         package var backfill: BackfillPolicy
         /// Events per catch-up page (100).
         package var catchUpPageSize: Int
+        /// Background and foreground behaviour.
+        package var lifecycle: LifecycleOptions
 
         /// Creates a configuration with the documented defaults.
         package init(retry: RetryConfiguration = .default, keepTimetokenOnListChange: Bool = true, restoreSubscription: Bool = true,
                     catchUpOnSubscriptionRestore: Bool = true, requestMessageCountThreshold: Int = 100,
                     timeProbeInterval: Duration = .seconds(10), liveness: Liveness? = Liveness(),
                     presenceHeartbeat: PresenceHeartbeat? = nil, longPollWatchdog: Duration = .seconds(320),
-                    backfill: BackfillPolicy = .onGap, catchUpPageSize: Int = 100) {
+                    backfill: BackfillPolicy = .onGap, catchUpPageSize: Int = 100, lifecycle: LifecycleOptions = LifecycleOptions()) {
             self.retry = retry
             self.keepTimetokenOnListChange = keepTimetokenOnListChange
             self.restoreSubscription = restoreSubscription
@@ -51,6 +53,7 @@ extension SubscribeMachine {
             self.longPollWatchdog = longPollWatchdog
             self.backfill = backfill
             self.catchUpPageSize = catchUpPageSize
+            self.lifecycle = lifecycle
         }
     }
 
@@ -146,6 +149,16 @@ extension SubscribeMachine {
         case backfill(RequestID, [BackfillRange])
         /// Publish continuity outcomes.
         case continuity([ChannelContinuity])
+        /// The app went to the background: let go of the connection as `policy` says (`disconnect`:
+        /// end the session with `bye`, or send a presence `leave` on long-poll; `suspend`: ask the
+        /// server to keep the session for its keep-alive and close the socket without `bye`).
+        case releaseConnection(BackgroundPolicy, channels: [String], groups: [String])
+        /// The app came to the foreground: test the link within `timeout` before trusting it
+        /// (a WebSocket `ping` on an open session, otherwise a Time request; with `counting`,
+        /// a `message-counts` request for those channels since their timetokens, whose answer is
+        /// the probe). Report with ``SubscribeMachine/foregroundProbeSucceeded(_:counts:now:)`` or
+        /// ``SubscribeMachine/foregroundProbeFailed(_:status:now:randomness:)``.
+        case probeForeground(RequestID, counting: [String: Timetoken], timeout: Duration)
     }
 
     /// Hands out request IDs in order; one sequence per machine, shared by its children.

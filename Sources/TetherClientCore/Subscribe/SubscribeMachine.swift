@@ -46,6 +46,21 @@ package struct SubscribeMachine: Sendable {
         var outage: RetryMachine?
     }
 
+    /// After `enterForeground()` with the connection let go: the probe runs before anything is
+    /// trusted.
+    private struct Resuming: Sendable {
+        var cursor: Cursor?
+        var connectedBefore: Bool
+        var probe: RequestID
+    }
+
+    /// What a foreground with ``ForegroundCatchUp/unreadCounts`` or ``ForegroundCatchUp/latestOnly``
+    /// skips: everything after `from`, reported once the new subscription is established.
+    private struct PendingSkip: Sendable {
+        var from: Timetoken
+        var counts: [String: Int]?
+    }
+
     /// What a stopped loop does on its own.
     private enum Afterwards: Sendable, Hashable {
         /// Probe the Time API every `timeProbeInterval` and restore when it answers.
@@ -80,6 +95,10 @@ package struct SubscribeMachine: Sendable {
         case waitingForNetwork(Paused)
         case stopped(Stopped)
         case disconnected(Paused)
+        /// The app is in the background and the connection was let go (policy disconnect or suspend).
+        case background(Paused)
+        /// Back in the foreground; the probe runs.
+        case resuming(Resuming)
     }
 
     // MARK: Stored properties
@@ -98,6 +117,12 @@ package struct SubscribeMachine: Sendable {
     private var watermarks = DeliveryWatermarks()
     /// A reconnect cycle was announced (`started`) and has not ended yet.
     private var reconnectCycleOpen = false
+    /// The app said it is in the background.
+    private var inBackground = false
+    /// The foreground probe of a kept connection (policy keep), while it runs.
+    private var keptProbe: RequestID?
+    /// What the foreground skips, until the new subscription reports it.
+    private var pendingSkip: PendingSkip?
 
     /// Creates an idle machine.
     package init(configuration: Configuration = Configuration()) {
@@ -128,6 +153,8 @@ package struct SubscribeMachine: Sendable {
         case .waitingForNetwork: return .waitingForNetwork
         case .stopped(let s): return .failed(s.reason)
         case .disconnected: return .disconnected
+        case .background: return .background
+        case .resuming(let r): return r.connectedBefore ? .reconnecting(attempt: 0) : .connecting
         }
     }
 
@@ -138,8 +165,9 @@ package struct SubscribeMachine: Sendable {
         case .handshaking(let h): return h.handshake.cursor
         case .receiving(let r): return r.loop.cursor
         case .retrying(let r): return r.cursor
-        case .waitingForNetwork(let p), .disconnected(let p): return p.cursor
+        case .waitingForNetwork(let p), .disconnected(let p), .background(let p): return p.cursor
         case .stopped(let s): return s.cursor
+        case .resuming(let r): return r.cursor
         }
     }
 
@@ -153,6 +181,8 @@ package struct SubscribeMachine: Sendable {
         case .waitingForNetwork: return "waitingForNetwork"
         case .stopped: return "stopped"
         case .disconnected: return "disconnected"
+        case .background: return "background"
+        case .resuming: return "resuming"
         }
     }
 
@@ -189,8 +219,9 @@ package struct SubscribeMachine: Sendable {
                 paused.cursor = nil
                 state = .disconnected(paused)
                 return actions
-            case .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped:
+            case .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped, .background, .resuming:
                 let last = cursor?.timetoken
+                pendingSkip = nil
                 actions += stopEverything()
                 state = .idle
                 actions.append(report(.unsubscribed(channels: removedChannels, groups: removedGroups, last: last)))
@@ -249,6 +280,14 @@ package struct SubscribeMachine: Sendable {
             // Seed 000: after disconnect(), subscribe() does not reconnect; reconnect() does.
             if let timetoken { paused.cursor = Cursor(timetoken: timetoken, region: paused.cursor?.region ?? 0) }
             state = .disconnected(paused)
+        case .background(var paused):
+            // In the background nothing connects; the foreground subscribes to the new set.
+            if let timetoken { paused.cursor = Cursor(timetoken: timetoken, region: paused.cursor?.region ?? 0) }
+            state = .background(paused)
+        case .resuming(var r):
+            // The probe runs; the handshake that follows takes the new set.
+            if let timetoken { r.cursor = Cursor(timetoken: timetoken, region: r.cursor?.region ?? 0) }
+            state = .resuming(r)
         }
         return actions + connectionChange(from: before)
     }
@@ -259,7 +298,9 @@ package struct SubscribeMachine: Sendable {
         switch state {
         case .idle, .disconnected:
             return []
-        case .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped:
+        case .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped, .background, .resuming:
+            pendingSkip = nil
+            keptProbe = nil
             let saved = cursor
             let connectedBefore = wasConnected
             var actions = stopEverything()
@@ -290,9 +331,12 @@ package struct SubscribeMachine: Sendable {
             actions.append(.cancelTimer(.retry))
             actions += startHandshake(purpose: r.connectedBefore ? .restore : .connect, resume: timetoken ?? r.cursor?.timetoken,
                                       last: r.cursor, outage: r.outage)
-        case .waitingForNetwork(let p), .disconnected(let p):
+        case .waitingForNetwork(let p), .disconnected(let p), .background(let p):
             actions += startHandshake(purpose: p.connectedBefore ? .restore : .connect, resume: timetoken ?? p.cursor?.timetoken,
                                       last: p.cursor, outage: nil)
+        case .resuming(let r):
+            actions += startHandshake(purpose: r.connectedBefore ? .restore : .connect, resume: timetoken ?? r.cursor?.timetoken,
+                                      last: r.cursor, outage: nil)
         case .stopped(let s):
             actions.append(.cancelTimer(.timeProbe))
             actions += startHandshake(purpose: s.connectedBefore ? .restore : .connect, resume: timetoken ?? s.cursor?.timetoken,
@@ -314,7 +358,7 @@ package struct SubscribeMachine: Sendable {
             let connectedBefore = h.handshake.connectedBefore
             actions += giveUp(cursor: h.handshake.last, connectedBefore: connectedBefore, cause: nil, byApp: true)
             return actions + connectionChange(from: before)
-        case .idle, .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped, .disconnected:
+        case .idle, .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped, .disconnected, .background, .resuming:
             return []
         }
     }
@@ -363,6 +407,14 @@ package struct SubscribeMachine: Sendable {
                 }))
                 (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: nil, ids: &requestIDs)
             case .live:
+                if let skip = pendingSkip {
+                    // The foreground chose not to replay: say what was skipped, per channel.
+                    pendingSkip = nil
+                    actions.append(.continuity(channels.filter { !NameRules.isPresence($0) && !$0.hasSuffix(".*") }.map {
+                        ChannelContinuity(channel: $0, outcome: .skipped(through: established.cursor.timetoken, count: skip.counts?[$0]),
+                                          resumedFrom: skip.from)
+                    }))
+                }
                 (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: nil, ids: &requestIDs)
             }
             actions += perform(startHeartbeat, failure: nil)
@@ -378,7 +430,7 @@ package struct SubscribeMachine: Sendable {
                 state = .receiving(r)
                 return perform(receive)
             }
-        case .idle, .retrying, .waitingForNetwork, .stopped, .disconnected:
+        case .idle, .retrying, .waitingForNetwork, .stopped, .disconnected, .background, .resuming:
             return []
         }
     }
@@ -395,7 +447,7 @@ package struct SubscribeMachine: Sendable {
             guard r.loop.pollRequest == id else { return [] }
             return [.cancelTimer(.liveness), .cancelTimer(.longPollWatchdog)]
                 + failure(status, cursor: r.loop.cursor, connectedBefore: true, outage: nil, now: now, randomness: randomness)
-        case .idle, .retrying, .waitingForNetwork, .stopped, .disconnected:
+        case .idle, .retrying, .waitingForNetwork, .stopped, .disconnected, .background, .resuming:
             return []
         }
     }
@@ -418,6 +470,8 @@ package struct SubscribeMachine: Sendable {
     /// A timer the machine scheduled fired.
     package mutating func timerFired(_ timer: TimerID, now: Duration, randomness: Double) -> [Action] {
         let before = connectionState
+        // Seed 001: retries and Time probing pause in the background; the foreground resumes.
+        if inBackground && (timer == .retry || timer == .timeProbe) { return [] }
         switch (timer, state) {
         case (.retry, .retrying(let r)):
             let actions = startHandshake(purpose: r.connectedBefore ? .restore : .connect,
@@ -443,7 +497,7 @@ package struct SubscribeMachine: Sendable {
     /// A Time API probe answered: restore the subscription (seed 001).
     package mutating func timeProbeSucceeded(now: Duration) -> [Action] {
         let before = connectionState
-        guard case .stopped(let s) = state, s.afterwards == .probeTime else { return [] }
+        guard !inBackground, case .stopped(let s) = state, s.afterwards == .probeTime else { return [] }
         return resume(from: s) + connectionChange(from: before)
     }
 
@@ -479,6 +533,139 @@ package struct SubscribeMachine: Sendable {
         return actions + connectionChange(from: before)
     }
 
+    // MARK: Events — app lifecycle
+
+    /// The app went to the background. With ``BackgroundPolicy/keep`` the loop goes on, but
+    /// retries and Time probes pause (seed 001); with ``BackgroundPolicy/disconnect`` or
+    /// ``BackgroundPolicy/suspend(keepAlive:)`` the connection is let go and the cursor kept. A
+    /// loop stopped for good (the app cancelled its retries, or a fatal error) stays stopped.
+    package mutating func enterBackground(now: Duration) -> [Action] {
+        guard !inBackground else { return [] }
+        inBackground = true
+        let before = connectionState
+        let policy = configuration.lifecycle.backgroundPolicy
+        switch policy {
+        case .keep:
+            switch state {
+            case .retrying: return [.cancelTimer(.retry)]
+            case .stopped: return [.cancelTimer(.timeProbe)]
+            case .idle, .handshaking, .receiving, .waitingForNetwork, .disconnected, .background, .resuming: return []
+            }
+        case .disconnect, .suspend:
+            switch state {
+            case .idle, .disconnected, .background:
+                return []
+            case .stopped(let s) where !(s.afterwards == .probeTime || s.restartsOnNetworkUp):
+                return []
+            case .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped, .resuming:
+                let saved = cursor
+                let connectedBefore = wasConnected
+                keptProbe = nil
+                var actions = stopEverything()
+                actions.append(.releaseConnection(policy, channels: channels.filter { !NameRules.isPresence($0) }, groups: groups))
+                state = .background(Paused(cursor: saved, connectedBefore: connectedBefore, outage: nil))
+                return actions + connectionChange(from: before)
+            }
+        }
+    }
+
+    /// The app came back to the foreground: probe before trusting (Diffusion), reset the back-off,
+    /// and resume — the kept session, or a subscription from the cursor — catching up as
+    /// ``LifecycleOptions/foregroundCatchUp`` says. A kept long-poll restarts from its cursor
+    /// (its socket may have died unnoticed) while the probe runs.
+    package mutating func enterForeground(now: Duration) -> [Action] {
+        guard inBackground else { return [] }
+        inBackground = false
+        let before = connectionState
+        switch state {
+        case .background(let p):
+            return foregroundResume(cursor: p.cursor, connectedBefore: p.connectedBefore) + connectionChange(from: before)
+        case .retrying(let r):
+            return [.cancelTimer(.retry)] + foregroundResume(cursor: r.cursor, connectedBefore: r.connectedBefore)
+                + connectionChange(from: before)
+        case .stopped(let s) where s.afterwards == .probeTime || s.restartsOnNetworkUp:
+            return [.cancelTimer(.timeProbe)] + foregroundResume(cursor: s.cursor, connectedBefore: s.connectedBefore)
+                + connectionChange(from: before)
+        case .receiving(var r):
+            let id = requestIDs.next()
+            keptProbe = id
+            var actions: [Action] = [.probeForeground(id, counting: [:], timeout: configuration.lifecycle.foregroundProbeTimeout)]
+            if r.loop.pollRequest != nil {
+                actions += [.cancelSubscribe, .cancelTimer(.longPollWatchdog)]
+                actions += perform(r.loop.restart(from: nil, settings: receiveSettings, ids: &requestIDs))
+                state = .receiving(r)
+            }
+            return actions
+        case .waitingForNetwork(let p) where !network.isDown:
+            // The network came back while in the background, where nothing connects.
+            return foregroundResume(cursor: p.cursor, connectedBefore: p.connectedBefore) + connectionChange(from: before)
+        case .idle, .handshaking, .waitingForNetwork, .stopped, .disconnected, .resuming:
+            return []
+        }
+    }
+
+    /// The foreground probe answered (`counts`: the `message-counts` answer when it counted).
+    package mutating func foregroundProbeSucceeded(_ id: RequestID, counts: [String: Int]?, now: Duration) -> [Action] {
+        let before = connectionState
+        switch state {
+        case .resuming(let r) where r.probe == id:
+            if let counts { pendingSkip?.counts = counts }
+            let resume = pendingSkip == nil ? resumePoint(r.cursor, connectedBefore: r.connectedBefore) : nil
+            return startHandshake(purpose: r.connectedBefore ? .restore : .connect, resume: resume, last: r.cursor, outage: nil)
+                + connectionChange(from: before)
+        case .receiving where keptProbe == id:
+            keptProbe = nil
+            return []
+        case .idle, .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped, .disconnected, .background, .resuming:
+            return []
+        }
+    }
+
+    /// The foreground probe failed or timed out: the link is down. A fresh outage begins (the
+    /// back-off starts over) with its retry schedule; a kept connection is declared dead.
+    package mutating func foregroundProbeFailed(_ id: RequestID, status: Status, now: Duration, randomness: Double) -> [Action] {
+        let before = connectionState
+        switch state {
+        case .resuming(let r) where r.probe == id:
+            return failure(status, cursor: pendingSkip == nil ? r.cursor : nil, connectedBefore: r.connectedBefore, outage: nil,
+                           now: now, randomness: randomness)
+        case .receiving(let r) where keptProbe == id:
+            keptProbe = nil
+            let cursor = r.loop.cursor
+            let outage = RetryMachine(episode: makeEpisode(), start: now)
+            var actions: [Action] = [.cancelSubscribe, .cancelTimer(.liveness), .cancelTimer(.longPollWatchdog)]
+            actions.append(report(.failure(.unexpectedDisconnect, cause: status, last: cursor.timetoken), retryEpisode: outage.episode))
+            actions += startHandshake(purpose: .restore, resume: resumePoint(cursor, connectedBefore: true), last: cursor, outage: outage)
+            return actions + connectionChange(from: before)
+        case .idle, .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped, .disconnected, .background, .resuming:
+            return []
+        }
+    }
+
+    /// Whether the app said it is in the background.
+    package var isInBackground: Bool { inBackground }
+
+    /// Re-establishes after the foreground: the probe first (counting what is skipped when the
+    /// catch-up mode skips), or waiting for the network when it is down.
+    private mutating func foregroundResume(cursor: Cursor?, connectedBefore: Bool) -> [Action] {
+        let mode = configuration.lifecycle.foregroundCatchUp
+        var counting: [String: Timetoken] = [:]
+        pendingSkip = nil
+        if mode != .everything, connectedBefore, let from = cursor?.timetoken {
+            pendingSkip = PendingSkip(from: from, counts: nil)
+            if mode == .unreadCounts {
+                for channel in channels where !NameRules.isPresence(channel) && !channel.hasSuffix(".*") { counting[channel] = from }
+            }
+        }
+        if network.isDown {
+            state = .waitingForNetwork(Paused(cursor: pendingSkip == nil ? cursor : nil, connectedBefore: connectedBefore, outage: nil))
+            return []
+        }
+        let id = requestIDs.next()
+        state = .resuming(Resuming(cursor: cursor, connectedBefore: connectedBefore, probe: id))
+        return [.probeForeground(id, counting: counting, timeout: configuration.lifecycle.foregroundProbeTimeout)]
+    }
+
     // MARK: Events — network
 
     /// The network monitor reports no usable network: stop pointless retries.
@@ -490,8 +677,11 @@ package struct SubscribeMachine: Sendable {
         }
         var actions: [Action] = [report(.networkDown)]
         switch state {
-        case .idle, .disconnected, .waitingForNetwork:
+        case .idle, .disconnected, .waitingForNetwork, .background:
             return actions
+        case .resuming(let r):
+            state = .waitingForNetwork(Paused(cursor: pendingSkip == nil ? r.cursor : nil, connectedBefore: r.connectedBefore, outage: nil))
+            return actions + connectionChange(from: before)
         case .stopped(let s):
             guard s.afterwards == .probeTime || s.restartsOnNetworkUp else { return actions }
             actions.append(.cancelTimer(.timeProbe))
@@ -561,7 +751,7 @@ package struct SubscribeMachine: Sendable {
                 + connectionChange(from: before)
         case .stopped(let s) where s.afterwards == .probeTime || s.restartsOnNetworkUp:
             return [.cancelTimer(.timeProbe)] + resume(from: s) + connectionChange(from: before)
-        case .idle, .stopped, .waitingForNetwork, .disconnected:
+        case .idle, .stopped, .waitingForNetwork, .disconnected, .background, .resuming:
             return []
         }
     }
@@ -570,6 +760,8 @@ package struct SubscribeMachine: Sendable {
     private mutating func networkCameBack() -> [Action] {
         let before = connectionState
         var actions: [Action] = [report(.networkUp)]
+        // In the background nothing connects on its own; the foreground does.
+        if inBackground { return actions }
         switch state {
         case .waitingForNetwork(let p):
             actions += startHandshake(purpose: p.connectedBefore ? .restore : .connect,
@@ -581,7 +773,7 @@ package struct SubscribeMachine: Sendable {
         case .stopped(let s) where s.afterwards == .probeTime || s.restartsOnNetworkUp:
             actions.append(.cancelTimer(.timeProbe))
             actions += resume(from: s)
-        case .idle, .handshaking, .receiving, .stopped, .disconnected:
+        case .idle, .handshaking, .receiving, .stopped, .disconnected, .background, .resuming:
             break
         }
         return actions + connectionChange(from: before)
@@ -681,8 +873,9 @@ package struct SubscribeMachine: Sendable {
         case .handshaking(let h): return h.handshake.connectedBefore
         case .receiving: return true
         case .retrying(let r): return r.connectedBefore
-        case .waitingForNetwork(let p), .disconnected(let p): return p.connectedBefore
+        case .waitingForNetwork(let p), .disconnected(let p), .background(let p): return p.connectedBefore
         case .stopped(let s): return s.connectedBefore
+        case .resuming(let r): return r.connectedBefore
         }
     }
 
@@ -690,7 +883,7 @@ package struct SubscribeMachine: Sendable {
         switch state {
         case .handshaking(let h): return h.outage?.isRecheckingAccess == true
         case .waitingForNetwork(let p): return p.outage?.isRecheckingAccess == true
-        case .idle, .receiving, .retrying, .stopped, .disconnected: return false
+        case .idle, .receiving, .retrying, .stopped, .disconnected, .background, .resuming: return false
         }
     }
 
@@ -698,8 +891,8 @@ package struct SubscribeMachine: Sendable {
         switch state {
         case .handshaking(let h): return h.outage
         case .retrying(let r): return r.outage
-        case .waitingForNetwork(let p), .disconnected(let p): return p.outage
-        case .idle, .receiving, .stopped: return nil
+        case .waitingForNetwork(let p), .disconnected(let p), .background(let p): return p.outage
+        case .idle, .receiving, .stopped, .resuming: return nil
         }
     }
 
@@ -743,6 +936,9 @@ package struct SubscribeMachine: Sendable {
             if reconnectCycleOpen { event = .succeeded }
         case .idle, .connecting, .failed, .disconnected:
             if reconnectCycleOpen { event = .failed }
+        case .background:
+            // Neither an outage nor its end: the foreground continues (or starts) the cycle.
+            break
         }
         switch event {
         case .started?: reconnectCycleOpen = true

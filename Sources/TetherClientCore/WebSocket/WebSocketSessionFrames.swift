@@ -157,4 +157,9 @@ package enum SessionFrame {
 
     /// `bye`: ends the session.
     package static let bye = #"{"type":"bye"}"#
+
+    /// `suspend`: the app goes to the background; keep the session `seconds` after the socket closes.
+    package static func suspend(keepAliveSeconds seconds: Int) -> String {
+        JSONValue.object(["type": "suspend", "keepAliveSeconds": .number(JSONValue.Number(seconds))]).jsonText
+    }
 }

@@ -172,6 +172,12 @@ final class WebSocketConnection: Sendable {
             changeContinuation.yield()
             queue.close(code: WebSocketCloseCode.normal, reason: "bye")
             return false
+        case .suspend(let seconds):
+            // The app goes to the background: the session outlives its socket this long.
+            if let granted = sessions.suspend(id, seconds: seconds) {
+                send(WebSocketServerFrame.suspended(keepAliveSeconds: granted))
+            }
+            return true
         case .ping, .pong:
             return true
         }

@@ -135,6 +135,14 @@ final class WebSocketSessions: Sendable {
         locked.withLock { $0.table.received(connection, now: now) }
     }
 
+    /// `suspend`: the connection's session is kept for `seconds` (bounded by the settings'
+    /// `maxSuspendSeconds`) once its socket closes; returns the window granted, nil without a session.
+    func suspend(_ connection: Table.ConnectionID, seconds: Int?) -> Int? {
+        let granted = min(seconds ?? settings.maxSuspendSeconds, settings.maxSuspendSeconds)
+        let held = locked.withLock { $0.table.suspend(connection, keepAlive: .seconds(granted)) }
+        return held ? granted : nil
+    }
+
     /// `bye`: the session ends; its uuid leaves every channel.
     func end(_ connection: Table.ConnectionID) async {
         guard let state = locked.withLock({ $0.table.end(connection) }) else { return }
@@ -147,15 +155,17 @@ final class WebSocketSessions: Sendable {
     /// keep-alive window, so the uuid times out exactly when the window lapses unless it resumes.
     func disconnected(_ connection: Table.ConnectionID) async {
         let now = self.now
-        let (kept, actions) = locked.withLock { s -> (SessionState?, [Table.Action]) in
+        let (kept, keepAlive, actions) = locked.withLock { s -> (SessionState?, Duration?, [Table.Action]) in
             s.handles[connection] = nil
             let session = s.table.session(on: connection)
+            let keepAlive = session.flatMap { s.table.keepAlive(of: $0) }
             let actions = s.table.disconnected(connection, now: now)
-            return (session.flatMap { s.table.payload(of: $0) }, actions)
+            return (session.flatMap { s.table.payload(of: $0) }, keepAlive, actions)
         }
         if let kept, kept.hasSubscribed {
+            let seconds = Int(keepAlive?.components.seconds ?? Int64(settings.keepAliveSeconds))
             await presence.refresh(subscribeKey: kept.keyset.subscribeKey, uuid: kept.uuid, channels: kept.channels, groups: kept.groups,
-                                   timeoutSeconds: settings.keepAliveSeconds)
+                                   timeoutSeconds: seconds)
         }
         await perform(actions)
     }

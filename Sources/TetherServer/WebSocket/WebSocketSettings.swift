@@ -5,6 +5,9 @@ public struct WebSocketSettings: Sendable, Hashable {
     public var enabled: Bool
     /// How long a session is kept after its socket drops, in seconds (default 300).
     public var keepAliveSeconds: Int
+    /// The longest a `suspend` frame may keep a session after its socket closes, in seconds
+    /// (default 3,600): an app in the background keeps its session, cursor and presence this long.
+    public var maxSuspendSeconds: Int
     /// Idle seconds before the server pings a connection (default 25); two missed pings close it.
     public var pingIntervalSeconds: Int
     /// Open WebSocket connections at most; over it the upgrade gets 503 (default 10,000).
@@ -24,9 +27,10 @@ public struct WebSocketSettings: Sendable, Hashable {
     /// Creates settings; every number is clamped to at least 1 (0 for the drain delays).
     public init(enabled: Bool = true, keepAliveSeconds: Int = 300, pingIntervalSeconds: Int = 25, maxConnections: Int = 10_000,
                 maxKeptSessions: Int = 10_000, outboundBufferFrames: Int = 256, outboundBufferBytes: Int = 4 << 20,
-                drainReconnectAfterMilliseconds: Int = 1_000, drainJitterMilliseconds: Int = 5_000) {
+                drainReconnectAfterMilliseconds: Int = 1_000, drainJitterMilliseconds: Int = 5_000, maxSuspendSeconds: Int = 3_600) {
         self.enabled = enabled
         self.keepAliveSeconds = min(max(1, keepAliveSeconds), 86_400)
+        self.maxSuspendSeconds = min(max(1, maxSuspendSeconds), 86_400)
         self.pingIntervalSeconds = min(max(1, pingIntervalSeconds), 3_600)
         self.maxConnections = max(1, maxConnections)
         self.maxKeptSessions = max(0, maxKeptSessions)

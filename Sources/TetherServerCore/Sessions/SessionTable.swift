@@ -103,6 +103,10 @@ package struct SessionTable<Payload: Sendable>: Sendable {
         var connection: ConnectionID?
         var keptSince: Duration?
         var presenceRefreshAt: Duration
+        /// The keep-alive a `suspend` asked for (nil: the configuration's).
+        var suspendedFor: Duration?
+
+        func keepAlive(_ configuration: Configuration) -> Duration { suspendedFor ?? configuration.keepAlive }
     }
 
     package let configuration: Configuration
@@ -182,6 +186,7 @@ package struct SessionTable<Payload: Sendable>: Sendable {
         }
         session.connection = connection
         session.keptSince = nil
+        session.suspendedFor = nil
         session.presenceRefreshAt = now + configuration.presenceRefresh
         sessions[id] = session
         entry.session = id
@@ -199,6 +204,19 @@ package struct SessionTable<Payload: Sendable>: Sendable {
         entry.bytes = bytes
         sessions[session] = entry
     }
+
+    /// `suspend`: once the connection's socket closes, its session is kept for `keepAlive` instead
+    /// of the configured window (until it is resumed). False when the connection carries no session.
+    @discardableResult
+    package mutating func suspend(_ connection: ConnectionID, keepAlive: Duration) -> Bool {
+        guard let id = connections[connection]?.session, var session = sessions[id] else { return false }
+        session.suspendedFor = keepAlive
+        sessions[id] = session
+        return true
+    }
+
+    /// How long a session is kept once its socket is gone (its `suspend` window, or the configured one).
+    package func keepAlive(of session: SessionID) -> Duration? { sessions[session]?.keepAlive(configuration) }
 
     /// Any frame from the client: a sign of life.
     package mutating func received(_ connection: ConnectionID, now: Duration) {
@@ -264,7 +282,7 @@ package struct SessionTable<Payload: Sendable>: Sendable {
         }
         for (id, var session) in sessions {
             if let since = session.keptSince {
-                if now >= since + configuration.keepAlive {
+                if now >= since + session.keepAlive(configuration) {
                     actions.append(.expired(id, session.payload, .keepAliveLapsed))
                     remove(id)
                 }
@@ -290,7 +308,7 @@ package struct SessionTable<Payload: Sendable>: Sendable {
             }
         }
         for session in sessions.values {
-            if let since = session.keptSince { consider(since + configuration.keepAlive) } else { consider(session.presenceRefreshAt) }
+            if let since = session.keptSince { consider(since + session.keepAlive(configuration)) } else { consider(session.presenceRefreshAt) }
         }
         return next
     }
