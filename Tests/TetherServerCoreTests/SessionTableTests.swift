@@ -17,6 +17,8 @@ import TetherServerCore
         case received(UInt64, at: Int)
         case disconnected(UInt64, at: Int, expect: [String])
         case end(UInt64, expect: String?)
+        /// `suspend` on a connection, keeping its session this many seconds once the socket closes.
+        case suspend(UInt64, keep: Int, expect: Bool)
         /// A tick; expects its actions, described.
         case tick(at: Int, expect: [String])
         case nextWakeUp(expect: Int?)
@@ -30,6 +32,7 @@ import TetherServerCore
             case .received(let c, let at): "received(\(c))@\(at)"
             case .disconnected(let c, let at, _): "disconnected(\(c))@\(at)"
             case .end(let c, _): "end(\(c))"
+            case .suspend(let c, let keep, _): "suspend(\(c), \(keep))"
             case .tick(let at, _): "tick@\(at)"
             case .nextWakeUp: "nextWakeUp"
             case .counts: "counts"
@@ -100,6 +103,27 @@ import TetherServerCore
             .connect(at: 311, expect: 2),
             .resume(2, token: "t", at: 311, expect: nil, previous: nil),
         ]),
+        Row(name: "a suspended session is kept for its own window, not the configured one", steps: [
+            .connect(at: 0, expect: 1), .open(1, token: "t", payload: "a", at: 0),
+            .suspend(1, keep: 1_000, expect: true),
+            .disconnected(1, at: 10, expect: []),
+            .nextWakeUp(expect: 1_010),
+            .tick(at: 310, expect: []),
+            .counts(connections: 0, sessions: 1, kept: 1),
+            .tick(at: 1_010, expect: ["expired a keepAliveLapsed"]),
+            .counts(connections: 0, sessions: 0, kept: 0),
+        ]),
+        Row(name: "a resumed session forgets its suspend window; suspend without a session is refused", steps: [
+            .connect(at: 0, expect: 1), .suspend(1, keep: 60, expect: false),
+            .open(1, token: "t", payload: "a", at: 0),
+            .suspend(1, keep: 1_000, expect: true),
+            .disconnected(1, at: 10, expect: []),
+            .connect(at: 500, expect: 2),
+            .resume(2, token: "t", at: 500, expect: "a", previous: nil),
+            .disconnected(2, at: 600, expect: []),
+            .nextWakeUp(expect: 900),
+            .tick(at: 900, expect: ["expired a keepAliveLapsed"]),
+        ]),
         Row(name: "a resume while the old socket is open takes the session over", steps: [
             .connect(at: 0, expect: 1), .open(1, token: "t", payload: "a", at: 0),
             .connect(at: 5, expect: 2),
@@ -169,6 +193,8 @@ import TetherServerCore
                 #expect(Self.describe(table.disconnected(connection, now: .seconds(at))) == expect, "\(step)")
             case .end(let connection, let expect):
                 #expect(table.end(connection) == expect, "\(step)")
+            case .suspend(let connection, let keep, let expect):
+                #expect(table.suspend(connection, keepAlive: .seconds(keep)) == expect, "\(step)")
             case .tick(let at, let expect):
                 #expect(Self.describe(table.tick(now: .seconds(at))) == expect, "\(step)")
             case .nextWakeUp(let expect):

@@ -333,6 +333,10 @@ import TetherTestingServer
         (#"{"no":"type"}"#, 4400, "malformed"),
         (#"{"type":"teleport"}"#, 4404, "unknownType"),
         (#"{"type":"subscribe","channels":["a"]}"#, 4400, "malformed"),  // before hello
+        (#"{"type":"suspend","keepAliveSeconds":0}"#, 4400, "malformed"),
+        (#"{"type":"suspend","keepAliveSeconds":1.5}"#, 4400, "malformed"),
+        (#"{"type":"suspend","keepAliveSeconds":"600"}"#, 4400, "malformed"),
+        (#"{"type":"suspend","keepAliveSeconds":86401}"#, 4400, "malformed"),
     ])
     func hostileFramesGetTheirCloseCodes(_ text: String, _ code: Int, _ error: String) async throws {
         let server = try await Self.start()
@@ -346,6 +350,23 @@ import TetherTestingServer
         #expect(frame.type == "error")
         #expect(frame["code"]?.stringValue == error)
         #expect(await client.closeCode() == code)
+        await client.close()
+        await server.stop()
+    }
+
+    @Test func suspendIsAnsweredWithTheWindowGrantedBoundedByTheServersMaximum() async throws {
+        let server = try await Self.start()
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        #expect(await client.frame()?.type == "welcome")
+        client.send(#"{"type":"suspend","keepAliveSeconds":7200}"#)
+        let granted = try #require(await client.frame())
+        #expect(granted.type == "suspended")
+        #expect(granted["keepAliveSeconds"] == 3_600, "the default --ws-max-suspend")
+        client.send(#"{"type":"suspend","keepAliveSeconds":120}"#)
+        #expect(await client.frame()?["keepAliveSeconds"] == 120)
+        client.send(#"{"type":"suspend"}"#)
+        #expect(await client.frame()?["keepAliveSeconds"] == 3_600, "no window asked: the maximum")
         await client.close()
         await server.stop()
     }

@@ -1,0 +1,227 @@
+import Foundation
+import Synchronization
+import Testing
+import Tether
+import TetherClientCore
+import TetherTesting
+import TetherTestingServer
+
+/// PubNub's three mobile scenarios (seed 000) and the background policies, run against a real
+/// server over loopback with the app's lifecycle calls (issue 18, points 2–4). Each waits for
+/// what the client delivers, never for time to pass.
+@Suite("Mobile lifecycle: policies and the three scenarios against a real server", .timeLimit(.minutes(1)))
+struct MobileScenarioTests {
+    enum Wire: String, CaseIterable, Sendable {
+        case webSocket, longPoll
+        var preference: TransportPreference { self == .webSocket ? .webSocket : .longPoll }
+    }
+
+    @Test("Scenario 1 with unsubscribe: the user leaves in the background; on foreground every missed message arrives once, in order",
+          arguments: Wire.allCases)
+    func catchUpEverythingWithUnsubscribe(wire: Wire) async throws {
+        let server = try await InProcessServer.start()
+        let channel = unique("s1")
+        let user = unique("u")
+        let app = try await MobileApp.start(origin: server.origin, channel: channel, userId: user, wire: wire,
+                                            lifecycle: .catchUpEverything(unsubscribeInBackground: true))
+        let publisher = try makeClient(origin: server.origin)
+        try await publish(publisher, channel, 0..<3)
+        #expect(await app.waitForMessages(3))
+
+        app.client.enterBackground()
+        #expect(await eventually { app.client.connectionState == .background })
+        // Others see the user leave (PubNub's unsubscribe; SendBird's disconnect).
+        #expect(await eventually { await occupants(publisher, channel).contains(user) == false })
+        try await publish(publisher, channel, 3..<8)
+
+        app.client.enterForeground()
+        #expect(await app.waitForMessages(8))
+        try await publish(publisher, channel, 8..<10)
+        #expect(await app.waitForMessages(10))
+        #expect(app.payloads == (0..<10).map { JSONValue.int($0) }, "every message once, in order")
+        #expect(app.reconnectEvents == [.started, .succeeded])
+        #expect(await eventually { await occupants(publisher, channel).contains(user) })
+
+        await app.client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+    }
+
+    @Test("Scenario 1 without unsubscribe: the subscription is kept; the foreground probes and nothing is lost or doubled",
+          arguments: Wire.allCases)
+    func catchUpEverythingKeepingTheSubscription(wire: Wire) async throws {
+        let server = try await InProcessServer.start()
+        let channel = unique("s1k")
+        let user = unique("u")
+        let app = try await MobileApp.start(origin: server.origin, channel: channel, userId: user, wire: wire,
+                                            lifecycle: .catchUpEverything(unsubscribeInBackground: false))
+        let publisher = try makeClient(origin: server.origin)
+        try await publish(publisher, channel, 0..<3)
+        #expect(await app.waitForMessages(3))
+
+        app.client.enterBackground()
+        #expect(app.client.isInBackground)
+        #expect(app.client.connectionState == .connected)
+        try await publish(publisher, channel, 3..<8)
+        app.client.enterForeground()
+        try await publish(publisher, channel, 8..<10)
+        #expect(await app.waitForMessages(10))
+        #expect(app.payloads == (0..<10).map { JSONValue.int($0) }, "every message once, in order")
+        #expect(app.client.connectionState == .connected)
+        #expect(app.reconnectEvents.isEmpty, "a kept link that answers the probe is not a reconnection")
+
+        await app.client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+    }
+
+    @Test("Suspend: the server keeps the WebSocket session and the user's presence; the foreground resumes it and replays the missed")
+    func suspendKeepsTheSessionAndPresence() async throws {
+        let server = try await InProcessServer.start()
+        let channel = unique("sus")
+        let user = unique("u")
+        let app = try await MobileApp.start(origin: server.origin, channel: channel, userId: user, wire: .webSocket,
+                                            lifecycle: LifecycleOptions(backgroundPolicy: .suspend(keepAlive: .seconds(600))))
+        let publisher = try makeClient(origin: server.origin)
+        try await publish(publisher, channel, 0..<3)
+        #expect(await app.waitForMessages(3))
+        #expect(await eventually { await occupants(publisher, channel).contains(user) })
+
+        app.client.enterBackground()
+        #expect(await eventually { app.client.connectionState == .background && !app.client.isSessionOpen })
+        try await publish(publisher, channel, 3..<8)
+        // Still present: the session is kept (no leave, no timeout while suspended).
+        #expect(await occupants(publisher, channel).contains(user))
+
+        app.client.enterForeground()
+        #expect(await app.waitForMessages(8))
+        #expect(app.payloads == (0..<8).map { JSONValue.int($0) })
+        #expect(app.events.contains { if case .sessionResumed = $0 { true } else { false } }, "the kept session was resumed")
+        #expect(!app.events.contains { if case .sessionExpired = $0 { true } else { false } })
+
+        await app.client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+    }
+
+    @Test("Scenario 2: on return, unread counts per channel from message counts, and no replay", arguments: Wire.allCases)
+    func unreadCountsOnReturn(wire: Wire) async throws {
+        let server = try await InProcessServer.start()
+        let a = unique("s2a")
+        let b = unique("s2b")
+        let app = try await MobileApp.start(origin: server.origin, channels: [a, b], userId: unique("u"), wire: wire,
+                                            lifecycle: .unreadCountsWithPush)
+        let publisher = try makeClient(origin: server.origin)
+        try await publish(publisher, a, 0..<1)
+        #expect(await app.waitForMessages(1))
+
+        app.client.enterBackground()
+        #expect(await eventually { app.client.connectionState == .background })
+        try await publish(publisher, a, 1..<4)
+        try await publish(publisher, b, 4..<5)
+        app.client.enterForeground()
+        #expect(await eventually { app.continuity.count >= 2 })
+        let outcomes = Dictionary(app.continuity.map { ($0.channel, $0.outcome) }, uniquingKeysWith: { first, _ in first })
+        guard case .skipped(_, let countA)? = outcomes[a], case .skipped(_, let countB)? = outcomes[b] else {
+            Issue.record("expected skipped outcomes, got \(app.continuity)")
+            return
+        }
+        #expect(countA == 3)
+        #expect(countB == 1)
+        try await publish(publisher, b, 5..<6)
+        #expect(await app.waitForMessages(2))
+        #expect(app.payloads == [.int(0), .int(5)], "what was published while away is counted, not replayed")
+
+        await app.client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+    }
+
+    @Test("Scenario 3: latest only — nothing replayed, the skipped range reported, live messages flow", arguments: Wire.allCases)
+    func latestOnly(wire: Wire) async throws {
+        let server = try await InProcessServer.start()
+        let channel = unique("s3")
+        let app = try await MobileApp.start(origin: server.origin, channel: channel, userId: unique("u"), wire: wire,
+                                            lifecycle: .latestOnly)
+        let publisher = try makeClient(origin: server.origin)
+        try await publish(publisher, channel, 0..<2)
+        #expect(await app.waitForMessages(2))
+
+        app.client.enterBackground()
+        #expect(await eventually { app.client.connectionState == .background })
+        try await publish(publisher, channel, 2..<7)
+        app.client.enterForeground()
+        #expect(await eventually { !app.continuity.isEmpty })
+        let outcome = try #require(app.continuity.first)
+        guard case .skipped(let through, let count) = outcome.outcome else {
+            Issue.record("expected a skipped outcome, got \(outcome)")
+            return
+        }
+        #expect(count == nil)
+        #expect(through > outcome.resumedFrom)
+        try await publish(publisher, channel, 7..<9)
+        #expect(await app.waitForMessages(4))
+        #expect(app.payloads == [.int(0), .int(1), .int(7), .int(8)])
+
+        await app.client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+    }
+}
+
+// MARK: - Support
+
+/// An app's client subscribed to its channels, recording what it delivered.
+final class MobileApp: Sendable {
+    private struct State {
+        var payloads: [JSONValue] = []
+        var events: [ConnectionEvent] = []
+        var changes: [ConnectionChange] = []
+        var continuity: [ChannelContinuity] = []
+    }
+
+    let client: TetherClient
+    private let state = Mutex(State())
+
+    private init(client: TetherClient) { self.client = client }
+
+    static func start(origin: String, channel: String, userId: String, wire: MobileScenarioTests.Wire,
+                      lifecycle: LifecycleOptions) async throws -> MobileApp {
+        try await start(origin: origin, channels: [channel], userId: userId, wire: wire, lifecycle: lifecycle)
+    }
+
+    static func start(origin: String, channels: [String], userId: String, wire: MobileScenarioTests.Wire,
+                      lifecycle: LifecycleOptions) async throws -> MobileApp {
+        let client = try makeClient(origin: origin, userId: userId) {
+            $0.transport = wire.preference
+            $0.lifecycle = lifecycle
+            $0.lifecycle.observesApplicationState = false
+            $0.retry = RetryConfiguration(policy: .linear(delay: .milliseconds(200), maximumRetries: 1_000), minimumInterval: .zero,
+                                          jitter: .zero ... .zero)
+        }
+        let app = MobileApp(client: client)
+        client.addConnectionEventListener { event in app.state.withLock { $0.events.append(event) } }
+        client.addConnectionListener { change in app.state.withLock { $0.changes.append(change) } }
+        client.addContinuityListener { outcome in app.state.withLock { $0.continuity.append(outcome) } }
+        for subscription in client.subscribe(to: channels) {
+            subscription.onEvent { event in app.state.withLock { $0.payloads.append(event.payload) } }
+        }
+        #expect(await eventually { client.connectionState == .connected }, "the app connected")
+        return app
+    }
+
+    var payloads: [JSONValue] { state.withLock { $0.payloads } }
+    var events: [ConnectionEvent] { state.withLock { $0.events } }
+    var continuity: [ChannelContinuity] { state.withLock { $0.continuity } }
+    var reconnectEvents: [ReconnectEvent] { state.withLock { $0.changes.compactMap(\.reconnectEvent) } }
+
+    func waitForMessages(_ count: Int, within seconds: Double = 15) async -> Bool {
+        await eventually(within: seconds) { self.payloads.count >= count }
+    }
+}
+
+/// The uuids here-now lists on `channel`.
+func occupants(_ client: TetherClient, _ channel: String) async -> [String] {
+    guard let result = try? await client.hereNow(channels: [channel]) else { return [] }
+    return result.channels[channel]?.occupants.map(\.userId) ?? []
+}
