@@ -12,7 +12,7 @@ let strictSettings: [SwiftSetting] = [
 
 let package = Package(
     name: "Tether",
-    platforms: [.macOS(.v15)],
+    platforms: [.macOS(.v15), .iOS(.v18), .tvOS(.v18), .visionOS(.v2)],
     products: [
         .library(name: "TetherProtocol", targets: ["TetherProtocol"]),
         .library(name: "TetherServer", targets: ["TetherServer"]),
