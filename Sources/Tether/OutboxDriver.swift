@@ -372,7 +372,9 @@ actor OutboxDriver {
 
     /// Performs the work until ``shutdown()`` or cancellation: sends and retry timers as
     /// cancellable child tasks, the network monitor's reports, the app's listeners in order.
-    nonisolated func run(client: TetherClient, monitor: (any NetworkMonitor)?) async {
+    /// The loop holds its client weakly (`owner`): a send holds it only while it runs, so an app
+    /// that drops the client without ``TetherClient/shutdown()`` does not keep it alive.
+    nonisolated func run(owner: WeakClient, connectionChanges: AsyncStream<ConnectionChange>, monitor: (any NetworkMonitor)?) async {
         let slots = CancellationSlots<OutboxMachine.TimerID>()
         await withDiscardingTaskGroup { group in
             if let monitor {
@@ -382,14 +384,14 @@ actor OutboxDriver {
             }
             group.addTask { [self] in
                 // The subscribe loop reaching the server again also ends the outbox's back-offs.
-                for await change in client.connectionChanges() where change.current == .connected { await confirmLink() }
+                for await change in connectionChanges where change.current == .connected { await confirmLink() }
             }
             for await batch in work {
                 for item in batch {
                     switch item {
                     case .send(let message):
                         group.addTask { [self] in
-                            let outcome = await client.sendOutboxMessage(message)
+                            guard let outcome = await owner.client?.sendOutboxMessage(message) else { return }
                             await sendCompleted(message, outcome)
                         }
                     case .schedule(let timer, let delay):

@@ -55,10 +55,12 @@ final class SubscribeEngine: Sendable {
         choreSink.finish()
     }
 
-    /// Performs actions until ``finish()`` or cancellation.
-    func run(client: TetherClient) async {
+    /// Performs actions until ``finish()`` or cancellation. The client is held weakly (`owner`):
+    /// each request holds it only while it runs, and a WebSocket receive — which may wait for
+    /// a message indefinitely — not at all, so a client the app released is freed.
+    func run(owner: WeakClient, session: WebSocketSession) async {
         await withDiscardingTaskGroup { group in
-            group.addTask { await client.session.run() }
+            group.addTask { await session.run() }
             group.addTask { [chores] in
                 await withDiscardingTaskGroup { choresGroup in
                     for await chore in chores { choresGroup.addTask { await chore() } }
@@ -76,7 +78,7 @@ final class SubscribeEngine: Sendable {
                 }
             }
             for await batch in actions {
-                for action in batch { perform(action, client: client, group: &group) }
+                for action in batch { perform(action, owner: owner, session: session, group: &group) }
             }
             group.cancelAll()
         }
@@ -85,7 +87,7 @@ final class SubscribeEngine: Sendable {
 
     private func random() -> Double { Double.random(in: 0...1) }
 
-    private func perform(_ action: SubscribeMachine.Action, client: TetherClient, group: inout DiscardingTaskGroup) {
+    private func perform(_ action: SubscribeMachine.Action, owner: WeakClient, session: WebSocketSession, group: inout DiscardingTaskGroup) {
         logger.trace("subscribe action", metadata: ["tether.action": "\(action)"])
         switch action {
         case .startSubscribe(let id, let channels, let groups, let cursor):
@@ -93,7 +95,8 @@ final class SubscribeEngine: Sendable {
             group.addTask { [self] in
                 await slots.race(.subscribe, token: token) { [self] in
                     do throws(TetherError) {
-                        let (response, gaps) = try await client.receive(channels: channels, groups: groups, cursor: cursor)
+                        let (response, gaps) = try await TetherClient.receive(owner: owner, session: session, channels: channels,
+                                                                              groups: groups, cursor: cursor)
                         send { machine, now in machine.subscribeSucceeded(id, response: response, gaps: gaps, now: now) }
                     } catch {
                         let status = error.status
@@ -131,7 +134,7 @@ final class SubscribeEngine: Sendable {
             switch change.current {
             case .idle, .disconnected:
                 // The app ended the subscription: `bye` ends the WebSocket session (presence leave).
-                group.addTask { await client.session.close(bye: true) }
+                group.addTask { await session.close(bye: true) }
             case .connecting, .connected, .reconnecting, .waitingForNetwork, .failed, .background:
                 // In the background `releaseConnection` already did what the policy says.
                 break
@@ -143,7 +146,8 @@ final class SubscribeEngine: Sendable {
         case .leave(let channels, let groups):
             group.addTask {
                 // Over a WebSocket session, `unsubscribe` stops the deliveries and sends the leave.
-                if await client.session.leave(channels: channels, groups: groups) { return }
+                if await session.leave(channels: channels, groups: groups) { return }
+                guard let client = owner.client else { return }
                 do { try await client.leave(channels: channels, groups: groups) } catch {
                     // A failed leave only delays the others' leave event until the presence timeout.
                 }
@@ -152,6 +156,7 @@ final class SubscribeEngine: Sendable {
             let token = slots.replace(.probe)
             group.addTask { [self] in
                 await slots.race(.probe, token: token) { [self] in
+                    guard let client = owner.client else { return }
                     do throws(TetherError) {
                         _ = try await client.time()
                         send { machine, now in machine.timeProbeSucceeded(now: now) }
@@ -164,6 +169,7 @@ final class SubscribeEngine: Sendable {
             let token = slots.replace(.liveness)
             group.addTask { [self] in
                 await slots.race(.liveness, token: token) { [self] in
+                    guard let client = owner.client else { return }
                     do throws(TetherError) {
                         if client.session.isOpen && client.currentWire() == .webSocket {
                             // The session keeps presence; a ping checks the socket itself. A
@@ -187,6 +193,7 @@ final class SubscribeEngine: Sendable {
             }
         case .releaseConnection(let policy, let channels, let groups):
             group.addTask {
+                guard let client = owner.client else { return }
                 switch policy {
                 case .disconnect:
                     // SendBird's background disconnect / PubNub scenario 1's unsubscribe: others see
@@ -206,6 +213,7 @@ final class SubscribeEngine: Sendable {
             let token = slots.replace(.foreground)
             group.addTask { [self] in
                 await slots.race(.foreground, token: token) { [self] in
+                    guard let client = owner.client else { return }
                     do throws(TetherError) {
                         var counts: [String: Int]?
                         if !counting.isEmpty {
@@ -234,6 +242,7 @@ final class SubscribeEngine: Sendable {
             let token = slots.replace(.backfill)
             group.addTask { [self] in
                 await slots.race(.backfill, token: token) { [self] in
+                    guard let client = owner.client else { return }
                     do throws(TetherError) {
                         var events: [ReceivedEvent] = []
                         for range in ranges {

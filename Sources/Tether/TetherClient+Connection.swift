@@ -167,29 +167,34 @@ extension TetherClient {
         }
     }
 
-    /// One "subscribe request" on the configured wire.
-    func receive(channels: [String], groups: [String], cursor: SubscribeMachine.Cursor?) async throws(TetherError)
-        -> (response: SubscribeResponse, gaps: [RetentionGap])
+    /// One "subscribe request" on the configured wire, for the subscribe engine. The client is
+    /// held only around the wait's edges: a WebSocket receive waits without it (it may wait for
+    /// a message indefinitely), a long-poll holds it for at most the subscribe timeout.
+    static func receive(owner: WeakClient, session: WebSocketSession, channels: [String], groups: [String],
+                        cursor: SubscribeMachine.Cursor?) async throws(TetherError) -> (response: SubscribeResponse, gaps: [RetentionGap])
     {
-        let chosen = currentWire()
+        let released = TetherError(Status(category: .cancelled, operation: .subscribe, serverMessage: "the client was released",
+                                           affectedChannels: channels, affectedGroups: groups))
+        guard let chosen = owner.client?.currentWire(), let configuration = owner.client?.configuration else { throw released }
         if chosen == .webSocket {
             do {
-                noteWire(.webSocket)
+                owner.client?.noteWire(.webSocket)
                 var (response, gaps) = try await session.receive(channels: channels, groups: groups, cursor: cursor?.timetoken,
                                                                   filter: configuration.filterExpression)
-                decrypt(&response)
+                decrypt(&response, module: configuration.cryptoModule)
                 return (response, gaps)
             } catch {
-                guard configuration.transport == .automatic, error.upgradeRefused else { throw error.error }
-                let until = elapsedClock.now() + configuration.webSocket.fallbackRetryInterval
-                wire.withLock { $0.fallbackUntil = until }
+                guard configuration.transport == .automatic, error.upgradeRefused, let client = owner.client else { throw error.error }
+                let until = client.elapsedClock.now() + configuration.webSocket.fallbackRetryInterval
+                client.wire.withLock { $0.fallbackUntil = until }
             }
         }
-        noteWire(.longPoll)
-        return try await subscribeRequest(channels: channels, groups: groups, cursor: cursor)
+        guard let client = owner.client else { throw released }
+        client.noteWire(.longPoll)
+        return try await client.subscribeRequest(channels: channels, groups: groups, cursor: cursor)
     }
 
-    private func noteWire(_ used: TransportPreference) {
+    func noteWire(_ used: TransportPreference) {
         let changed = wire.withLock { choice -> Bool in
             defer { choice.last = used }
             return choice.last != nil && choice.last != used

@@ -26,7 +26,12 @@ extension TetherClient {
     /// Decrypts the messages of a response in place (undecryptable ones keep their raw payload
     /// and carry their status); the same for both wires.
     func decrypt(_ response: inout SubscribeResponse) {
-        guard let module = configuration.cryptoModule else { return }
+        Self.decrypt(&response, module: configuration.cryptoModule)
+    }
+
+    /// ``decrypt(_:)`` with the client's crypto module given.
+    static func decrypt(_ response: inout SubscribeResponse, module: CryptoModule?) {
+        guard let module else { return }
         for index in response.events.indices where response.events[index].kind == .message && !response.events[index].isPresence {
             let event = response.events[index]
             do {

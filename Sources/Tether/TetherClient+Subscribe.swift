@@ -244,7 +244,9 @@ extension TetherClient {
         engineTask.withLock { state in
             guard case .idle = state else { return }
             let engine = self.engine
-            state = .running(Task { [self] in await Self.$isEngineCall.withValue(true) { await engine.run(client: self) } })
+            let owner = WeakClient(self)
+            let session = self.session
+            state = .running(Task { await Self.$isEngineCall.withValue(true) { await engine.run(owner: owner, session: session) } })
         }
     }
 }

@@ -31,6 +31,8 @@ public final class TetherClient: Sendable {
     let hasWebSocketWire: Bool
     let wire = Mutex(WireChoice())
     let elapsedClock: ElapsedClock
+    /// Whether ``shutdown()`` ran (so `deinit` has nothing left to stop).
+    private let shutDownByApp = Mutex(false)
     /// Follows the application's background/foreground notifications (Apple platforms, when
     /// ``LifecycleOptions/observesApplicationState`` is on).
     private let applicationObserver = Mutex<ApplicationStateObserver?>(nil)
@@ -131,7 +133,9 @@ public final class TetherClient: Sendable {
             guard case .idle = state else { return }
             let driver = outboxDriver
             let monitor = networkMonitor
-            state = .running(Task { [self] in await driver.run(client: self, monitor: monitor) })
+            let owner = WeakClient(self)
+            let changes = connectionChanges()
+            state = .running(Task { await driver.run(owner: owner, connectionChanges: changes, monitor: monitor) })
         }
     }
 
@@ -140,6 +144,7 @@ public final class TetherClient: Sendable {
     /// ``StatusCategory/cancelled``; with a durable outbox, messages not yet sent stay in its
     /// journal for the next launch. Calls made afterwards fail with ``StatusCategory/cancelled``.
     public func shutdown() async {
+        shutDownByApp.withLock { $0 = true }
         await outboxDriver.shutdown()
         let outbox = outboxTask.withLock { state -> Task<Void, Never>? in
             defer { state = .shutDown }
@@ -161,6 +166,41 @@ public final class TetherClient: Sendable {
         engine.listeners.finishAll()
         await webSocketConnector.shutdown()
         await transport.shutdown()
+    }
+
+    /// A client the app released without ``shutdown()``: its background work holds it only
+    /// weakly (``WeakClient``), so it gets here; stop that work and close its connections.
+    deinit {
+        guard !shutDownByApp.withLock({ $0 }) else { return }
+        let engine = self.engine
+        let engineTask = engineTask.withLock { state -> Task<Void, Never>? in
+            defer { state = .shutDown }
+            if case .running(let task) = state { return task }
+            return nil
+        }
+        let outboxTask = outboxTask.withLock { state -> Task<Void, Never>? in
+            defer { state = .shutDown }
+            if case .running(let task) = state { return task }
+            return nil
+        }
+        let (driver, outboxListeners, session, listeners, connector, transport) =
+            (outboxDriver, self.outboxListeners, session, engine.listeners, webSocketConnector, transport)
+        Task {
+            // A WebSocket session ends with `bye` (presence leave), as an unsubscribe would —
+            // before the engine's tasks stop, which would close the socket without it.
+            await session.close(bye: true)
+            engine.finish()
+            engineTask?.cancel()
+            outboxTask?.cancel()
+            await driver.shutdown()
+            await outboxTask?.value
+            outboxListeners.finishAll()
+            await engineTask?.value
+            await session.finish()
+            listeners.finishAll()
+            await connector.shutdown()
+            await transport.shutdown()
+        }
     }
 
     // MARK: - Access Manager token
@@ -239,7 +279,14 @@ public final class TetherClient: Sendable {
         decode: @escaping @Sendable (JSONValue) throws(DecodingFailure) -> Result
     ) async throws(TetherError) -> (result: Result, headers: [String: String]) {
         let operation = spec.operation
-        let retry = RetryAction { [self] in try await self.execute(spec, channels: channels, groups: groups, decode: decode) }
+        // A status's retry holds the client weakly: statuses outlive requests in the app's hands.
+        let retry = RetryAction { [weak self] () async throws -> any Sendable in
+            guard let self else {
+                throw TetherError(Status(category: .cancelled, operation: operation, serverMessage: "the client was released",
+                                         affectedChannels: channels, affectedGroups: groups))
+            }
+            return try await self.execute(spec, channels: channels, groups: groups, decode: decode)
+        }
         func failure(_ category: StatusCategory, code: Int? = nil, error: (any Error)? = nil, details: ServerErrorDetails? = nil,
                      retryAfter: Duration? = nil) -> TetherError
         {

@@ -1,8 +1,10 @@
 import Foundation
+import Synchronization
 import Testing
 @testable import Tether
 import TetherClientCore
 import TetherTesting
+import TetherTestingServer
 
 /// The client-level lifecycle bugs found in review (issue #18, point 7), each pinned by a test
 /// that failed before its fix. The machine-level ones are in TetherClientCoreTests' LifecycleBugTests.
@@ -101,5 +103,48 @@ struct LifecycleClientTests {
         // With the SDK's pings off, the only timer is the engine's watchdog (subscribe timeout + 10 s).
         #expect(clock.sleepers.allSatisfy { $0.offset == .seconds(320) }, "\(clock.sleepers)")
         await client.shutdown()
+    }
+}
+
+/// Issue 18, point 7: "a client dropped without `shutdown()` is kept alive by its own task". Its
+/// background tasks hold it weakly now: released, it is freed and its deinit closes what it opened.
+@Suite("A released client is freed", .timeLimit(.minutes(1)))
+struct ReleasedClientTests {
+    final class WeakBox: Sendable {
+        weak let client: TetherClient?
+        init(_ client: TetherClient) { self.client = client }
+    }
+
+    @Test("a subscribed client the app drops without shutdown() is freed; a WebSocket session ends with bye",
+          arguments: [TransportPreference.webSocket, .longPoll])
+    func releasedWithoutShutdown(wire: TransportPreference) async throws {
+        let server = try await InProcessServer.start()
+        let channel = unique("leak")
+        let user = unique("u")
+        let publisher = try makeClient(origin: server.origin)
+        let received = Mutex(0)
+        let box: WeakBox
+        do {
+            let client = try makeClient(origin: server.origin, userId: user) {
+                $0.transport = wire
+                $0.lifecycle.observesApplicationState = false
+            }
+            box = WeakBox(client)
+            client.subscribe(to: [channel])[0].onEvent { _ in received.withLock { $0 += 1 } }
+            #expect(await eventually { client.connectionState == .connected })
+            // The outbox's loop runs too.
+            _ = try await client.publish(channel: channel, message: "from the client")
+            #expect(await eventually { received.withLock { $0 } == 1 })
+            #expect(await eventually { await occupants(publisher, channel).contains(user) })
+        }
+        // A long-poll in flight holds the client until it returns; a message ends it.
+        _ = try await publisher.publish(channel: channel, message: "wake")
+        #expect(await eventually { box.client == nil }, "the client was freed")
+        if wire == .webSocket {
+            // Its deinit ended the session with `bye`: the server sent the presence leave.
+            #expect(await eventually { await occupants(publisher, channel).contains(user) == false })
+        }
+        await publisher.shutdown()
+        await server.stop()
     }
 }
