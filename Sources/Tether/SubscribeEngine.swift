@@ -170,8 +170,9 @@ final class SubscribeEngine: Sendable {
             group.addTask { [self] in
                 await slots.race(.liveness, token: token) { [self] in
                     guard let client = owner.client else { return }
+                    let overSocket = client.session.isOpen && client.currentWire() == .webSocket
                     do throws(TetherError) {
-                        if client.session.isOpen && client.currentWire() == .webSocket {
+                        if overSocket {
                             // The session keeps presence; a ping checks the socket itself. A
                             // socket that does not answer is given up, so the reconnection opens a
                             // new one and resumes the session (not the same dead socket).
@@ -184,7 +185,7 @@ final class SubscribeEngine: Sendable {
                         } else {
                             _ = try await client.time(timeout: timeout)
                         }
-                        send { machine, now in machine.livenessProbeSucceeded(now: now) }
+                        send { machine, now in machine.livenessProbeSucceeded(now: now, checkedSubscribeConnection: overSocket) }
                     } catch {
                         let status = error.status
                         send { [self] machine, now in machine.livenessProbeFailed(status: status, now: now, randomness: random()) }

@@ -30,7 +30,8 @@ extension TetherClient {
     /// those of any reconnection (`reconnect started`, `reconnected`, continuity outcomes). A
     /// failed probe starts a fresh outage with its retry schedule.
     public func enterForeground() {
-        engine.send { machine, now in machine.enterForeground(now: now) }
+        let overSocket = session.isOpen && currentWire() == .webSocket
+        engine.send { machine, now in machine.enterForeground(now: now, probeCoversSubscription: overSocket) }
     }
 
     /// Whether the app last said it is in the background.

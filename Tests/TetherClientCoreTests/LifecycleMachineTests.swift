@@ -206,3 +206,43 @@ struct LifecycleMachineTests {
         #expect(events == [.started, .succeeded])
     }
 }
+
+/// Issue 18, point 7: "the liveness probe uses the REST connection pool, not the long-poll's
+/// socket, so it can report a healthy link while the subscribe socket is dead".
+@Suite("SubscribeMachine: liveness on the long-poll's own socket")
+struct LongPollLivenessTests {
+    @Test("two REST probes answered while one long-poll waits restart it from its cursor; a socket ping does not")
+    func restPassedProbesRestartAWaitingLongPoll() throws {
+        var h = Harness()
+        h.subscribe(["a"])
+        h.succeed(100)
+        let poll = try #require(h.lastRequest)
+        h.record(h.machine.livenessProbeSucceeded(now: h.now, checkedSubscribeConnection: false))
+        #expect(h.lastRequest == poll, "one probe: the long-poll may just be waiting")
+        h.record(h.machine.livenessProbeSucceeded(now: h.now, checkedSubscribeConnection: false))
+        let restarted = try #require(h.lastRequest)
+        #expect(restarted != poll, "the second restarts it on a fresh connection")
+        #expect(h.machine.cursor?.timetoken == Timetoken(100), "from the same cursor")
+        #expect(h.categories == [.connected], "no status of its own: nothing was lost")
+        // A poll that answered in between starts the count again.
+        h.succeed(120)
+        let next = h.lastRequest
+        h.record(h.machine.livenessProbeSucceeded(now: h.now, checkedSubscribeConnection: false))
+        #expect(h.lastRequest == next)
+        // Pings over the subscription's own socket prove it; nothing restarts.
+        for _ in 0..<3 { h.record(h.machine.livenessProbeSucceeded(now: h.now, checkedSubscribeConnection: true)) }
+        #expect(h.lastRequest == next)
+    }
+}
+
+extension LifecycleMachineTests {
+    @Test("keep policy over a WebSocket session: the ping probes the subscription's socket, so the receive is not restarted")
+    func keepOverASessionIsNotRestarted() throws {
+        var h = Self.receiving(.catchUpEverything(unsubscribeInBackground: false))
+        h.record(h.machine.enterBackground(now: h.now))
+        let poll = h.lastRequest
+        h.record(h.machine.enterForeground(now: h.now, probeCoversSubscription: true))
+        #expect(h.lastRequest == poll)
+        #expect(h.foregroundProbes.count == 1)
+    }
+}

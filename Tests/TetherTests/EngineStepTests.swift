@@ -256,19 +256,24 @@ struct EngineStepTests {
         await client.shutdown()
     }
 
-    @Test func aLivenessProbeThatAnswersKeepsTheLongPoll() async throws {
+    @Test func aLivenessProbeThatAnswersKeepsTheLongPollAndTheSecondRestartsItFromItsCursor() async throws {
         let (client, transport, clock) = try makeStepClient {
             $0.deadLinkDetection = DeadLinkDetection(probeInterval: .seconds(25), probeTimeout: .seconds(10))
         }
         var statuses = client.statuses().makeAsyncIterator()
         let (poll, _) = try await connect(client, transport, &statuses, channels: ["a"])
-        for _ in 0..<3 {
-            await clock.advanceToSleeper(after: .seconds(25))
-            try #require(await transport.next(path: "/time/0")).respond(json: "[17953281264739664]")
-        }
+        await clock.advanceToSleeper(after: .seconds(25))
+        try #require(await transport.next(path: "/time/0")).respond(json: "[17953281264739664]")
         await clock.waitForSleeper(until: clock.now.advanced(by: .seconds(25)))
         #expect(!poll.isAbandoned)
         #expect(transport.pending.map(\.path) == ["/v2/subscribe/demo/a/0"])
+        // A REST probe proves the path, not the long-poll's socket (a NAT may have dropped it):
+        // after the second, the waiting long-poll is replaced by a fresh one from the same cursor.
+        await clock.advanceToSleeper(after: .seconds(25))
+        try #require(await transport.next(path: "/time/0")).respond(json: "[17953281264739664]")
+        #expect(await poll.abandoned())
+        let fresh = try #require(await transport.next(path: "/v2/subscribe/demo/a/0"))
+        #expect(fresh.query["tt"] == poll.query["tt"])
         await client.shutdown()
     }
 

@@ -196,6 +196,8 @@ final class MobileApp: Sendable {
             $0.transport = wire.preference
             $0.lifecycle = lifecycle
             $0.lifecycle.observesApplicationState = false
+            // Generous, so a loaded CI machine's slow answer is not taken for a dead link.
+            $0.lifecycle.foregroundProbeTimeout = .seconds(30)
             $0.retry = RetryConfiguration(policy: .linear(delay: .milliseconds(200), maximumRetries: 1_000), minimumInterval: .zero,
                                           jitter: .zero ... .zero)
         }

@@ -188,7 +188,20 @@ final class WebSocketSession: Sendable {
             }
             switch frame {
             case .messages(let response, let gaps):
-                state.withLock { $0.expected = response.timetoken }
+                // A frame continues this receive only if nothing was taken since its cursor: a
+                // receive the engine replaced (a restart) may have taken one an instant before its
+                // cancellation, and that answer went nowhere. Then the session rewinds to this
+                // receive's cursor and the server replays — nothing is lost.
+                let continues = state.withLock { state -> Bool in
+                    guard state.expected == cursor else { return false }
+                    state.expected = response.timetoken
+                    return true
+                }
+                guard continues else {
+                    await drop(generation: generation)
+                    generation = try await open(resumeCursor: cursor)
+                    continue
+                }
                 return (response, gaps)
             case .subscribed(let channels, let groups, _), .unsubscribed(let channels, let groups):
                 state.withLock { state in
@@ -550,7 +563,8 @@ final class WebSocketSession: Sendable {
             enum Next { case frame(SessionFrame.Server), closed, quiet, wait }
             let next = state.withLock { state -> Next in
                 guard state.generation == generation else { return .closed }
-                if !state.frames.isEmpty { return .frame(state.frames.removeFirst()) }
+                // A cancelled receive leaves the frames to the one that replaced it.
+                if !state.frames.isEmpty && !Task.isCancelled { return .frame(state.frames.removeFirst()) }
                 if state.closure != nil || state.link == nil { return .closed }
                 if state.quietDue {
                     state.quietDue = false

@@ -32,6 +32,8 @@ package struct SubscribeMachine: Sendable {
     private struct Receiving: Sendable {
         var loop: ReceiveLoop
         var heartbeat: HeartbeatMachine
+        /// Liveness probes that succeeded over another connection while this long-poll waited.
+        var probesDuringPoll: (poll: RequestID?, count: Int) = (nil, 0)
     }
 
     private struct Retrying: Sendable {
@@ -507,12 +509,26 @@ package struct SubscribeMachine: Sendable {
         return [.schedule(.timeProbe, after: configuration.timeProbeInterval)]
     }
 
-    /// A liveness probe (heartbeat or Time) answered.
-    package mutating func livenessProbeSucceeded(now: Duration) -> [Action] {
+    /// A liveness probe (heartbeat or Time) answered. `checkedSubscribeConnection` says whether
+    /// it went over the subscription's own connection (a WebSocket ping). A probe over another
+    /// connection (REST) proves the path, not the long-poll's socket, which a NAT or a middlebox
+    /// may have dropped silently: a long-poll that has waited through two such probes is
+    /// restarted from its cursor, so a dead socket is noticed within about two probe intervals
+    /// (nothing is lost: the server replays from the cursor).
+    package mutating func livenessProbeSucceeded(now: Duration, checkedSubscribeConnection: Bool = true) -> [Action] {
         guard case .receiving(var r) = state else { return [] }
         let heartbeat = r.heartbeat.probeSucceeded()
+        var actions = perform(heartbeat, failure: nil)
+        if !checkedSubscribeConnection, let poll = r.loop.pollRequest {
+            r.probesDuringPoll = r.probesDuringPoll.poll == poll ? (poll, r.probesDuringPoll.count + 1) : (poll, 1)
+            if r.probesDuringPoll.count >= 2 {
+                r.probesDuringPoll = (nil, 0)
+                actions += [.cancelSubscribe, .cancelTimer(.longPollWatchdog)]
+                actions += perform(r.loop.restart(from: nil, settings: receiveSettings, ids: &requestIDs))
+            }
+        }
         state = .receiving(r)
-        return perform(heartbeat, failure: nil)
+        return actions
     }
 
     /// A liveness probe failed: a dead link (seed 001's broken pipe) restarts the loop at once.
@@ -573,7 +589,10 @@ package struct SubscribeMachine: Sendable {
     /// and resume — the kept session, or a subscription from the cursor — catching up as
     /// ``LifecycleOptions/foregroundCatchUp`` says. A kept long-poll restarts from its cursor
     /// (its socket may have died unnoticed) while the probe runs.
-    package mutating func enterForeground(now: Duration) -> [Action] {
+    ///
+    /// `probeCoversSubscription`: the probe will go over the subscription's own connection (a
+    /// WebSocket ping), so the kept receive is not restarted.
+    package mutating func enterForeground(now: Duration, probeCoversSubscription: Bool = false) -> [Action] {
         guard inBackground else { return [] }
         inBackground = false
         let before = connectionState
@@ -590,7 +609,7 @@ package struct SubscribeMachine: Sendable {
             let id = requestIDs.next()
             keptProbe = id
             var actions: [Action] = [.probeForeground(id, counting: [:], timeout: configuration.lifecycle.foregroundProbeTimeout)]
-            if r.loop.pollRequest != nil {
+            if r.loop.pollRequest != nil && !probeCoversSubscription {
                 actions += [.cancelSubscribe, .cancelTimer(.longPollWatchdog)]
                 actions += perform(r.loop.restart(from: nil, settings: receiveSettings, ids: &requestIDs))
                 state = .receiving(r)
