@@ -204,8 +204,12 @@ final class SubscribeEngine: Sendable {
                     } else if !(channels.isEmpty && groups.isEmpty) {
                         try? await client.leave(channels: channels, groups: groups)
                     }
-                case .suspend(let keepAlive):
-                    await client.session.suspend(keepAlive: keepAlive)
+                case .suspend(let keepAlive, let keepPresence):
+                    if client.session.holdsSession {
+                        await client.session.suspend(keepAlive: keepAlive, keepPresence: keepPresence)
+                    } else if !keepPresence && !(channels.isEmpty && groups.isEmpty) {
+                        try? await client.leave(channels: channels, groups: groups)
+                    }
                 case .keep:
                     break
                 }

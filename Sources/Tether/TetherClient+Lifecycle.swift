@@ -10,7 +10,7 @@ extension TetherClient {
     /// - ``BackgroundPolicy/disconnect``: the connection is let go with a presence `leave`
     ///   (`bye` on a WebSocket session); ``connectionState`` becomes ``ConnectionState/background``
     ///   and the cursor is kept.
-    /// - ``BackgroundPolicy/suspend(keepAlive:)``: the server is asked to keep the WebSocket
+    /// - ``BackgroundPolicy/suspend(keepAlive:keepPresence:)``: the server is asked to keep the WebSocket
     ///   session (and presence) for the keep-alive; the socket closes without `bye`.
     /// - ``BackgroundPolicy/keep``: the subscription goes on while the system allows it.
     ///

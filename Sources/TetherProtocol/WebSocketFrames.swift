@@ -51,9 +51,10 @@ package enum WebSocketClientFrame: Sendable, Hashable {
     case ping(id: JSONValue)
     case pong(id: JSONValue)
     case bye
-    /// The app goes to the background: keep the session (and its presence) for
-    /// `keepAliveSeconds` (nil: the server's maximum) after the socket closes.
-    case suspend(keepAliveSeconds: Int?)
+    /// The app goes to the background: keep the session for `keepAliveSeconds` (nil: the
+    /// server's maximum) after the socket closes; with `presence` false its uuid leaves now and
+    /// joins again when the session is resumed.
+    case suspend(keepAliveSeconds: Int?, presence: Bool)
 
     /// Why a frame could not be read.
     package enum ReadError: Error, Sendable, Hashable {
@@ -172,17 +173,25 @@ package enum WebSocketClientFrame: Sendable, Hashable {
         case "bye":
             self = .bye
         case "suspend":
+            var seconds: Int?
             switch fields["keepAliveSeconds"] {
             case nil, .null?:
-                self = .suspend(keepAliveSeconds: nil)
+                break
             case .number(let number)?:
-                guard let seconds = Int(exactly: number.doubleValue), (1...86_400).contains(seconds) else {
+                guard let whole = Int(exactly: number.doubleValue), (1...86_400).contains(whole) else {
                     throw .malformed("\"keepAliveSeconds\" must be a whole number of seconds, 1…86400")
                 }
-                self = .suspend(keepAliveSeconds: seconds)
+                seconds = whole
             default:
                 throw .malformed("\"keepAliveSeconds\" must be a number")
             }
+            var presence = true
+            switch fields["presence"] {
+            case nil, .null?: break
+            case .bool(let value)?: presence = value
+            default: throw .malformed("\"presence\" must be a boolean")
+            }
+            self = .suspend(keepAliveSeconds: seconds, presence: presence)
         default:
             throw .unknownType(type)
         }

@@ -104,6 +104,33 @@ struct MobileScenarioTests {
         await server.stop()
     }
 
+    @Test("Suspend without presence: the user leaves at once, the session is kept, and on resume the user joins again")
+    func suspendWithoutPresence() async throws {
+        let server = try await InProcessServer.start()
+        let channel = unique("susp")
+        let user = unique("u")
+        let app = try await MobileApp.start(origin: server.origin, channel: channel, userId: user, wire: .webSocket,
+                                            lifecycle: LifecycleOptions(backgroundPolicy: .suspend(keepAlive: .seconds(600),
+                                                                                                   keepPresence: false)))
+        let publisher = try makeClient(origin: server.origin)
+        try await publish(publisher, channel, 0..<2)
+        #expect(await app.waitForMessages(2))
+        #expect(await eventually { await occupants(publisher, channel).contains(user) })
+
+        app.client.enterBackground()
+        #expect(await eventually { await occupants(publisher, channel).contains(user) == false }, "left at suspend")
+        try await publish(publisher, channel, 2..<5)
+        app.client.enterForeground()
+        #expect(await app.waitForMessages(5))
+        #expect(app.payloads == (0..<5).map { JSONValue.int($0) })
+        #expect(app.events.contains { if case .sessionResumed = $0 { true } else { false } }, "the session itself was kept")
+        #expect(await eventually { await occupants(publisher, channel).contains(user) }, "joined again on resume")
+
+        await app.client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+    }
+
     @Test("Scenario 2: on return, unread counts per channel from message counts, and no replay", arguments: Wire.allCases)
     func unreadCountsOnReturn(wire: Wire) async throws {
         let server = try await InProcessServer.start()

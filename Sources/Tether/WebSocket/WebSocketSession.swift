@@ -305,15 +305,16 @@ final class WebSocketSession: Sendable {
         await link.close(code: WebSocketCloseCode.normal)
     }
 
-    /// The app goes to the background (``BackgroundPolicy/suspend(keepAlive:)``): asks the
-    /// server to keep the session — subscription, cursor, presence — for `keepAlive`, then closes
+    /// The app goes to the background (``BackgroundPolicy/suspend(keepAlive:keepPresence:)``): asks the
+    /// server to keep the session — subscription, cursor, presence unless `keepPresence` is
+    /// false — for `keepAlive`, then closes
     /// the socket without `bye`. The resume token is kept, so the next receive resumes the session.
     /// Without an open socket there is nothing to tell; the server keeps the session for its
     /// ordinary keep-alive.
-    func suspend(keepAlive: Duration) async {
+    func suspend(keepAlive: Duration, keepPresence: Bool) async {
         let seconds = Int(min(max(keepAlive.components.seconds, 1), 86_400))
         let link = state.withLock { $0.link }
-        if let link { try? await link.send(SessionFrame.suspend(keepAliveSeconds: seconds)) }
+        if let link { try? await link.send(SessionFrame.suspend(keepAliveSeconds: seconds, presence: keepPresence)) }
         await close(bye: false)
     }
 

@@ -20,7 +20,7 @@ public enum ConnectionState: Sendable, Hashable, CustomStringConvertible {
     /// The app called `disconnect()`; `reconnect()` resumes.
     case disconnected
     /// The app is in the background and the client let go of its connection
-    /// (``BackgroundPolicy/disconnect`` or ``BackgroundPolicy/suspend(keepAlive:)``); the cursor
+    /// (``BackgroundPolicy/disconnect`` or ``BackgroundPolicy/suspend(keepAlive:keepPresence:)``); the cursor
     /// is kept and `enterForeground()` resumes (or `reconnect()`).
     case background
     /// The loop gave up (the category says why: connection error, disconnected unexpectedly,

@@ -11,19 +11,22 @@ public enum BackgroundPolicy: Sendable, Hashable, CustomStringConvertible {
     /// network-up attempts wait for the foreground.
     case keep
     /// Tell the server and let go: on the WebSocket wire a `suspend` frame asks the server to
-    /// keep the session — its subscription, cursor and presence — for `keepAlive` (bounded by the
-    /// server's `--ws-max-suspend`), then the socket closes without `bye`. On foreground the
-    /// session is resumed with no leave or join seen by others, and what arrived meanwhile is
+    /// keep the session — its subscription, cursor and, with `keepPresence`, its presence — for
+    /// `keepAlive` (bounded by the server's `--ws-max-suspend`), then the socket closes without
+    /// `bye`. On foreground the session is resumed (with `keepPresence`, no leave or join seen by
+    /// others; without it the user left at once and joins again), and what arrived meanwhile is
     /// replayed from the session's cursor. On long-poll there is no session: the client stops
-    /// polling without a `leave` and presence lapses at the server's presence timeout.
-    case suspend(keepAlive: Duration)
+    /// polling — with `keepPresence` without a `leave` (presence lapses at the server's presence
+    /// timeout), without it with one.
+    case suspend(keepAlive: Duration, keepPresence: Bool = true)
 
     /// `disconnect`, `keep`, or `suspend(300s)`.
     public var description: String {
         switch self {
         case .disconnect: return "disconnect"
         case .keep: return "keep"
-        case .suspend(let keepAlive): return "suspend(\(keepAlive.components.seconds)s)"
+        case .suspend(let keepAlive, let keepPresence):
+            return "suspend(\(keepAlive.components.seconds)s\(keepPresence ? "" : ", without presence"))"
         }
     }
 }
@@ -50,7 +53,7 @@ public enum ForegroundCatchUp: String, Sendable, Hashable, CustomStringConvertib
 /// ``TetherClient/enterBackground()`` and ``TetherClient/enterForeground()`` (docs/mobile.md).
 public struct LifecycleOptions: Sendable, Hashable {
     /// What happens to the connection in the background (default
-    /// ``BackgroundPolicy/suspend(keepAlive:)`` for 5 minutes).
+    /// ``BackgroundPolicy/suspend(keepAlive:keepPresence:)`` for 5 minutes).
     public var backgroundPolicy: BackgroundPolicy
     /// How the client catches up on foreground (default ``ForegroundCatchUp/everything``).
     public var foregroundCatchUp: ForegroundCatchUp
@@ -67,8 +70,8 @@ public struct LifecycleOptions: Sendable, Hashable {
     public init(backgroundPolicy: BackgroundPolicy = .suspend(keepAlive: .seconds(300)), foregroundCatchUp: ForegroundCatchUp = .everything,
                 foregroundProbeTimeout: Duration = .seconds(3), observesApplicationState: Bool = true) {
         switch backgroundPolicy {
-        case .suspend(let keepAlive):
-            self.backgroundPolicy = .suspend(keepAlive: min(max(keepAlive, .seconds(1)), .seconds(86_400)))
+        case .suspend(let keepAlive, let keepPresence):
+            self.backgroundPolicy = .suspend(keepAlive: min(max(keepAlive, .seconds(1)), .seconds(86_400)), keepPresence: keepPresence)
         case .disconnect, .keep:
             self.backgroundPolicy = backgroundPolicy
         }

@@ -553,7 +553,7 @@ package struct SubscribeMachine: Sendable {
 
     /// The app went to the background. With ``BackgroundPolicy/keep`` the loop goes on, but
     /// retries and Time probes pause (seed 001); with ``BackgroundPolicy/disconnect`` or
-    /// ``BackgroundPolicy/suspend(keepAlive:)`` the connection is let go and the cursor kept. A
+    /// ``BackgroundPolicy/suspend(keepAlive:keepPresence:)`` the connection is let go and the cursor kept. A
     /// loop stopped for good (the app cancelled its retries, or a fatal error) stays stopped.
     package mutating func enterBackground(now: Duration) -> [Action] {
         guard !inBackground else { return [] }

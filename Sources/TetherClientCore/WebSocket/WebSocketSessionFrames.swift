@@ -159,7 +159,7 @@ package enum SessionFrame {
     package static let bye = #"{"type":"bye"}"#
 
     /// `suspend`: the app goes to the background; keep the session `seconds` after the socket closes.
-    package static func suspend(keepAliveSeconds seconds: Int) -> String {
-        JSONValue.object(["type": "suspend", "keepAliveSeconds": .number(JSONValue.Number(seconds))]).jsonText
+    package static func suspend(keepAliveSeconds seconds: Int, presence: Bool) -> String {
+        JSONValue.object(["type": "suspend", "keepAliveSeconds": .number(JSONValue.Number(seconds)), "presence": .bool(presence)]).jsonText
     }
 }

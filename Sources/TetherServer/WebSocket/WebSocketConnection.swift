@@ -152,7 +152,7 @@ final class WebSocketConnection: Sendable {
                 fail(WebSocketCloseCode.malformed, "malformed", "the first frame must be hello")
                 return false
             }
-            return self.hello(hello)
+            return await self.hello(hello)
         }
         switch frame {
         case .hello:
@@ -172,9 +172,9 @@ final class WebSocketConnection: Sendable {
             changeContinuation.yield()
             queue.close(code: WebSocketCloseCode.normal, reason: "bye")
             return false
-        case .suspend(let seconds):
+        case .suspend(let seconds, let presence):
             // The app goes to the background: the session outlives its socket this long.
-            if let granted = sessions.suspend(id, seconds: seconds) {
+            if let granted = await sessions.suspend(id, seconds: seconds, presence: presence) {
                 send(WebSocketServerFrame.suspended(keepAliveSeconds: granted))
             }
             return true
@@ -185,7 +185,7 @@ final class WebSocketConnection: Sendable {
 
     // MARK: - Hello
 
-    private func hello(_ hello: WebSocketClientFrame.Hello) -> Bool {
+    private func hello(_ hello: WebSocketClientFrame.Hello) async -> Bool {
         guard hello.version == WebSocketProtocol.version else {
             fail(WebSocketCloseCode.malformed, "malformed", "unsupported protocol version \(hello.version); this server speaks 1")
             return false
@@ -217,6 +217,7 @@ final class WebSocketConnection: Sendable {
                     if hello.publishKey != nil { s.publishKey = hello.publishKey }
                 } ?? kept
                 send(welcome(session: session, token: token, resumed: true, state: resumed, cursor: current))
+                await sessions.rejoinIfAbsent(session)
                 if resumed.hasSubscribed { changeContinuation.yield() }
                 return true
             case .unknown:

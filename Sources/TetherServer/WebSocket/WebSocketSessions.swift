@@ -20,6 +20,8 @@ struct SessionState: Sendable {
     /// The last cursor delivered (zero before the first `subscribe`).
     var cursor: Timetoken = .zero
     var hasSubscribed = false
+    /// Suspended with `presence: false`: the uuid left; it joins again when the session resumes.
+    var presenceSuspended = false
 
     /// Rough bytes held, for the kept sessions' byte bound.
     var estimatedBytes: Int {
@@ -137,10 +139,36 @@ final class WebSocketSessions: Sendable {
 
     /// `suspend`: the connection's session is kept for `seconds` (bounded by the settings'
     /// `maxSuspendSeconds`) once its socket closes; returns the window granted, nil without a session.
-    func suspend(_ connection: Table.ConnectionID, seconds: Int?) -> Int? {
+    /// With `presence` false the uuid leaves its channels now (others see a `leave`) and joins
+    /// again on resume.
+    func suspend(_ connection: Table.ConnectionID, seconds: Int?, presence: Bool) async -> Int? {
         let granted = min(seconds ?? settings.maxSuspendSeconds, settings.maxSuspendSeconds)
-        let held = locked.withLock { $0.table.suspend(connection, keepAlive: .seconds(granted)) }
+        let (held, leaving) = locked.withLock { s -> (Bool, SessionState?) in
+            guard s.table.suspend(connection, keepAlive: .seconds(granted)), let id = s.table.session(on: connection),
+                  var state = s.table.payload(of: id) else { return (false, nil) }
+            guard !presence, state.hasSubscribed, !state.presenceSuspended else { return (true, nil) }
+            state.presenceSuspended = true
+            s.table.update(id, payload: state, bytes: state.estimatedBytes)
+            return (true, state)
+        }
+        if let leaving {
+            await self.presence.leave(subscribeKey: leaving.keyset.subscribeKey, uuid: leaving.uuid, channels: leaving.channels,
+                                      groups: leaving.groups)
+        }
         return held ? granted : nil
+    }
+
+    /// A resumed session that was suspended without presence: its uuid joins its channels again.
+    func rejoinIfAbsent(_ session: Table.SessionID) async {
+        let joining = locked.withLock { s -> SessionState? in
+            guard var state = s.table.payload(of: session), state.presenceSuspended else { return nil }
+            state.presenceSuspended = false
+            s.table.update(session, payload: state, bytes: state.estimatedBytes)
+            return state
+        }
+        guard let joining, joining.hasSubscribed else { return }
+        await presence.heartbeat(subscribeKey: joining.keyset.subscribeKey, uuid: joining.uuid, channels: joining.channels,
+                                 groups: joining.groups, timeoutSeconds: settings.keepAliveSeconds, states: joining.states)
     }
 
     /// `bye`: the session ends; its uuid leaves every channel.
@@ -162,7 +190,7 @@ final class WebSocketSessions: Sendable {
             let actions = s.table.disconnected(connection, now: now)
             return (session.flatMap { s.table.payload(of: $0) }, keepAlive, actions)
         }
-        if let kept, kept.hasSubscribed {
+        if let kept, kept.hasSubscribed, !kept.presenceSuspended {
             let seconds = Int(keepAlive?.components.seconds ?? Int64(settings.keepAliveSeconds))
             await presence.refresh(subscribeKey: kept.keyset.subscribeKey, uuid: kept.uuid, channels: kept.channels, groups: kept.groups,
                                    timeoutSeconds: seconds)
@@ -252,7 +280,7 @@ final class WebSocketSessions: Sendable {
                     }
                 }
             case .refreshPresence(_, let state):
-                guard state.hasSubscribed else { continue }
+                guard state.hasSubscribed, !state.presenceSuspended else { continue }
                 await presence.refresh(subscribeKey: state.keyset.subscribeKey, uuid: state.uuid, channels: state.channels,
                                        groups: state.groups, timeoutSeconds: settings.keepAliveSeconds)
             }
