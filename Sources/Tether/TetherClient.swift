@@ -11,6 +11,9 @@ import TetherProtocol
 /// call. Every call is `async`, returns a typed result and throws ``TetherError`` (whose
 /// ``TetherError/status`` says what happened and can ``Status/retry()`` the call).
 /// Call ``shutdown()`` when done: it closes every connection and stops the transport's thread.
+/// A client released without it is freed all the same (its background tasks hold it weakly; a
+/// long-poll in flight holds it until it returns) and then closes what it opened, ending a
+/// WebSocket session with `bye`.
 public final class TetherClient: Sendable {
     /// The configuration the client was created with.
     public let configuration: TetherConfiguration
