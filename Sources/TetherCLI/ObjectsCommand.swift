@@ -244,7 +244,7 @@ struct ObjectsListOptions: ParsableArguments {
     @Option(help: "Sort keys, e.g. name:asc or updated:desc (repeat or comma-separate for several).")
     var sort: [String] = []
 
-    @Option(help: "How many per page (1-100). (default: 100)")
+    @Option(help: "How many per page (1-100).")
     var limit: Int = 100
 
     @Option(help: "The cursor a previous list printed as next: (the following page).")

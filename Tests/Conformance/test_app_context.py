@@ -112,7 +112,7 @@ def clean_if_match():
     ObjectsEndpoint._custom_headers.clear()
 
 
-def test_if_match_etag(make_pubnub, clean_if_match):
+def test_if_match_etag(make_pubnub, origin, clean_if_match):
     pn = make_pubnub("etag")
     user = unique("user")
     first = pn.set_uuid_metadata().uuid(user).set_name("one").sync().result.data
@@ -121,16 +121,11 @@ def test_if_match_etag(make_pubnub, clean_if_match):
     with pytest.raises(PubNubException) as raised:
         pn.set_uuid_metadata().uuid(user).set_name("three").if_matches_etag(first["eTag"]).sync()
     assert raised.value.get_status_code() == 412
-    r = raw(pn_origin(pn), "PATCH", objects_path("uuids", user), {"name": "x"}, headers={"If-Match": first["eTag"]})
+    r = raw(origin, "PATCH", objects_path("uuids", user), {"name": "x"}, headers={"If-Match": first["eTag"]})
     assert r.json() == {"status": 412, "error": {"message": "User to update has been modified after it was read.",
                                                  "source": "objects"}}
     # (The SDK now sends that If-Match with every objects request; a get ignores it.)
     assert pn.get_uuid_metadata().uuid(user).sync().result.data["name"] == "two"
-
-
-def pn_origin(pn) -> str:
-    scheme = "https" if pn.config.ssl else "http"
-    return f"{scheme}://{pn.config.origin}"
 
 
 # ------------------------------------------------------------------------ get all with options
@@ -269,7 +264,20 @@ class ObjectsListener(SubscribeCallback):
             self.memberships.append(membership)
 
 
-def test_objects_events_reach_the_sdk_listeners(make_pubnub):
+@pytest.fixture
+def sdk_objects_event_fix(monkeypatch):
+    """The Python SDK 10.8.0 routes every objects event also through its subscription registry,
+    whose `PNSubscriptionRegistryCallback.uuid` / `channel` / `membership` call methods that its
+    `PubNubSubscription` (a `PNEventEmitter`) does not have: the AttributeError kills the threaded
+    SDK's message worker after the app's listener got the first objects event. A no-op for those
+    methods lets the test see every event (an SDK bug; PubNub's server sends the same events)."""
+    from pubnub.models.subscription import PNEventEmitter
+    for name in ("uuid", "channel", "membership"):
+        if not hasattr(PNEventEmitter, name):
+            monkeypatch.setattr(PNEventEmitter, name, lambda self, event: None, raising=False)
+
+
+def test_objects_events_reach_the_sdk_listeners(make_pubnub, sdk_objects_event_fix):
     user, ch = unique("user"), unique()
     watcher = make_pubnub("watcher")
     listener = ObjectsListener()
@@ -403,7 +411,7 @@ def test_access_manager_uuids_and_channels(secure_server):
 
 def tether_cli(origin: str, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
-    host = origin.split("://", 1)[1]
+    host = origin.split("://")[-1]
     return subprocess.run([TETHER_BIN, "objects", *args, "--origin", host], capture_output=True, text=True, timeout=60,
                           env=env, stdin=subprocess.DEVNULL)
 
@@ -425,7 +433,7 @@ def test_objects_cli(origin, make_pubnub):
     listed = tether_cli(origin, "memberships", "list", user).stdout.splitlines()
     assert listed[0].startswith(f"{ch}  name=Room  status=joined"), listed
     assert tether_cli(origin, "memberships", "remove", user, ch).returncode == 0
-    assert tether_cli(origin, "memberships", "list", user).stdout.strip() == ""
+    assert tether_cli(origin, "memberships", "list", user).stdout.strip() == "total: 0"
     assert tether_cli(origin, "user", "remove", user).returncode == 0
     missing = tether_cli(origin, "user", "get", user)
     text = (missing.stderr + missing.stdout).lower()
