@@ -490,3 +490,33 @@ def test_custom_message_type_round_trip(make_pubnub, origin):
         with pytest.raises(PubNubException) as raised:
             sender.publish().channel(ch).message("m").custom_message_type(bad).sync()
         assert raised.value.get_status_code() == 400
+
+
+# ---------------------------------------------------------------------- WebSocket delivery
+
+@pytest.mark.asyncio
+async def test_objects_events_reach_a_websocket_session(server):
+    """Objects events take the same envelope path as every other event, so a WebSocket session
+    (docs/websocket-protocol.md) receives them as a long-poll does."""
+    import asyncio
+    from websockets.asyncio.client import connect
+
+    ch = unique("wsobj")
+    async with connect(f"ws://{server.origin.split('://')[-1]}/v2/ws", subprotocols=["tether.v1.json"]) as ws:
+        await ws.send(json.dumps({"type": "hello", "v": 1, "subscribeKey": "demo", "publishKey": "demo", "uuid": "ws-obj"}))
+
+        async def next_of(kind):
+            while True:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                if frame["type"] == kind:
+                    return frame
+
+        await next_of("welcome")
+        await ws.send(json.dumps({"type": "subscribe", "channels": [ch]}))
+        await next_of("subscribed")
+        r = await asyncio.to_thread(raw, server.origin, "PATCH", objects_path("channels", ch), {"name": "Over WS"})
+        assert r.status == 200
+        frame = await next_of("messages")
+        envelope = frame["m"][0]
+        assert envelope["e"] == 2 and envelope["c"] == ch
+        assert envelope["d"]["type"] == "channel" and envelope["d"]["data"]["name"] == "Over WS"
