@@ -25,6 +25,15 @@ package struct AppContextMembership: Sendable, Hashable {
     package var eTag: String
 }
 
+/// A memberships change refused because it would take a user past its memberships or a channel
+/// past its members (PubNub's platform limits); nothing of the change was written.
+package struct AppContextMembershipLimitExceeded: Error, Sendable, Equatable {
+    /// `"uuid"` or `"channel"`.
+    package var kind: String
+    package var id: String
+    package var limit: Int
+}
+
 /// What a set of metadata came to.
 package enum AppContextSetOutcome: Sendable, Hashable {
     case set(AppContextRecord)
@@ -163,9 +172,16 @@ extension MessageStore {
         }
     }
 
+    /// PubNub's platform limits: memberships of one user, members of one channel.
+    package static let membershipsPerUser = 50_000
+    package static let membersPerChannel = 5_000
+
     /// Sets (`set`: upsert with the given fields) and deletes memberships in one transaction,
-    /// deletes first. Returns what was set and which of `delete` existed.
-    package func applyAppContextMemberships(subscribeKey: String, set: [AppContextMembership], delete: [(uuid: String, channel: String)])
+    /// deletes first. Returns what was set and which of `delete` existed. Throws
+    /// ``AppContextMembershipLimitExceeded`` (and writes nothing) when a user would have more
+    /// than `perUser` memberships or a channel more than `perChannel` members.
+    package func applyAppContextMemberships(subscribeKey: String, set: [AppContextMembership], delete: [(uuid: String, channel: String)],
+                                            perUser: Int = membershipsPerUser, perChannel: Int = membersPerChannel)
         async throws -> (set: [AppContextMembership], deleted: [(uuid: String, channel: String)])
     {
         try await pool.write { db in
@@ -184,6 +200,16 @@ extension MessageStore {
                     """, arguments: [subscribeKey, m.uuid, m.channel, String(decoding: JSONValue.object(m.fields).jsonBytes, as: UTF8.self),
                                      m.updated, m.eTag])
                 written.append(m)
+            }
+            for uuid in Set(set.map(\.uuid)) {
+                let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM app_context_membership WHERE sub_key = ? AND uuid = ?",
+                                             arguments: [subscribeKey, uuid]) ?? 0
+                if count > perUser { throw AppContextMembershipLimitExceeded(kind: "uuid", id: uuid, limit: perUser) }
+            }
+            for channel in Set(set.map(\.channel)) {
+                let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM app_context_membership WHERE sub_key = ? AND channel = ?",
+                                             arguments: [subscribeKey, channel]) ?? 0
+                if count > perChannel { throw AppContextMembershipLimitExceeded(kind: "channel", id: channel, limit: perChannel) }
             }
             return (written, deleted)
         }

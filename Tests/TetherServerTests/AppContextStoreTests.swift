@@ -71,6 +71,22 @@ import Testing
             // Removing a channel removes its members.
             #expect(try await !store.removeAppContextObject(subscribeKey: "k", kind: .channel, id: "c1"))
             #expect(try await store.appContextCounts() == (objects: 1, memberships: 0))
+            // PubNub's limits (here 2 per user, 3 per channel): the whole change is refused.
+            _ = try await store.applyAppContextMemberships(subscribeKey: "k", set: [Self.membership("u", "a"), Self.membership("u", "b")],
+                                                           delete: [], perUser: 2, perChannel: 3)
+            await #expect(throws: AppContextMembershipLimitExceeded(kind: "uuid", id: "u", limit: 2)) {
+                try await store.applyAppContextMemberships(subscribeKey: "k", set: [Self.membership("u", "c")], delete: [],
+                                                           perUser: 2, perChannel: 3)
+            }
+            // Replacing one in the same change stays within it.
+            _ = try await store.applyAppContextMemberships(subscribeKey: "k", set: [Self.membership("u", "c")],
+                                                           delete: [(uuid: "u", channel: "a")], perUser: 2, perChannel: 3)
+            await #expect(throws: AppContextMembershipLimitExceeded(kind: "channel", id: "c", limit: 3)) {
+                try await store.applyAppContextMemberships(subscribeKey: "k", set: ["v", "w", "x"].map { Self.membership($0, "c") },
+                                                           delete: [], perUser: 2, perChannel: 3)
+            }
+            #expect(try await store.appContextMemberships(subscribeKey: "k", of: .uuid, id: "u", limit: 10).map(\.channel).sorted() == ["b", "c"])
+            #expect(try await store.appContextMemberships(subscribeKey: "k", of: .channel, id: "c", limit: 10).map(\.uuid) == ["u"])
         }
     }
 }

@@ -302,10 +302,17 @@ extension TetherResponder {
         let (set, delete) = try Self.membershipChanges(bytes, kind: target.kind, id: id)
         let updated = AppContextTimestamp.format(state.hub.currentCursor)
         let subscribeKey = target.keyset.subscribeKey
-        let changes = try await state.store.applyAppContextMemberships(
-            subscribeKey: subscribeKey,
-            set: set.map { AppContextMembership(uuid: $0.uuid, channel: $0.channel, fields: $0.fields, updated: updated, eTag: "") },
-            delete: delete)
+        let changes: (set: [AppContextMembership], deleted: [(uuid: String, channel: String)])
+        do {
+            changes = try await state.store.applyAppContextMemberships(
+                subscribeKey: subscribeKey,
+                set: set.map { AppContextMembership(uuid: $0.uuid, channel: $0.channel, fields: $0.fields, updated: updated, eTag: "") },
+                delete: delete)
+        } catch let exceeded as AppContextMembershipLimitExceeded {
+            let what = exceeded.kind == "uuid" ? "memberships of user" : "members of channel"
+            throw RequestError(response: Reply.objectsInvalid("More than \(exceeded.limit) \(what) \(String(reflecting: exceeded.id))",
+                                                              location: "set", locationType: "body"))
+        }
         for pair in changes.deleted {
             publishObjectEvent(subscribeKey: subscribeKey, channels: [pair.channel, pair.uuid], event: "delete", type: "membership",
                                data: .object(["channel": .object(["id": .string(pair.channel)]), "uuid": .object(["id": .string(pair.uuid)])]))
