@@ -26,8 +26,8 @@ public final class Subscription: Sendable {
     public let target: Target
     /// Whether presence events (`-pnpres`) are received too.
     public let withPresence: Bool
-    /// Published messages (and files and App Context events; message actions have their own
-    /// stream, ``messageActions``).
+    /// Published messages (and files; message actions and App Context events have their own
+    /// streams, ``messageActions`` and ``appContextEvents``).
     public let messages: AsyncStream<ReceivedEvent>
     /// Signals.
     public let signals: AsyncStream<ReceivedEvent>
@@ -37,6 +37,10 @@ public final class Subscription: Sendable {
     /// ``EventKind/messageAction``).
     public let messageActions: AsyncStream<MessageActionEvent>
     private let actionSink: AsyncStream<MessageActionEvent>.Continuation
+    /// App Context changes (user, channel and membership metadata set or deleted; events of
+    /// kind ``EventKind/object``).
+    public let appContextEvents: AsyncStream<AppContextEvent>
+    private let appContextSink: AsyncStream<AppContextEvent>.Continuation
     private let messageSink: AsyncStream<ReceivedEvent>.Continuation
     private let signalSink: AsyncStream<ReceivedEvent>.Continuation
     private let presenceSink: AsyncStream<ReceivedEvent>.Continuation
@@ -51,6 +55,7 @@ public final class Subscription: Sendable {
         (signals, signalSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
         (presence, presenceSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
         (messageActions, actionSink) = AsyncStream.makeStream(of: MessageActionEvent.self)
+        (appContextEvents, appContextSink) = AsyncStream.makeStream(of: AppContextEvent.self)
     }
 
     /// Adds a closure called for every event (message, signal or presence), in order.
@@ -60,7 +65,9 @@ public final class Subscription: Sendable {
 
     /// Adds a closure called for every message.
     public func onMessage(_ handler: @escaping @Sendable (ReceivedEvent) -> Void) {
-        onEvent { event in if !event.isPresence && event.kind != .signal && event.kind != .messageAction { handler(event) } }
+        onEvent { event in
+            if !event.isPresence && event.kind != .signal && event.kind != .messageAction && event.kind != .object { handler(event) }
+        }
     }
 
     /// Adds a closure called for every signal.
@@ -71,6 +78,11 @@ public final class Subscription: Sendable {
     /// Adds a closure called for every message action added or removed.
     public func onMessageAction(_ handler: @escaping @Sendable (MessageActionEvent) -> Void) {
         onEvent { event in if let action = event.messageAction { handler(action) } }
+    }
+
+    /// Adds a closure called for every App Context change (user, channel, membership).
+    public func onAppContextEvent(_ handler: @escaping @Sendable (AppContextEvent) -> Void) {
+        onEvent { event in if let change = event.appContextEvent { handler(change) } }
     }
 
     /// Adds a closure called for every presence event.
@@ -111,6 +123,8 @@ public final class Subscription: Sendable {
             signalSink.yield(event)
         } else if event.kind == .messageAction {
             if let action = event.messageAction { actionSink.yield(action) }
+        } else if event.kind == .object {
+            if let change = event.appContextEvent { appContextSink.yield(change) }
         } else {
             messageSink.yield(event)
         }
@@ -122,6 +136,7 @@ public final class Subscription: Sendable {
         signalSink.finish()
         presenceSink.finish()
         actionSink.finish()
+        appContextSink.finish()
     }
 }
 

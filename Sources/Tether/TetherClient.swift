@@ -311,6 +311,7 @@ public final class TetherClient: Sendable {
         }
         var headers = ["User-Agent": "Tether-Swift/0.1", "Accept": "application/json"]
         if signed.body != nil { headers["Content-Type"] = "application/json" }
+        headers.merge(signed.headers) { _, extra in extra }
         let timeout = spec.timeout ?? (operation.isSubscribe ? configuration.subscribeTimeout : configuration.nonSubscribeTimeout)
         let request = TransportRequest(url: configuration.baseURL + signed.target, method: signed.method, headers: headers,
                                        body: signed.body, timeout: timeout, isLongPoll: operation.isSubscribe)

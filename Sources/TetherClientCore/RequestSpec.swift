@@ -8,6 +8,8 @@ public enum HTTPVerb: String, Sendable, Hashable {
     case post = "POST"
     /// `DELETE`
     case delete = "DELETE"
+    /// `PATCH` (App Context set)
+    case patch = "PATCH"
 }
 
 /// One query parameter, unencoded.
@@ -37,6 +39,8 @@ package struct RequestSpec: Sendable, Hashable {
     package var body: [UInt8]?
     /// A timeout for this request only, overriding the configuration's.
     package var timeout: Duration?
+    /// Extra request header fields (App Context's `If-Match`).
+    package var headers: [String: String] = [:]
 
     /// Creates a request.
     package init(operation: TetherOperation, method: HTTPVerb = .get, path: String, query: [QueryItem] = [],

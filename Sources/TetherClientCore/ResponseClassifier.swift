@@ -97,6 +97,10 @@ package enum ResponseClassifier {
             details.service = object["service"]?.stringValue
             details.message = object["message"]?.stringValue ?? object["error_message"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 }
                 ?? object["error"]?.stringValue ?? object["error"]?["message"]?.stringValue
+            // App Context's 400 names what was wrong in `error.details[].message`.
+            if let detail = object["error"]?["details"]?[0]?["message"]?.stringValue, let message = details.message {
+                details.message = "\(message) \(detail)"
+            }
             if let payload = object["payload"]?.objectValue {
                 details.deniedChannels = payload["channels"]?.arrayValue?.compactMap(\.stringValue) ?? []
                 details.deniedGroups = payload["channel-groups"]?.arrayValue?.compactMap(\.stringValue) ?? []

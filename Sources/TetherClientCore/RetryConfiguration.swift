@@ -57,6 +57,8 @@ public struct RetryConfiguration: Sendable, Hashable {
         case accessManager
         /// Message actions: add, remove, get.
         case messageActions
+        /// App Context: user and channel metadata, memberships, members.
+        case appContext
         /// Time.
         case time
     }
@@ -267,6 +269,9 @@ extension RetryConfiguration.Endpoint {
         case .grant, .grantToken, .revokeToken: self = .accessManager
         case .time: self = .time
         case .addMessageAction, .removeMessageAction, .fetchMessageActions: self = .messageActions
+        case .fetchUserMetadata, .setUserMetadata, .removeUserMetadata, .fetchAllUserMetadata, .fetchChannelMetadata, .setChannelMetadata,
+             .removeChannelMetadata, .fetchAllChannelMetadata, .fetchMemberships, .setMemberships, .fetchChannelMembers, .setChannelMembers:
+            self = .appContext
         }
     }
 }

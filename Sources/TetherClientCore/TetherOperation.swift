@@ -54,6 +54,12 @@ public enum TetherOperation: String, Sendable, Hashable, CaseIterable, CustomStr
     case removeMessageAction
     /// Fetch a channel's message actions.
     case fetchMessageActions
+    /// App Context: fetch, set, remove and list user metadata.
+    case fetchUserMetadata, setUserMetadata, removeUserMetadata, fetchAllUserMetadata
+    /// App Context: fetch, set, remove and list channel metadata.
+    case fetchChannelMetadata, setChannelMetadata, removeChannelMetadata, fetchAllChannelMetadata
+    /// App Context: a user's memberships and a channel's members.
+    case fetchMemberships, setMemberships, fetchChannelMembers, setChannelMembers
 
     /// The case name.
     public var description: String { rawValue }

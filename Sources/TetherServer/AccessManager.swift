@@ -359,3 +359,34 @@ public indirect enum AnyJSON: Decodable, Sendable {
         }
     }
 }
+
+// MARK: - App Context: uuid resources
+
+extension AccessManager {
+    /// Whether a request may act on user `id`'s App Context data with `permission`: a v3
+    /// token's `uuids` resources or patterns (unrevoked, unexpired, for the request's uuid when
+    /// the token names one), or else the v2 grants whose target is that uuid (`target-uuid`).
+    package func allowsUUID(_ id: String, permission: Permissions, keyset: Keyset, auth: String?, requestUUID: String?) -> Bool {
+        let now = clock()
+        if let auth, !auth.isEmpty, let token = try? verifiedToken(auth, keyset: keyset) {
+            if state.withLock({ $0.revoked[token.signature] != nil }) || token.grant.expiresAt <= now { return false }
+            if let authorized = token.grant.authorizedUUID, authorized != requestUUID { return false }
+            guard let bytes = Base64.decode(auth), let root = try? CBORValue(decoding: bytes) else { return false }
+            var granted: Permissions = []
+            if case .map(let items)? = root["res"]?["uuid"] {
+                for (key, value) in items where key.string == id { granted.formUnion(Permissions(rawValue: Int(value.int ?? 0))) }
+            }
+            if case .map(let items)? = root["pat"]?["uuid"] {
+                for (key, value) in items {
+                    if let pattern = key.string, matches(pattern: pattern, name: id) {
+                        granted.formUnion(Permissions(rawValue: Int(value.int ?? 0)))
+                    }
+                }
+            }
+            return granted.isSuperset(of: permission)
+        }
+        return state.withLock { s in
+            s.grants.permissions(subscribeKey: keyset.subscribeKey, target: .uuid(id), authKey: auth, now: now).isSuperset(of: permission)
+        }
+    }
+}

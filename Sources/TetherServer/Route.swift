@@ -29,6 +29,12 @@ public enum Route: String, CaseIterable, Sendable {
     case addMessageAction = "add-message-action"
     case removeMessageAction = "remove-message-action"
     case getMessageActions = "get-message-actions"
+    case getUserMetadata = "get-uuid-metadata", setUserMetadata = "set-uuid-metadata", removeUserMetadata = "remove-uuid-metadata"
+    case getAllUserMetadata = "get-all-uuid-metadata"
+    case getChannelMetadata = "get-channel-metadata", setChannelMetadata = "set-channel-metadata"
+    case removeChannelMetadata = "remove-channel-metadata", getAllChannelMetadata = "get-all-channel-metadata"
+    case getMemberships = "get-memberships", manageMemberships = "manage-memberships"
+    case getChannelMembers = "get-channel-members", manageChannelMembers = "manage-channel-members"
     case health, metrics
 
     /// What a route requires on a keyset with Access Manager on (one with a secret key).
@@ -45,6 +51,9 @@ public enum Route: String, CaseIterable, Sendable {
         case actingAs(Permissions)
         /// A request signed with the keyset's secret key (server-side admin).
         case admin
+        /// These permissions on the user (App Context) the request names: a v3 token's `uuids`
+        /// resources, or v2 grants with `target-uuid`.
+        case user(Permissions)
     }
 
     /// PubNub's operation-to-permission mapping for this route (docs/security.md, "Access
@@ -60,6 +69,14 @@ public enum Route: String, CaseIterable, Sendable {
         case .leave, .setState: .actingAs(.read)
         case .groupChannels, .groupUpdate, .groupDelete: .permission(.manage)
         case .hereNowGlobal, .groupList, .grant, .audit, .grantToken, .revokeToken: .admin
+        case .getUserMetadata, .getMemberships: .user(.get)
+        case .setUserMetadata, .manageMemberships: .user(.update)
+        case .removeUserMetadata: .user(.delete)
+        case .getChannelMetadata, .getChannelMembers: .permission(.get)
+        case .setChannelMetadata: .permission(.update)
+        case .removeChannelMetadata: .permission(.delete)
+        case .manageChannelMembers: .permission(.manage)
+        case .getAllUserMetadata, .getAllChannelMetadata: .admin
         }
     }
 
@@ -72,6 +89,9 @@ public enum Route: String, CaseIterable, Sendable {
         case .groupList, .groupChannels, .groupUpdate, .groupDelete: "channel-registry"
         case .grant, .audit, .grantToken, .revokeToken: "Access Manager"
         case .addMessageAction, .removeMessageAction, .getMessageActions: "actions"
+        case .getUserMetadata, .setUserMetadata, .removeUserMetadata, .getAllUserMetadata, .getChannelMetadata, .setChannelMetadata,
+             .removeChannelMetadata, .getAllChannelMetadata, .getMemberships, .manageMemberships, .getChannelMembers, .manageChannelMembers:
+            "objects"
         case .options, .time, .publish, .signal, .health, .metrics: "Tether"
         }
     }
@@ -85,6 +105,9 @@ public enum Route: String, CaseIterable, Sendable {
         case .publish, .signal: (.publish, 2)
         case .subscribe, .grantToken, .revokeToken, .addMessageAction, .removeMessageAction, .getMessageActions: (.request, 2)
         case .grant, .audit: (.request, 4)
+        case .getUserMetadata, .setUserMetadata, .removeUserMetadata, .getAllUserMetadata, .getChannelMetadata, .setChannelMetadata,
+             .removeChannelMetadata, .getAllChannelMetadata, .getMemberships, .manageMemberships, .getChannelMembers, .manageChannelMembers:
+            (.request, 2)
         case .history, .fetch, .historyWithActions, .deleteMessages, .messageCounts, .hereNowGlobal, .hereNow, .whereNow,
              .heartbeat, .leave, .getState, .setState, .groupList, .groupChannels, .groupUpdate, .groupDelete:
             (.request, 3)
@@ -135,6 +158,19 @@ public enum Route: String, CaseIterable, Sendable {
             case (.get, 5, _, _): return .getMessageActions
             case (.post, 7, "message", _): return .addMessageAction
             case (.delete, 9, "message", "action"): return .removeMessageAction
+            default: return nil
+            }
+        case (_, "v2") where (4...6).contains(s.count) && s[1] == "objects" && (s[3] == "uuids" || s[3] == "channels"):
+            let users = s[3] == "uuids"
+            switch (method, s.count, at(5)) {
+            case (.get, 4, _): return users ? .getAllUserMetadata : .getAllChannelMetadata
+            case (.get, 5, _): return users ? .getUserMetadata : .getChannelMetadata
+            case (.patch, 5, _): return users ? .setUserMetadata : .setChannelMetadata
+            case (.delete, 5, _): return users ? .removeUserMetadata : .removeChannelMetadata
+            case (.get, 6, "channels") where users: return .getMemberships
+            case (.patch, 6, "channels") where users: return .manageMemberships
+            case (.get, 6, "uuids") where !users: return .getChannelMembers
+            case (.patch, 6, "uuids") where !users: return .manageChannelMembers
             default: return nil
             }
         case (.get, "health") where s.count == 1: return .health

@@ -86,6 +86,14 @@ public struct TetherResponder: HTTPResponder {
                 return ("unknown", known ? Reply.actionsError(.methodNotAllowed, "Method Not Allowed")
                                          : Reply.actionsError(.notFound, "Not found: '\(request.uri.path)'"))
             }
+            if family == "objects", s.first == "v2" {
+                // An objects path with a method it does not take, or an unknown shape.
+                let users = s.count > 3 && s[3] == "uuids", channels = s.count > 3 && s[3] == "channels"
+                let known = ((s.count == 4 || s.count == 5) && (users || channels))
+                    || (s.count == 6 && ((users && s[5] == "channels") || (channels && s[5] == "uuids")))
+                return ("unknown", known ? Reply.objectsError(.methodNotAllowed, "Method Not Allowed")
+                                         : Reply.objectsError(.notFound, "Requested resource not found."))
+            }
             let service = family == "presence" ? "Presence" : family == "channel-registration" ? "channel-registry" : "Tether"
             return ("unknown", Reply.error(.notFound, service: service, "Not found: '\(request.uri.path)'"))
         }
@@ -115,6 +123,12 @@ public struct TetherResponder: HTTPResponder {
             case .addMessageAction: response = try await addMessageAction(request, wire)
             case .removeMessageAction: response = try await removeMessageAction(wire)
             case .getMessageActions: response = try await getMessageActions(wire)
+            case .getUserMetadata, .getChannelMetadata: response = try await getAppContextObject(wire)
+            case .setUserMetadata, .setChannelMetadata: response = try await setAppContextObject(request, wire)
+            case .removeUserMetadata, .removeChannelMetadata: response = try await removeAppContextObject(wire)
+            case .getAllUserMetadata, .getAllChannelMetadata: response = try await getAllAppContextObjects(wire)
+            case .getMemberships, .getChannelMembers: response = try await getAppContextMemberships(wire)
+            case .manageMemberships, .manageChannelMembers: response = try await manageAppContextMemberships(request, wire)
             case .health: response = await health()
             case .metrics: response = metrics()
             }
@@ -185,6 +199,8 @@ public struct TetherResponder: HTTPResponder {
             return Reply.historyError(.badRequest, message)
         case .addMessageAction, .removeMessageAction, .getMessageActions:
             return Reply.actionsError(.badRequest, message)
+        case _ where route.service == "objects":
+            return Reply.objectsInvalid(message, location: error.name, locationType: "query")
         default:
             return Reply.error(.badRequest, service: route.service, message)
         }

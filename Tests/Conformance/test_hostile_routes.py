@@ -184,6 +184,25 @@ SPECS: list[Spec] = [
     Spec("addMessageAction", "POST", "/v1/message-actions/{sub}/channel/{ch}/message/{mtt}", {"uuid": UUID},
          body='{"type":"reaction","value":"smile"}'),
     Spec("removeMessageAction", "DELETE", "/v1/message-actions/{sub}/channel/{ch}/message/{mtt}/action/{att}", {"uuid": UUID}),
+    Spec("getUserMetadata", "GET", "/v2/objects/{sub}/uuids/{uuid}", {"uuid": UUID, "include": "custom,status,type"}),
+    Spec("setUserMetadata", "PATCH", "/v2/objects/{sub}/uuids/{uuid}", {"uuid": UUID, "include": "custom"},
+         body='{"name":"n","custom":{"k":"v"},"status":"s"}'),
+    Spec("removeUserMetadata", "DELETE", "/v2/objects/{sub}/uuids/{uuid}", {"uuid": UUID}),
+    Spec("getAllUserMetadata", "GET", "/v2/objects/{sub}/uuids",
+         {"uuid": UUID, "filter": 'name LIKE "a*"', "sort": "name:desc", "limit": "10", "start": "MQ", "count": "true"},
+         admin=True),
+    Spec("getChannelMetadata", "GET", "/v2/objects/{sub}/channels/{ch}", {"uuid": UUID, "include": "custom"}),
+    Spec("setChannelMetadata", "PATCH", "/v2/objects/{sub}/channels/{ch}", {"uuid": UUID}, body='{"name":"n","description":"d"}'),
+    Spec("removeChannelMetadata", "DELETE", "/v2/objects/{sub}/channels/{ch}", {"uuid": UUID}),
+    Spec("getAllChannelMetadata", "GET", "/v2/objects/{sub}/channels",
+         {"uuid": UUID, "filter": 'custom.n > 1 && !(name == "x")', "sort": "updated", "limit": "5", "end": "MTA"}, admin=True),
+    Spec("getMemberships", "GET", "/v2/objects/{sub}/uuids/{uuid}/channels",
+         {"uuid": UUID, "include": "channel.custom,custom", "filter": 'channel.name == "x"', "limit": "10"}),
+    Spec("manageMemberships", "PATCH", "/v2/objects/{sub}/uuids/{uuid}/channels", {"uuid": UUID},
+         body='{"set":[{"channel":{"id":"hostile-ch"},"custom":{"r":"x"}}],"delete":[{"channel":{"id":"other"}}]}'),
+    Spec("getChannelMembers", "GET", "/v2/objects/{sub}/channels/{ch}/uuids", {"uuid": UUID, "include": "uuid", "sort": "uuid.id:asc"}),
+    Spec("manageChannelMembers", "PATCH", "/v2/objects/{sub}/channels/{ch}/uuids", {"uuid": UUID},
+         body='{"set":[{"uuid":{"id":"hostile-uuid"}}],"delete":[]}'),
     Spec("health", "GET", "/health", {}),
     Spec("metrics", "GET", "/metrics", {}),
 ]
@@ -478,6 +497,11 @@ def body_shape(r: Resp, route: str) -> str:
     if isinstance(body.get("error"), dict) and body["error"].get("source") == "actions":
         assert isinstance(body["error"].get("message"), str) and body["error"]["message"], body
         return "actions-error-object"
+    if isinstance(body.get("error"), dict) and body["error"].get("source") == "objects":
+        assert isinstance(body["error"].get("message"), str) and body["error"]["message"], body
+        for detail in body["error"].get("details", []):
+            assert isinstance(detail.get("message"), str) and isinstance(detail.get("location"), str), body
+        return "objects-error-object"
     if isinstance(body.get("error"), dict):
         assert isinstance(body["error"].get("message"), str) and body.get("service") == "Access Manager", body
         return "pam-error-object"

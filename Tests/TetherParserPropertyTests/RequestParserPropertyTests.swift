@@ -406,6 +406,9 @@ import TetherProtocol
         case .getMessageActions: 4
         case .addMessageAction: 6
         case .removeMessageAction: 8
+        case .getAllUserMetadata, .getAllChannelMetadata: 3
+        case .getUserMetadata, .setUserMetadata, .removeUserMetadata, .getChannelMetadata, .setChannelMetadata, .removeChannelMetadata: 4
+        case .getMemberships, .manageMemberships, .getChannelMembers, .manageChannelMembers: 5
         }
     }
 
@@ -413,9 +416,9 @@ import TetherProtocol
         let words = ["publish", "signal", "v1", "v2", "v3", "subscribe", "history", "history-with-actions", "sub-key", "channel",
                      "message-counts", "presence", "uuid", "heartbeat", "leave", "data", "channel-registration", "channel-group",
                      "remove", "auth", "grant", "audit", "pam", "time", "0", "health", "metrics", "demo", "", "%",
-                     "message-actions", "message", "action"]
+                     "message-actions", "message", "action", "objects", "uuids", "channels"]
         let segments = Gen<String?>.element(of: words).map { $0! }.array(of: 0...10)
-        let method = Gen<HTTPRequest.Method?>.element(of: [.get, .post, .delete, .put, .head, .options]).map { $0! }
+        let method = Gen<HTTPRequest.Method?>.element(of: [.get, .post, .delete, .put, .head, .options, .patch]).map { $0! }
         let query = Gen<String?>.element(of: ["", "channel-group=g", "add=a", "remove=r", "add=&remove="]).map { $0! }
         await propertyCheck(count: 5_000, input: segments, method, query) { segments, method, query in
             guard let wire = try? WireRequest(rawPath: "/" + segments.joined(separator: "/"), rawQuery: query) else { return }
@@ -450,6 +453,15 @@ import TetherProtocol
             .getMessageActions: (.get, "/v1/message-actions/s/channel/c", ""),
             .addMessageAction: (.post, "/v1/message-actions/s/channel/c/message/1", ""),
             .removeMessageAction: (.delete, "/v1/message-actions/s/channel/c/message/1/action/2", ""),
+            .getAllUserMetadata: (.get, "/v2/objects/s/uuids", ""), .getUserMetadata: (.get, "/v2/objects/s/uuids/u", ""),
+            .setUserMetadata: (.patch, "/v2/objects/s/uuids/u", ""), .removeUserMetadata: (.delete, "/v2/objects/s/uuids/u", ""),
+            .getMemberships: (.get, "/v2/objects/s/uuids/u/channels", ""),
+            .manageMemberships: (.patch, "/v2/objects/s/uuids/u/channels", ""),
+            .getAllChannelMetadata: (.get, "/v2/objects/s/channels", ""), .getChannelMetadata: (.get, "/v2/objects/s/channels/c", ""),
+            .setChannelMetadata: (.patch, "/v2/objects/s/channels/c", ""),
+            .removeChannelMetadata: (.delete, "/v2/objects/s/channels/c", ""),
+            .getChannelMembers: (.get, "/v2/objects/s/channels/c/uuids", ""),
+            .manageChannelMembers: (.patch, "/v2/objects/s/channels/c/uuids", ""),
         ]
         for route in Route.allCases {
             let (method, path, query) = try #require(templates[route], "no template for \(route)")

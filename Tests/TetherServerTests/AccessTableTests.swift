@@ -28,6 +28,12 @@ import TetherServerCore
         .groupChannels: .permission(.manage), .groupUpdate: .permission(.manage), .groupDelete: .permission(.manage),
         .addMessageAction: .permission(.write), .getMessageActions: .permission(.read), .removeMessageAction: .permission(.delete),
         .hereNowGlobal: .admin, .groupList: .admin, .grant: .admin, .audit: .admin, .grantToken: .admin, .revokeToken: .admin,
+        // App Context: the user's or the channel's get / update / delete; members are managed.
+        .getUserMetadata: .user(.get), .setUserMetadata: .user(.update), .removeUserMetadata: .user(.delete),
+        .getMemberships: .user(.get), .manageMemberships: .user(.update),
+        .getChannelMetadata: .permission(.get), .setChannelMetadata: .permission(.update), .removeChannelMetadata: .permission(.delete),
+        .getChannelMembers: .permission(.get), .manageChannelMembers: .permission(.manage),
+        .getAllUserMetadata: .admin, .getAllChannelMetadata: .admin,
     ]
 
     /// One request of each route, valid in every respect but its access, naming `resource` (a
@@ -39,6 +45,8 @@ import TetherServerCore
         var body: String = ""
         /// Whether the resource is a channel group.
         var isGroup = false
+        /// Whether the resource is a user (App Context, `target-uuid`).
+        var isUser = false
     }
 
     static func sample(_ route: Route, resource r: String) -> Sample {
@@ -81,6 +89,21 @@ import TetherServerCore
         case .removeMessageAction:
             return Sample(method: .DELETE, path: "/v1/message-actions/\(sub)/channel/\(r)/message/15000000000000000/action/15000000000000001")
         case .getMessageActions: return Sample(path: "/v1/message-actions/\(sub)/channel/\(r)")
+        case .getUserMetadata: return Sample(path: "/v2/objects/\(sub)/uuids/\(r)", isUser: true)
+        case .setUserMetadata: return Sample(method: .PATCH, path: "/v2/objects/\(sub)/uuids/\(r)", body: #"{"name":"n"}"#, isUser: true)
+        case .removeUserMetadata: return Sample(method: .DELETE, path: "/v2/objects/\(sub)/uuids/\(r)", isUser: true)
+        case .getAllUserMetadata: return Sample(path: "/v2/objects/\(sub)/uuids")
+        case .getMemberships: return Sample(path: "/v2/objects/\(sub)/uuids/\(r)/channels", isUser: true)
+        case .manageMemberships:
+            return Sample(method: .PATCH, path: "/v2/objects/\(sub)/uuids/\(r)/channels", body: #"{"set":[{"channel":{"id":"c"}}]}"#,
+                          isUser: true)
+        case .getChannelMetadata: return Sample(path: "/v2/objects/\(sub)/channels/\(r)")
+        case .setChannelMetadata: return Sample(method: .PATCH, path: "/v2/objects/\(sub)/channels/\(r)", body: #"{"name":"n"}"#)
+        case .removeChannelMetadata: return Sample(method: .DELETE, path: "/v2/objects/\(sub)/channels/\(r)")
+        case .getAllChannelMetadata: return Sample(path: "/v2/objects/\(sub)/channels")
+        case .getChannelMembers: return Sample(path: "/v2/objects/\(sub)/channels/\(r)/uuids")
+        case .manageChannelMembers:
+            return Sample(method: .PATCH, path: "/v2/objects/\(sub)/channels/\(r)/uuids", body: #"{"set":[{"uuid":{"id":"u"}}]}"#)
         }
     }
 
@@ -105,8 +128,9 @@ import TetherServerCore
     }
 
     /// A v2 grant of `permissions` on `resource` for `auth`.
-    private func grant(_ server: TestServer, _ permissions: Permissions, resource: String, group: Bool, auth: String) async throws {
-        var query = [group ? "channel-group" : "channel": resource, "auth": auth, "ttl": "5", "uuid": "admin"]
+    private func grant(_ server: TestServer, _ permissions: Permissions, resource: String, group: Bool, user: Bool = false,
+                       auth: String) async throws {
+        var query = [user ? "target-uuid" : group ? "channel-group" : "channel": resource, "auth": auth, "ttl": "5", "uuid": "admin"]
         let flags: [(String, Permissions)] = [("r", .read), ("w", .write), ("m", .manage), ("d", .delete), ("g", .get), ("u", .update), ("j", .join)]
         for (flag, permission) in flags { query[flag] = permissions.contains(permission) ? "1" : "0" }
         let response = try await server.get(signedPath("/v2/auth/grant/sub-key/\(Self.keyset.subscribeKey)", query, keyset: Self.keyset))
@@ -141,15 +165,15 @@ import TetherServerCore
             #expect(anonymous.status == 403 && isForbiddenBody(anonymous.body), "\(route) unsigned: \(anonymous.status) \(anonymous.body)")
             let admin = try await send(server, sample, auth: nil, signed: true)
             #expect(admin.status != 403 && admin.status < 500, "\(route) signed: \(admin.status) \(admin.body)")
-        case .permission(let needed), .actingAs(let needed):
+        case .permission(let needed), .actingAs(let needed), .user(let needed):
             #expect(anonymous.status == 403 && isForbiddenBody(anonymous.body), "\(route) without a grant: \(anonymous.status) \(anonymous.body)")
             // Every other permission: still refused.
             let everythingElse = Permissions(rawValue: 0xFF).subtracting(needed)
-            try await grant(server, everythingElse, resource: resource, group: sample.isGroup, auth: auth)
+            try await grant(server, everythingElse, resource: resource, group: sample.isGroup, user: sample.isUser, auth: auth)
             let wrong = try await send(server, sample, auth: auth)
             #expect(wrong.status == 403 && isForbiddenBody(wrong.body), "\(route) with \(everythingElse): \(wrong.status) \(wrong.body)")
             // The route's own permission: allowed.
-            try await grant(server, needed, resource: resource, group: sample.isGroup, auth: auth)
+            try await grant(server, needed, resource: resource, group: sample.isGroup, user: sample.isUser, auth: auth)
             let allowed = try await send(server, sample, auth: auth)
             #expect(allowed.status != 403 && allowed.status < 500, "\(route) with \(needed): \(allowed.status) \(allowed.body)")
             if route == .setState {
