@@ -57,6 +57,8 @@ public struct RetryConfiguration: Sendable, Hashable {
         case accessManager
         /// Message actions: add, remove, get.
         case messageActions
+        /// Mobile push device registrations: add, remove, list.
+        case devicePushNotifications
         /// Time.
         case time
     }
@@ -267,6 +269,7 @@ extension RetryConfiguration.Endpoint {
         case .grant, .grantToken, .revokeToken: self = .accessManager
         case .time: self = .time
         case .addMessageAction, .removeMessageAction, .fetchMessageActions: self = .messageActions
+        case .addPushChannels, .removePushChannels, .listPushChannels, .removeAllPushChannels: self = .devicePushNotifications
         }
     }
 }

@@ -54,6 +54,14 @@ public enum TetherOperation: String, Sendable, Hashable, CaseIterable, CustomStr
     case removeMessageAction
     /// Fetch a channel's message actions.
     case fetchMessageActions
+    /// Register a device for push on channels.
+    case addPushChannels
+    /// Unregister a device from push on channels.
+    case removePushChannels
+    /// List a device's push channels.
+    case listPushChannels
+    /// Unregister a device from every push channel.
+    case removeAllPushChannels
 
     /// The case name.
     public var description: String { rawValue }

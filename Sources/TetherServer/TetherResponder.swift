@@ -32,6 +32,8 @@ public struct ServerState: Sendable {
     public var logger: Logger
     /// When the server started (for `/health`).
     public var startedAt: ContinuousClock.Instant
+    /// Mobile push: device registrations' bounds and the worker that sends (docs/push.md).
+    package var push: PushDispatcher
 }
 
 /// Routes every request of the PubNub-compatible REST wire. Paths are parsed here (not by a
@@ -115,6 +117,9 @@ public struct TetherResponder: HTTPResponder {
             case .addMessageAction: response = try await addMessageAction(request, wire)
             case .removeMessageAction: response = try await removeMessageAction(wire)
             case .getMessageActions: response = try await getMessageActions(wire)
+            case .pushModify: response = try await modifyPushChannels(wire)
+            case .pushList: response = try await listPushChannels(wire)
+            case .pushRemoveDevice: response = try await removePushDevice(wire)
             case .health: response = await health()
             case .metrics: response = metrics()
             }
@@ -185,6 +190,8 @@ public struct TetherResponder: HTTPResponder {
             return Reply.historyError(.badRequest, message)
         case .addMessageAction, .removeMessageAction, .getMessageActions:
             return Reply.actionsError(.badRequest, message)
+        case .pushModify, .pushList, .pushRemoveDevice:
+            return Reply.pushError(.badRequest, message)
         default:
             return Reply.error(.badRequest, service: route.service, message)
         }

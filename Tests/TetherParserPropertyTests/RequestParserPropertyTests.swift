@@ -406,6 +406,8 @@ import TetherProtocol
         case .getMessageActions: 4
         case .addMessageAction: 6
         case .removeMessageAction: 8
+        case .pushModify, .pushList: 5
+        case .pushRemoveDevice: 6
         }
     }
 
@@ -413,7 +415,7 @@ import TetherProtocol
         let words = ["publish", "signal", "v1", "v2", "v3", "subscribe", "history", "history-with-actions", "sub-key", "channel",
                      "message-counts", "presence", "uuid", "heartbeat", "leave", "data", "channel-registration", "channel-group",
                      "remove", "auth", "grant", "audit", "pam", "time", "0", "health", "metrics", "demo", "", "%",
-                     "message-actions", "message", "action"]
+                     "message-actions", "message", "action", "push", "devices", "devices-apns2"]
         let segments = Gen<String?>.element(of: words).map { $0! }.array(of: 0...10)
         let method = Gen<HTTPRequest.Method?>.element(of: [.get, .post, .delete, .put, .head, .options]).map { $0! }
         let query = Gen<String?>.element(of: ["", "channel-group=g", "add=a", "remove=r", "add=&remove="]).map { $0! }
@@ -450,6 +452,9 @@ import TetherProtocol
             .getMessageActions: (.get, "/v1/message-actions/s/channel/c", ""),
             .addMessageAction: (.post, "/v1/message-actions/s/channel/c/message/1", ""),
             .removeMessageAction: (.delete, "/v1/message-actions/s/channel/c/message/1/action/2", ""),
+            .pushModify: (.get, "/v2/push/sub-key/s/devices-apns2/t", "add=c&environment=production&topic=a.b"),
+            .pushList: (.get, "/v1/push/sub-key/s/devices/t", "type=gcm"),
+            .pushRemoveDevice: (.get, "/v1/push/sub-key/s/devices/t/remove", "type=apns"),
         ]
         for route in Route.allCases {
             let (method, path, query) = try #require(templates[route], "no template for \(route)")

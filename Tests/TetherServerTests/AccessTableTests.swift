@@ -28,6 +28,7 @@ import TetherServerCore
         .groupChannels: .permission(.manage), .groupUpdate: .permission(.manage), .groupDelete: .permission(.manage),
         .addMessageAction: .permission(.write), .getMessageActions: .permission(.read), .removeMessageAction: .permission(.delete),
         .hereNowGlobal: .admin, .groupList: .admin, .grant: .admin, .audit: .admin, .grantToken: .admin, .revokeToken: .admin,
+        .pushModify: .permission(.read), .pushList: .none, .pushRemoveDevice: .none,
     ]
 
     /// One request of each route, valid in every respect but its access, naming `resource` (a
@@ -81,6 +82,9 @@ import TetherServerCore
         case .removeMessageAction:
             return Sample(method: .DELETE, path: "/v1/message-actions/\(sub)/channel/\(r)/message/15000000000000000/action/15000000000000001")
         case .getMessageActions: return Sample(path: "/v1/message-actions/\(sub)/channel/\(r)")
+        case .pushModify: return Sample(path: "/v1/push/sub-key/\(sub)/devices/00aa", query: ["add": r, "type": "apns"])
+        case .pushList: return Sample(path: "/v2/push/sub-key/\(sub)/devices-apns2/00aa", query: ["environment": "production", "topic": "com.example"])
+        case .pushRemoveDevice: return Sample(path: "/v1/push/sub-key/\(sub)/devices/00aa/remove", query: ["type": "gcm"])
         }
     }
 
