@@ -185,6 +185,7 @@ class Webhook:
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         self.gone_tokens: set[str] = set()
+        self.flaky_tokens: set[str] = set()  # answered 503 once, then 200
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -194,7 +195,12 @@ class Webhook:
                 with outer.lock:
                     outer.requests.append({"headers": {k.lower(): v for k, v in self.headers.items()}, "body": body,
                                            "json": document})
-                status = 410 if document["device"]["token"] in outer.gone_tokens else 200
+                token = document["device"]["token"]
+                status = 410 if token in outer.gone_tokens else 200
+                with outer.lock:
+                    if token in outer.flaky_tokens:
+                        outer.flaky_tokens.discard(token)
+                        status = 503
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -263,9 +269,15 @@ def test_end_to_end_register_publish_and_webhook_receives(server_factory, make_p
     assert fcm["json"]["device"]["token"] == fcm_token
     assert fcm["json"]["payload"] == {"notification": {"title": "Hi", "body": "hello"}, "data": {"room": ch, "count": 3}}
 
-    metrics = get(server.origin, "/metrics").body.decode()
-    assert 'tether_push_total{provider="webhook",outcome="sent"} 2' in metrics.replace('outcome="sent",provider="webhook"',
-                                                                                      'provider="webhook",outcome="sent"')
+    assert push_metric(server.origin, "webhook", "sent") == 2
+
+
+def push_metric(origin: str, provider: str, outcome: str) -> float:
+    """`tether_push_total{provider,outcome}` from /metrics (labels in either order), 0 when absent."""
+    for line in get(origin, "/metrics").body.decode().splitlines():
+        if line.startswith("tether_push_total{") and f'provider="{provider}"' in line and f'outcome="{outcome}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0
 
 
 def test_gone_device_is_unregistered_and_pn_debug_reports(server_factory, make_pubnub, webhook):
@@ -273,12 +285,13 @@ def test_gone_device_is_unregistered_and_pn_debug_reports(server_factory, make_p
     pn = make_pubnub("pusher", origin=server.origin)
     ch = unique("gone")
     webhook.gone_tokens.add("fcm-gone")
+    webhook.flaky_tokens.add("fcm-alive")
     add(pn, "fcm-gone", PNPushType.FCM, [ch])
     add(pn, "fcm-alive", PNPushType.FCM, [ch])
     cursor = subscribe_raw(server.origin, f"{ch}-pndebug", 0).json()["t"]["t"]
 
     publish(server.origin, ch, {"pn_debug": True, "pn_gcm": {"data": {"k": "v"}}})
-    wait_until(lambda: len(webhook.received()) >= 2, what="two webhook deliveries")
+    wait_until(lambda: len(webhook.received()) >= 3, what="three webhook requests (one retried)")
     wait_until(lambda: listed(pn, "fcm-gone", PNPushType.FCM) == [], what="the gone device unregistered")
     assert listed(pn, "fcm-alive", PNPushType.FCM) == [ch]
 
@@ -288,6 +301,9 @@ def test_gone_device_is_unregistered_and_pn_debug_reports(server_factory, make_p
     results = {x["token"]: x["result"] for x in reports[0]["results"]}
     assert results["fcm-alive"] == "sent" and results["fcm-gone"].startswith("unregistered")
     assert reports[0]["devices"] == 2
+    assert push_metric(server.origin, "webhook", "unregistered") == 1
+    assert push_metric(server.origin, "webhook", "retried") == 1
+    assert push_metric(server.origin, "webhook", "sent") == 1
 
 
 def test_push_settings_are_validated(tmp_path):

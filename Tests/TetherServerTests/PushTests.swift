@@ -347,18 +347,24 @@ import TetherTesting
         let files = try Files()
         let key = try _RSA.Signing.PrivateKey(keySize: .bits2048)
         let unregistered = #"{"error":{"code":404,"message":"Requested entity was not found.","status":"NOT_FOUND","details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"UNREGISTERED"}]}}"#
+        let invalid = #"{"error":{"code":400,"message":"The registration token is not a valid FCM registration token","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.firebase.fcm.v1.FcmError","errorCode":"INVALID_ARGUMENT"}]}}"#
         let gateway = try await Self.fcmGateway(key: key) { request in
             let token = (Self.json(request.body)?["message"] as? [String: Any])?["token"] as? String
-            return token == "dead" ? .init(status: 404, body: unregistered) : .init(status: 200, body: "{}")
+            switch token {
+            case "dead": return .init(status: 404, body: unregistered)
+            case "malformed": return .init(status: 400, body: invalid)
+            default: return .init(status: 200, body: "{}")
+            }
         }
         let server = try await Self.fcmServer(gateway, files: files, key: key)
-        for token in ["dead", "alive", "skipped"] { try await Self.register(server, token: token, channel: "mixed", type: "gcm") }
+        for token in ["dead", "malformed", "alive", "skipped"] { try await Self.register(server, token: token, channel: "mixed", type: "gcm") }
         try await server.publish("mixed", #"{"pn_fcm":{"data":{"k":"v"}},"pn_exceptions":["skipped"]}"#)
         await server.server.state.push.waitUntilIdle()
         let sentTo = gateway.requests.filter { $0.path != "/token" }
             .compactMap { (Self.json($0.body)?["message"] as? [String: Any])?["token"] as? String }
-        #expect(Set(sentTo) == ["dead", "alive"])
+        #expect(Set(sentTo) == ["dead", "malformed", "alive"])
         #expect(try await Self.channels(server, token: "dead", type: "gcm") == [])
+        #expect(try await Self.channels(server, token: "malformed", type: "gcm") == [])
         #expect(try await Self.channels(server, token: "alive", type: "gcm") == ["mixed"])
         #expect(try await Self.channels(server, token: "skipped", type: "gcm") == ["mixed"])
         await server.stop()
@@ -388,6 +394,70 @@ import TetherTesting
         #expect(body["device"] as? [String: String] == ["token": "w1", "type": "gcm"])
         #expect(body["payload"] as? [String: [String: String]] == ["data": ["k": "v"]])
         await server.stop()
+        await gateway.stop()
+    }
+}
+
+/// The providers' credentials on an injected clock: Apple's provider token is reused for 50
+/// minutes and renewed after (never sooner than 20 minutes on `ExpiredProviderToken`); Google's
+/// access token until a minute before its `expires_in`.
+@Suite(.serialized) struct PushCredentialTests {
+    final class TestClock: Sendable {
+        let date = Mutex(Date(timeIntervalSince1970: 1_800_000_000))
+        func advance(minutes: Double) { date.withLock { $0 = $0.addingTimeInterval(minutes * 60) } }
+        var now: Date { date.withLock { $0 } }
+    }
+
+    @Test func apnsTokenIsReusedFor50MinutesAndNeverRenewedWithin20() throws {
+        let files = try PushTests.Files()
+        let key = P256.Signing.PrivateKey()
+        let clock = TestClock()
+        let provider = try APNsPushProvider(.init(keyPath: try files.write("k.p8", key.pemRepresentation), keyId: "K", teamId: "T"),
+                                            now: { clock.now })
+        func iat(_ token: String) throws -> Int { try PushTests.parseJWT(token).claims["iat"] as? Int ?? -1 }
+        let first = try provider.token()
+        let firstIssued = try iat(first)
+        #expect(firstIssued == 1_800_000_000)
+        clock.advance(minutes: 49)
+        #expect(try provider.token() == first)
+        // ExpiredProviderToken before 20 minutes would be renewing too often: kept.
+        clock.advance(minutes: -40)
+        #expect(try provider.token(replacingExpired: true) == first)
+        clock.advance(minutes: 40 + 1)
+        let second = try provider.token()
+        let secondIssued = try iat(second)
+        #expect(second != first && secondIssued == 1_800_000_000 + 50 * 60)
+        clock.advance(minutes: 21)
+        let third = try provider.token(replacingExpired: true)
+        let thirdIssued = try iat(third)
+        #expect(third != second && thirdIssued == 1_800_000_000 + 71 * 60)
+        let jwt = try PushTests.parseJWT(third)
+        #expect(key.publicKey.isValidSignature(try P256.Signing.ECDSASignature(rawRepresentation: jwt.signature), for: jwt.input))
+    }
+
+    @Test func fcmAccessTokenIsReusedUntilAMinuteBeforeItExpires() async throws {
+        let files = try PushTests.Files()
+        let key = try _RSA.Signing.PrivateKey(keySize: .bits2048)
+        let issued = Mutex(0)
+        let gateway = try await PushTests.fcmGateway(key: key) { _ in .init(status: 200) }
+        let counting = try await PushGatewayServer.start { request in
+            let n = issued.withLock { $0 += 1; return $0 }
+            _ = request
+            return .init(status: 200, body: #"{"access_token":"token-\#(n)","expires_in":600,"token_type":"Bearer"}"#)
+        }
+        let account: [String: Any] = ["project_id": "p", "client_email": "e@p.iam.gserviceaccount.com", "private_key": key.pemRepresentation,
+                                      "token_uri": counting.baseURL + "/token"]
+        let path = try files.write("sa.json", String(decoding: try JSONSerialization.data(withJSONObject: account), as: UTF8.self))
+        let clock = TestClock()
+        let provider = try FCMPushProvider(.init(serviceAccountPath: path, caCertificatePath: files.caPath), now: { clock.now })
+        #expect(try await provider.accessToken() == "token-1")
+        clock.advance(minutes: 8.9)
+        #expect(try await provider.accessToken() == "token-1")
+        clock.advance(minutes: 0.2)
+        #expect(try await provider.accessToken() == "token-2")
+        #expect(try await provider.accessToken(forceRefresh: true) == "token-3")
+        await provider.shutdown()
+        await counting.stop()
         await gateway.stop()
     }
 }

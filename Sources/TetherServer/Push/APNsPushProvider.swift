@@ -1,5 +1,5 @@
 import Crypto
-import Foundation
+package import Foundation
 import Synchronization
 @_spi(Benchmarks) import TetherProtocol
 
@@ -33,7 +33,8 @@ package final class APNsPushProvider: PushProvider {
     /// Apple's minimum interval between two tokens.
     static let minimumRefreshInterval: TimeInterval = 20 * 60
 
-    init(_ settings: ConfigurationFile.Push.APNs, now: @escaping @Sendable () -> Date = { Date() }) throws {
+    /// Reads the key; `now` is the clock tokens are issued and renewed by (tests pass their own).
+    package init(_ settings: ConfigurationFile.Push.APNs, now: @escaping @Sendable () -> Date = { Date() }) throws {
         guard let pem = FileManager.default.contents(atPath: settings.keyPath).map({ String(decoding: $0, as: UTF8.self) }) else {
             throw ServerConfigurationError("push.apns.keyPath: cannot read \(settings.keyPath)")
         }
@@ -64,7 +65,7 @@ package final class APNsPushProvider: PushProvider {
 
     /// The cached token, replaced once it is `tokenLifetime` old (or, with `expired`, once it
     /// is at least `minimumRefreshInterval` old).
-    func token(replacingExpired expired: Bool = false) throws -> String {
+    package func token(replacingExpired expired: Bool = false) throws -> String {
         let date = now()
         return try cache.withLock { cached in
             if let cached {

@@ -1,6 +1,6 @@
 import Crypto
 import CryptoExtras
-import Foundation
+package import Foundation
 import Synchronization
 @_spi(Benchmarks) import TetherProtocol
 
@@ -31,7 +31,8 @@ package final class FCMPushProvider: PushProvider {
 
     static let scope = "https://www.googleapis.com/auth/firebase.messaging"
 
-    init(_ settings: ConfigurationFile.Push.FCM, now: @escaping @Sendable () -> Date = { Date() }) throws {
+    /// Reads the service account; `now` is the clock access tokens expire by (tests pass their own).
+    package init(_ settings: ConfigurationFile.Push.FCM, now: @escaping @Sendable () -> Date = { Date() }) throws {
         guard let data = FileManager.default.contents(atPath: settings.serviceAccountPath),
               case .object(let account)? = try? JSONValue(parsing: Array(data)),
               let email = account["client_email"]?.stringValue, let project = account["project_id"]?.stringValue,
@@ -74,7 +75,7 @@ package final class FCMPushProvider: PushProvider {
     }
 
     /// An access token: the cached one until a minute before it expires, else a new one.
-    func accessToken(forceRefresh: Bool = false) async throws -> String {
+    package func accessToken(forceRefresh: Bool = false) async throws -> String {
         let date = now()
         if !forceRefresh, let cached = cache.withLock({ $0 }), cached.expires > date { return cached.token }
         let form = "grant_type=" + PercentCoding.encode("urn:ietf:params:oauth:grant-type:jwt-bearer")
