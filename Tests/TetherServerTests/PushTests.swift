@@ -183,6 +183,13 @@ import TetherTesting
         #expect(gateway.requests[0].path == "/3/device/bb02")
         #expect(gateway.requests[0].header("apns-push-type") == "background")
         #expect(gateway.requests[0].header("apns-priority") == "5")
+        #expect(gateway.requests[0].header("apns-topic") == Self.topic)
+        // A VoIP push goes to the bundle's `.voip` topic, as Apple requires.
+        try await server.publish("targets", #"{"pn_apns":{"aps":{},"pn_push":[{"push_type":"voip","targets":[{"environment":"development","topic":"com.example.tether"}]}]}}"#)
+        await server.server.state.push.waitUntilIdle()
+        try #require(gateway.requests.count == 2)
+        #expect(gateway.requests[1].path == "/3/device/aa01")
+        #expect(gateway.requests[1].header("apns-push-type") == "voip" && gateway.requests[1].header("apns-topic") == Self.topic + ".voip")
         await server.stop()
         await gateway.stop()
     }

@@ -79,15 +79,30 @@ package final class APNsPushProvider: PushProvider {
         }
     }
 
+    /// `apns-topic` for a push type: the bundle id, with the suffix Apple requires for VoIP,
+    /// complication, File Provider and Live Activity pushes.
+    static func topic(bundle: String, pushType: String) -> String {
+        let suffix: String
+        switch pushType {
+        case "voip": suffix = ".voip"
+        case "complication": suffix = ".complication"
+        case "fileprovider": suffix = ".pushkit.fileprovider"
+        case "liveactivity": suffix = ".push-type.liveactivity"
+        default: return bundle
+        }
+        return bundle.hasSuffix(suffix) ? bundle : bundle + suffix
+    }
+
     func baseURL(environment: String) -> String {
         if let base = settings.baseURL { return base.hasSuffix("/") ? String(base.dropLast()) : base }
         return environment == "production" ? "https://api.push.apple.com" : "https://api.sandbox.push.apple.com"
     }
 
     package func send(_ notification: PushNotification) async -> PushSendResult {
-        guard let topic = notification.topic.isEmpty ? settings.topic : notification.topic else {
+        guard let bundle = notification.topic.isEmpty ? settings.topic : notification.topic else {
             return .failed("no topic: the device was registered with type=apns and push.apns.topic is not set")
         }
+        let topic = Self.topic(bundle: bundle, pushType: notification.pushType)
         let deviceToken = notification.device.token
         let bearer: String
         do { bearer = try token() } catch { return .failed("signing the provider token failed: \(error)") }
