@@ -319,3 +319,17 @@ def test_push_settings_are_validated(tmp_path):
                            str(tmp_path / "missing.p8"), "--apns-key-id", "K", "--apns-team-id", "T"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode != 0 and "missing.p8" in done.stderr + done.stdout
+
+
+def test_pn_debug_without_a_provider_reports_skipped_devices(pubnub, origin):
+    ch = unique("nodebug")
+    add(pubnub, "fcm-no-provider", PNPushType.FCM, [ch])
+    assert raw(origin, f"/v1/push/sub-key/{SUB_KEY}/devices/mpns-device", type="mpns", add=ch).status == 200
+    cursor = subscribe_raw(origin, f"{ch}-pndebug", 0).json()["t"]["t"]
+    publish(origin, ch, {"pn_debug": True, "pn_fcm": {"data": {"k": "v"}}})
+    reports = [m["d"] for m in subscribe_raw(origin, f"{ch}-pndebug", cursor).json()["m"]]
+    assert len(reports) == 1 and reports[0]["devices"] == 2
+    results = {x["token"]: x["result"] for x in reports[0]["results"]}
+    assert results == {"fcm-no-provider": "skipped: no provider for Google devices", "mpns-device": "skipped: MPNS is not sent"}
+    # A message without pn_debug and no provider configured is never queued.
+    assert push_metric(origin, "queue", "dropped") == 0

@@ -152,15 +152,23 @@ package final class PushDispatcher: Sendable {
             }
             switch device.gateway {
             case .apns, .apns2:
-                guard let applePart, let apple else { continue }
+                guard let applePart else { continue }
+                guard let apple else {
+                    outcomes.append(Outcome(device: device, provider: "-", result: "skipped: no provider for Apple devices"))
+                    continue
+                }
                 for notification in appleNotifications(applePart, device: device, job: job) {
                     work.append((notification, apple))
                 }
             case .gcm:
-                guard let googlePart, let google else { continue }
+                guard let googlePart else { continue }
+                guard let google else {
+                    outcomes.append(Outcome(device: device, provider: "-", result: "skipped: no provider for Google devices"))
+                    continue
+                }
                 work.append((PushNotification(device: device, channel: job.channel, messageTimetoken: job.timetoken, payload: googlePart), google))
             case .mpns:
-                continue
+                outcomes.append(Outcome(device: device, provider: "-", result: "skipped: MPNS is not sent"))
             }
         }
         let delivered = await withTaskGroup(of: Outcome.self, returning: [Outcome].self) { group in
