@@ -41,6 +41,8 @@ let package = Package(
         .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.1.1"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.1"),
+        // The local HTTP/2 push gateway of the test kit (already in the graph through async-http-client).
+        .package(url: "https://github.com/apple/swift-nio-http2.git", from: "1.36.0"),
     ],
     targets: [
         .target(
@@ -70,6 +72,9 @@ let package = Package(
                 .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                // Push providers: APNs (HTTP/2, ES256 JWT), FCM (RS256 service-account JWT), webhooks.
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "CryptoExtras", package: "swift-crypto"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
@@ -145,6 +150,7 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOHTTP2", package: "swift-nio-http2"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: [.copy("Certificates")],
@@ -223,6 +229,8 @@ let package = Package(
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "HummingbirdWSClient", package: "hummingbird-websocket"),
                 .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CryptoExtras", package: "swift-crypto"),
             ],
             swiftSettings: strictSettings
         ),

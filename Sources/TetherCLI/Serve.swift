@@ -117,6 +117,8 @@ struct Serve: AsyncParsableCommand {
         """)
     var wsOutboundBuffer: Int?
 
+    @OptionGroup(title: "Mobile push (docs/push.md)") var push: ServePushOptions
+
     func validate() throws {
         if let webSocket, Self.switchValue(webSocket) == nil { throw ValidationError("--ws must be on or off") }
         let bounds: [(String, Int?, ClosedRange<Int>)] = [
@@ -215,6 +217,7 @@ struct Serve: AsyncParsableCommand {
             file.dedup?.maxEntries = entries
         }
         if file.dedup != nil { try file.validate() }
+        try push.apply(to: &file, env: env)
         var resolvedPort = port ?? 8090
         if port == nil, let text = env["TETHER_PORT"] {
             guard let value = Int(text), (0...65535).contains(value) else { throw ValidationError("TETHER_PORT must be a port number") }

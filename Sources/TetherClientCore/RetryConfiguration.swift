@@ -59,6 +59,8 @@ public struct RetryConfiguration: Sendable, Hashable {
         case messageActions
         /// App Context: user and channel metadata, memberships, members.
         case appContext
+        /// Mobile push device registrations: add, remove, list.
+        case devicePushNotifications
         /// Time.
         case time
     }
@@ -272,6 +274,7 @@ extension RetryConfiguration.Endpoint {
         case .fetchUserMetadata, .setUserMetadata, .removeUserMetadata, .fetchAllUserMetadata, .fetchChannelMetadata, .setChannelMetadata,
              .removeChannelMetadata, .fetchAllChannelMetadata, .fetchMemberships, .setMemberships, .fetchChannelMembers, .setChannelMembers:
             self = .appContext
+        case .addPushChannels, .removePushChannels, .listPushChannels, .removeAllPushChannels: self = .devicePushNotifications
         }
     }
 }

@@ -60,6 +60,14 @@ public enum TetherOperation: String, Sendable, Hashable, CaseIterable, CustomStr
     case fetchChannelMetadata, setChannelMetadata, removeChannelMetadata, fetchAllChannelMetadata
     /// App Context: a user's memberships and a channel's members.
     case fetchMemberships, setMemberships, fetchChannelMembers, setChannelMembers
+    /// Register a device for push on channels.
+    case addPushChannels
+    /// Unregister a device from push on channels.
+    case removePushChannels
+    /// List a device's push channels.
+    case listPushChannels
+    /// Unregister a device from every push channel.
+    case removeAllPushChannels
 
     /// The case name.
     public var description: String { rawValue }

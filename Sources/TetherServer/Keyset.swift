@@ -193,6 +193,8 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     /// How long and how many publishes with a request id are remembered, so a repeat is
     /// answered with the original timetoken (docs/protocol.md, "Repeated publishes").
     public var dedup: Dedup?
+    /// Mobile push: bounds, retries and providers (docs/push.md).
+    public var push: Push?
 
     /// Deduplication settings; every key optional.
     public struct Dedup: Sendable, Codable, Equatable {
@@ -273,6 +275,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
 
     enum CodingKeys: String, CodingKey {
         case demoKeyset, keysets, limits, subscribeTimeoutSeconds, window, rateLimiting, maxPresenceMemberships, store, dedup
+        case push
     }
 
     /// Decodes a configuration; every key is optional (`keysets` defaults to none).
@@ -287,6 +290,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         maxPresenceMemberships = try c.decodeIfPresent(Int.self, forKey: .maxPresenceMemberships)
         store = try c.decodeIfPresent(Store.self, forKey: .store)
         dedup = try c.decodeIfPresent(Dedup.self, forKey: .dedup)
+        push = try c.decodeIfPresent(Push.self, forKey: .push)
     }
 
     /// Reads and validates a configuration file, with errors that name the problem.
@@ -362,6 +366,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         if let entries = dedup?.maxEntries, !(1...10_000_000).contains(entries) {
             throw ServerConfigurationError("dedup.maxEntries must be between 1 and 10000000")
         }
+        try push?.validate()
         if let timeout = subscribeTimeoutSeconds, !(1...300).contains(timeout) {
             throw ServerConfigurationError("subscribeTimeoutSeconds must be between 1 and 300 (clients give up at 310)")
         }

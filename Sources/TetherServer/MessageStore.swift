@@ -216,6 +216,7 @@ public final class MessageStore: Sendable {
         Self.registerPublishRecordMigration(in: &migrator)
         Self.registerActionMigration(in: &migrator)
         Self.registerAppContextMigration(in: &migrator)
+        Self.registerPushMigration(in: &migrator)
         return migrator
     }
 

@@ -36,6 +36,9 @@ public enum Route: String, CaseIterable, Sendable {
     case getMemberships = "get-memberships", manageMemberships = "manage-memberships"
     case getChannelMembers = "get-channel-members", manageChannelMembers = "manage-channel-members"
     case health, metrics
+    case pushModify = "push-modify"
+    case pushList = "push-list"
+    case pushRemoveDevice = "push-remove-device"
 
     /// What a route requires on a keyset with Access Manager on (one with a secret key).
     public enum Access: Sendable, Equatable {
@@ -67,6 +70,8 @@ public enum Route: String, CaseIterable, Sendable {
             .permission(.read)
         case .deleteMessages, .removeMessageAction: .permission(.delete)
         case .leave, .setState: .actingAs(.read)
+        case .pushModify: .permission(.read)
+        case .pushList, .pushRemoveDevice: .none
         case .groupChannels, .groupUpdate, .groupDelete: .permission(.manage)
         case .hereNowGlobal, .groupList, .grant, .audit, .grantToken, .revokeToken: .admin
         case .getUserMetadata, .getMemberships: .user(.get)
@@ -93,6 +98,7 @@ public enum Route: String, CaseIterable, Sendable {
              .removeChannelMetadata, .getAllChannelMetadata, .getMemberships, .manageMemberships, .getChannelMembers, .manageChannelMembers:
             "objects"
         case .options, .time, .publish, .signal, .health, .metrics: "Tether"
+        case .pushModify, .pushList, .pushRemoveDevice: "push"
         }
     }
 
@@ -104,6 +110,7 @@ public enum Route: String, CaseIterable, Sendable {
         case .options, .time, .health, .metrics: nil
         case .publish, .signal: (.publish, 2)
         case .subscribe, .grantToken, .revokeToken, .addMessageAction, .removeMessageAction, .getMessageActions: (.request, 2)
+        case .pushModify, .pushList, .pushRemoveDevice: (.request, 3)
         case .grant, .audit: (.request, 4)
         case .getUserMetadata, .setUserMetadata, .removeUserMetadata, .getAllUserMetadata, .getChannelMetadata, .setChannelMetadata,
              .removeChannelMetadata, .getAllChannelMetadata, .getMemberships, .manageMemberships, .getChannelMembers, .manageChannelMembers:
@@ -173,6 +180,10 @@ public enum Route: String, CaseIterable, Sendable {
             case (.patch, 6, "uuids") where !users: return .manageChannelMembers
             default: return nil
             }
+        case (.get, "v1") where (s.count == 6 || (s.count == 7 && s[6] == "remove")) && s[1] == "push" && s[2] == "sub-key" && s[4] == "devices",
+             (.get, "v2") where (s.count == 6 || (s.count == 7 && s[6] == "remove")) && s[1] == "push" && s[2] == "sub-key" && s[4] == "devices-apns2":
+            if s.count == 7 { return .pushRemoveDevice }
+            return (wire.query["add"] ?? "").isEmpty && (wire.query["remove"] ?? "").isEmpty ? .pushList : .pushModify
         case (.get, "health") where s.count == 1: return .health
         case (.get, "metrics") where s.count == 1: return .metrics
         default: return nil

@@ -59,6 +59,12 @@ public struct ServerMetrics: Sendable {
         Counter(label: "tether_publishes_total", dimensions: [("kind", kind)], factory: factory).increment()
     }
 
+    /// Counts one push notification's outcome (`sent`, `failed`, `retried`, `unregistered`,
+    /// `dropped`) per provider (`apns`, `fcm`, `webhook`, or `queue` for a full queue).
+    public func recordPush(provider: String, outcome: String) {
+        Counter(label: "tether_push_total", dimensions: [("provider", provider), ("outcome", outcome)], factory: factory).increment()
+    }
+
     /// Counts envelopes delivered in subscribe responses.
     public func recordDeliveries(_ count: Int) {
         if count > 0 { deliveries.increment(by: count) }

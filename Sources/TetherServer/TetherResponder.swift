@@ -32,6 +32,8 @@ public struct ServerState: Sendable {
     public var logger: Logger
     /// When the server started (for `/health`).
     public var startedAt: ContinuousClock.Instant
+    /// Mobile push: device registrations' bounds and the worker that sends (docs/push.md).
+    package var push: PushDispatcher
 }
 
 /// Routes every request of the PubNub-compatible REST wire. Paths are parsed here (not by a
@@ -129,6 +131,9 @@ public struct TetherResponder: HTTPResponder {
             case .getAllUserMetadata, .getAllChannelMetadata: response = try await getAllAppContextObjects(wire)
             case .getMemberships, .getChannelMembers: response = try await getAppContextMemberships(wire)
             case .manageMemberships, .manageChannelMembers: response = try await manageAppContextMemberships(request, wire)
+            case .pushModify: response = try await modifyPushChannels(wire)
+            case .pushList: response = try await listPushChannels(wire)
+            case .pushRemoveDevice: response = try await removePushDevice(wire)
             case .health: response = await health()
             case .metrics: response = metrics()
             }
@@ -201,6 +206,8 @@ public struct TetherResponder: HTTPResponder {
             return Reply.actionsError(.badRequest, message)
         case _ where route.service == "objects":
             return Reply.objectsInvalid(message, location: error.name, locationType: "query")
+        case .pushModify, .pushList, .pushRemoveDevice:
+            return Reply.pushError(.badRequest, message)
         default:
             return Reply.error(.badRequest, service: route.service, message)
         }

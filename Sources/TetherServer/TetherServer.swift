@@ -10,7 +10,7 @@ public import Prometheus
 import ServiceLifecycle
 import Synchronization
 import UnixSignals
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 package import TetherServerCore
 
 /// How to run a Tether server.
@@ -140,11 +140,19 @@ public struct TetherServer: Sendable {
         } catch {
             throw StoreOpenError(classifying: error, path: path)
         }
+        let pushProviders = try PushDispatcher.providers(configuration.file.push)
+        let push = PushDispatcher(settings: PushSettings(configuration.file.push), apple: pushProviders.apple,
+                                  google: pushProviders.google, store: store, metrics: metrics, logger: logger)
+        push.setDebugPublisher { [hub] subscribeKey, channel, report in
+            _ = try? await hub.publish({ tt in
+                SubscribeEnvelope(timetoken: tt, subscribeKey: subscribeKey, channel: channel, payload: report, publisher: "tether-push")
+            }, store: nil)
+        }
         state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access,
                             rateLimits: RateLimits(enabled: configuration.file.rateLimiting ?? true),
                             metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
-                            startedAt: .now)
+                            startedAt: .now, push: push)
         webSockets = WebSocketSessions(settings: configuration.webSocket, presence: presence, clock: clock, logger: logger)
     }
 
@@ -213,6 +221,7 @@ public struct TetherServer: Sendable {
             services: [
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
+                .init(service: PushDispatcherService(push: state.push), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: app),
                 .init(service: MaintenanceService(hub: state.hub, store: state.store, access: state.access,
                                                   rateLimits: state.rateLimits, presence: state.presence,
@@ -264,6 +273,20 @@ struct PresenceLoopService: Service {
 
     func run() async throws {
         await cancelWhenGracefulShutdown { await presence.run() }
+    }
+}
+
+/// The push worker (docs/push.md); stops after the HTTP server. Queued notifications not yet
+/// sent when the server shuts down are dropped (a push is best effort, like PubNub's).
+struct PushDispatcherService: Service {
+    let push: PushDispatcher
+
+    func run() async throws {
+        await withGracefulShutdownHandler {
+            await cancelWhenGracefulShutdown { await push.run() }
+        } onGracefulShutdown: {
+            push.finish()
+        }
     }
 }
 

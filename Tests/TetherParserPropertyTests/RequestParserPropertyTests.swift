@@ -409,6 +409,8 @@ import TetherProtocol
         case .getAllUserMetadata, .getAllChannelMetadata: 3
         case .getUserMetadata, .setUserMetadata, .removeUserMetadata, .getChannelMetadata, .setChannelMetadata, .removeChannelMetadata: 4
         case .getMemberships, .manageMemberships, .getChannelMembers, .manageChannelMembers: 5
+        case .pushModify, .pushList: 5
+        case .pushRemoveDevice: 6
         }
     }
 
@@ -416,7 +418,7 @@ import TetherProtocol
         let words = ["publish", "signal", "v1", "v2", "v3", "subscribe", "history", "history-with-actions", "sub-key", "channel",
                      "message-counts", "presence", "uuid", "heartbeat", "leave", "data", "channel-registration", "channel-group",
                      "remove", "auth", "grant", "audit", "pam", "time", "0", "health", "metrics", "demo", "", "%",
-                     "message-actions", "message", "action", "objects", "uuids", "channels"]
+                     "message-actions", "message", "action", "objects", "uuids", "channels", "push", "devices", "devices-apns2"]
         let segments = Gen<String?>.element(of: words).map { $0! }.array(of: 0...10)
         let method = Gen<HTTPRequest.Method?>.element(of: [.get, .post, .delete, .put, .head, .options, .patch]).map { $0! }
         let query = Gen<String?>.element(of: ["", "channel-group=g", "add=a", "remove=r", "add=&remove="]).map { $0! }
@@ -462,6 +464,9 @@ import TetherProtocol
             .removeChannelMetadata: (.delete, "/v2/objects/s/channels/c", ""),
             .getChannelMembers: (.get, "/v2/objects/s/channels/c/uuids", ""),
             .manageChannelMembers: (.patch, "/v2/objects/s/channels/c/uuids", ""),
+            .pushModify: (.get, "/v2/push/sub-key/s/devices-apns2/t", "add=c&environment=production&topic=a.b"),
+            .pushList: (.get, "/v1/push/sub-key/s/devices/t", "type=gcm"),
+            .pushRemoveDevice: (.get, "/v1/push/sub-key/s/devices/t/remove", "type=apns"),
         ]
         for route in Route.allCases {
             let (method, path, query) = try #require(templates[route], "no template for \(route)")

@@ -34,6 +34,7 @@ import TetherServerCore
         .getChannelMetadata: .permission(.get), .setChannelMetadata: .permission(.update), .removeChannelMetadata: .permission(.delete),
         .getChannelMembers: .permission(.get), .manageChannelMembers: .permission(.manage),
         .getAllUserMetadata: .admin, .getAllChannelMetadata: .admin,
+        .pushModify: .permission(.read), .pushList: .none, .pushRemoveDevice: .none,
     ]
 
     /// One request of each route, valid in every respect but its access, naming `resource` (a
@@ -104,6 +105,9 @@ import TetherServerCore
         case .getChannelMembers: return Sample(path: "/v2/objects/\(sub)/channels/\(r)/uuids")
         case .manageChannelMembers:
             return Sample(method: .PATCH, path: "/v2/objects/\(sub)/channels/\(r)/uuids", body: #"{"set":[{"uuid":{"id":"u"}}]}"#)
+        case .pushModify: return Sample(path: "/v1/push/sub-key/\(sub)/devices/00aa", query: ["add": r, "type": "apns"])
+        case .pushList: return Sample(path: "/v2/push/sub-key/\(sub)/devices-apns2/00aa", query: ["environment": "production", "topic": "com.example"])
+        case .pushRemoveDevice: return Sample(path: "/v1/push/sub-key/\(sub)/devices/00aa/remove", query: ["type": "gcm"])
         }
     }
 

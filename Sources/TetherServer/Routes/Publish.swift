@@ -216,6 +216,7 @@ extension TetherResponder {
             return .sent(outcome.timetoken, isRepeat: true)
         }
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : "message")
+        if kind == .message { state.push.messagePublished(subscribeKey: subscribeKey, channel: channel, timetoken: outcome.timetoken, payload: publish.payload) }
         return .sent(outcome.timetoken, isRepeat: false)
     }
 }

@@ -1,0 +1,281 @@
+import Foundation
+package import Logging
+import Synchronization
+@_spi(Benchmarks) package import TetherProtocol
+
+/// A published message that may carry push parts, queued for the push worker.
+package struct PushJob: Sendable {
+    package var subscribeKey: String
+    package var channel: String
+    package var timetoken: Timetoken
+    package var payload: String
+}
+
+/// Sends the push parts of published messages (`pn_apns`, `pn_fcm`, `pn_gcm`) to the devices
+/// registered on their channel, off the publish path.
+///
+/// A publish hands its committed message to ``messagePublished(subscribeKey:channel:timetoken:payload:)``,
+/// which only appends it to a bounded queue (a full queue drops the push and counts it); the
+/// worker (``run()``, one service of the server) reads the registrations and sends through
+/// the providers, `concurrency` notifications at a time, retrying 429/5xx answers with
+/// ``PushBackoff`` and unregistering devices whose token the gateway refuses.
+package final class PushDispatcher: Sendable {
+    package let settings: PushSettings
+    /// Apple's provider (APNs, or the webhook), Google's (FCM, or the webhook).
+    private let apple: (any PushProvider)?
+    private let google: (any PushProvider)?
+    private let store: MessageStore
+    private let metrics: ServerMetrics
+    private let logger: Logger
+    private let stream: AsyncStream<PushJob>
+    private let continuation: AsyncStream<PushJob>.Continuation
+    private let state = Mutex(State())
+    /// Publishes a debug report (`pn_debug`) on a channel: (subscribe key, channel, JSON text).
+    private let debugPublisher: Mutex<(@Sendable (String, String, String) async -> Void)?> = Mutex(nil)
+    private let jitter: @Sendable () -> Double
+
+    private struct State {
+        /// Jobs queued or being processed.
+        var pending = 0
+        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    package init(settings: PushSettings, apple: (any PushProvider)?, google: (any PushProvider)?, store: MessageStore,
+                 metrics: ServerMetrics, logger: Logger, jitter: @escaping @Sendable () -> Double = { Double.random(in: 0..<1) }) {
+        self.settings = settings
+        self.apple = apple
+        self.google = google
+        self.store = store
+        self.metrics = metrics
+        self.logger = logger
+        self.jitter = jitter
+        (stream, continuation) = AsyncStream.makeStream(of: PushJob.self, bufferingPolicy: .bufferingOldest(settings.queueCapacity))
+    }
+
+    /// Where `pn_debug` reports go (the server sets it to a publish that is not stored).
+    package func setDebugPublisher(_ publisher: @escaping @Sendable (String, String, String) async -> Void) {
+        debugPublisher.withLock { $0 = publisher }
+    }
+
+    /// Whether any provider is configured.
+    package var isSending: Bool { apple != nil || google != nil }
+
+    /// Jobs queued or in progress (for tests and metrics).
+    package var pendingJobs: Int { state.withLock { $0.pending } }
+
+    /// Queues a committed message when it may carry push parts. Never waits: a full queue drops
+    /// the push (counted as `dropped`).
+    package func messagePublished(subscribeKey: String, channel: String, timetoken: Timetoken, payload: String) {
+        guard payload.utf8.count > 8, payload.contains("\"pn_") else { return }
+        guard isSending || payload.contains("\"pn_debug\"") else { return }
+        state.withLock { $0.pending += 1 }
+        switch continuation.yield(PushJob(subscribeKey: subscribeKey, channel: channel, timetoken: timetoken, payload: payload)) {
+        case .enqueued: break
+        case .dropped, .terminated:
+            metrics.recordPush(provider: "queue", outcome: "dropped")
+            finishJob()
+        @unknown default:
+            finishJob()
+        }
+    }
+
+    /// Waits until no job is queued or in progress (tests).
+    package func waitUntilIdle() async {
+        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            let resumeNow = state.withLock { s -> Bool in
+                if s.pending == 0 { return true }
+                s.idleWaiters.append(c)
+                return false
+            }
+            if resumeNow { c.resume() }
+        }
+    }
+
+    private func finishJob() {
+        let waiters = state.withLock { s -> [CheckedContinuation<Void, Never>] in
+            s.pending -= 1
+            guard s.pending == 0 else { return [] }
+            defer { s.idleWaiters = [] }
+            return s.idleWaiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Processes queued jobs until ``finish()``; then releases the providers' connections.
+    package func run() async {
+        for await job in stream {
+            if Task.isCancelled {
+                finishJob()
+                continue
+            }
+            await process(job)
+            finishJob()
+        }
+        await apple?.shutdown()
+        await google?.shutdown()
+    }
+
+    /// Stops taking jobs; ``run()`` returns once the queue is drained.
+    package func finish() { continuation.finish() }
+
+    // MARK: - One message
+
+    private struct Outcome: Sendable {
+        var device: PushDevice
+        var provider: String
+        var result: String
+    }
+
+    private func process(_ job: PushJob) async {
+        guard case .object(let message)? = try? JSONValue(parsing: job.payload) else { return }
+        let applePart = message["pn_apns"].flatMap { $0.objectValue != nil ? $0 : nil }
+        let googlePart = (message["pn_fcm"] ?? message["pn_gcm"]).flatMap { $0.objectValue != nil ? $0 : nil }
+        let debug = message["pn_debug"]?.boolValue == true
+        guard applePart != nil || googlePart != nil else { return }
+        var exceptions = Set<String>()
+        for part in [message["pn_exceptions"], applePart?["pn_exceptions"], googlePart?["pn_exceptions"]] {
+            for token in part?.arrayValue ?? [] { if let token = token.stringValue { exceptions.insert(token) } }
+        }
+        let devices: [PushDevice]
+        do {
+            devices = try await store.pushDevices(subscribeKey: job.subscribeKey, channel: job.channel, limit: settings.maxDevicesPerChannel)
+        } catch {
+            logger.error("push: reading registrations failed", metadata: ["channel": "\(job.channel)", "error": "\(error)"])
+            return
+        }
+        var work: [(PushNotification, any PushProvider)] = []
+        var outcomes: [Outcome] = []
+        for device in devices {
+            if exceptions.contains(device.token) {
+                outcomes.append(Outcome(device: device, provider: "-", result: "excluded"))
+                continue
+            }
+            switch device.gateway {
+            case .apns, .apns2:
+                guard let applePart else { continue }
+                guard let apple else {
+                    outcomes.append(Outcome(device: device, provider: "-", result: "skipped: no provider for Apple devices"))
+                    continue
+                }
+                for notification in appleNotifications(applePart, device: device, job: job) {
+                    work.append((notification, apple))
+                }
+            case .gcm:
+                guard let googlePart else { continue }
+                guard let google else {
+                    outcomes.append(Outcome(device: device, provider: "-", result: "skipped: no provider for Google devices"))
+                    continue
+                }
+                work.append((PushNotification(device: device, channel: job.channel, messageTimetoken: job.timetoken, payload: googlePart), google))
+            case .mpns:
+                outcomes.append(Outcome(device: device, provider: "-", result: "skipped: MPNS is not sent"))
+            }
+        }
+        let delivered = await withTaskGroup(of: Outcome.self, returning: [Outcome].self) { group in
+            var results: [Outcome] = []
+            var next = 0
+            let width = min(settings.concurrency, work.count)
+            while next < width {
+                let (notification, provider) = work[next]
+                group.addTask { await self.deliver(notification, provider) }
+                next += 1
+            }
+            while let outcome = await group.next() {
+                results.append(outcome)
+                if next < work.count {
+                    let (notification, provider) = work[next]
+                    group.addTask { await self.deliver(notification, provider) }
+                    next += 1
+                }
+            }
+            return results
+        }
+        outcomes += delivered
+        if debug { await publishDebug(job, devices: devices.count, outcomes: outcomes) }
+    }
+
+    /// The notifications of an Apple device: one per matching `pn_push` target (APNs2 devices
+    /// whose environment and topic a target names), or — without `pn_push` — one with the
+    /// device's own (v1 devices: production and the configured topic).
+    private func appleNotifications(_ part: JSONValue, device: PushDevice, job: PushJob) -> [PushNotification] {
+        let environment = device.gateway == .apns2 ? device.environment : "production"
+        let topic = device.gateway == .apns2 ? device.topic : ""
+        var pushType = "alert"
+        if let targets = part["pn_push"]?.arrayValue, !targets.isEmpty {
+            var matched = false
+            for target in targets {
+                if let type = target["push_type"]?.stringValue { pushType = type }
+                let names = target["targets"]?.arrayValue ?? []
+                if names.isEmpty { matched = true; continue }
+                for name in names {
+                    let env = name["environment"]?.stringValue ?? "development"
+                    if device.gateway == .apns || (name["topic"]?.stringValue == topic && env == environment) { matched = true }
+                }
+            }
+            guard matched else { return [] }
+        }
+        return [PushNotification(device: device, channel: job.channel, messageTimetoken: job.timetoken, payload: part,
+                                 environment: environment, topic: topic, pushType: pushType)]
+    }
+
+    /// Sends one notification with retries; a refused token unregisters the device.
+    private func deliver(_ notification: PushNotification, _ provider: any PushProvider) async -> Outcome {
+        var attempt = 1
+        while true {
+            let result = await provider.send(notification)
+            switch result {
+            case .sent:
+                metrics.recordPush(provider: provider.name, outcome: "sent")
+                return Outcome(device: notification.device, provider: provider.name, result: "sent")
+            case .invalidToken(let reason):
+                metrics.recordPush(provider: provider.name, outcome: "unregistered")
+                logger.info("push: token refused, device unregistered",
+                            metadata: ["provider": "\(provider.name)", "reason": "\(reason)", "channel": "\(notification.channel)"])
+                _ = try? await store.removePushDevice(notification.device)
+                return Outcome(device: notification.device, provider: provider.name, result: "unregistered: \(reason)")
+            case .failed(let reason):
+                metrics.recordPush(provider: provider.name, outcome: "failed")
+                logger.warning("push: notification refused", metadata: ["provider": "\(provider.name)", "reason": "\(reason)"])
+                return Outcome(device: notification.device, provider: provider.name, result: "failed: \(reason)")
+            case .retryable(let reason, let retryAfter):
+                guard attempt < settings.maxAttempts, !Task.isCancelled else {
+                    metrics.recordPush(provider: provider.name, outcome: "failed")
+                    logger.warning("push: gave up after retries", metadata: ["provider": "\(provider.name)", "reason": "\(reason)",
+                                                                            "attempts": "\(attempt)"])
+                    return Outcome(device: notification.device, provider: provider.name, result: "failed: \(reason)")
+                }
+                metrics.recordPush(provider: provider.name, outcome: "retried")
+                let delay = settings.backoff.delay(afterAttempt: attempt, jitter: jitter(), retryAfter: retryAfter)
+                do { try await Task.sleep(for: delay) } catch {
+                    return Outcome(device: notification.device, provider: provider.name, result: "failed: cancelled")
+                }
+                attempt += 1
+            }
+        }
+    }
+
+    /// `pn_debug`: one report on `{channel}-pndebug` listing what each device got.
+    private func publishDebug(_ job: PushJob, devices: Int, outcomes: [Outcome]) async {
+        guard let publisher = debugPublisher.withLock({ $0 }) else { return }
+        var w = JSONWriter(capacity: 128 + outcomes.count * 96)
+        w.raw("{\"message_timetoken\":")
+        w.timetokenString(job.timetoken)
+        w.raw(",\"devices\":")
+        w.number(devices)
+        w.raw(",\"results\":[")
+        for (i, outcome) in outcomes.enumerated() {
+            if i > 0 { w.raw(",") }
+            w.raw("{\"token\":")
+            w.string(outcome.device.token)
+            w.raw(",\"type\":")
+            w.string(outcome.device.gateway.rawValue)
+            w.raw(",\"provider\":")
+            w.string(outcome.provider)
+            w.raw(",\"result\":")
+            w.string(outcome.result)
+            w.raw("}")
+        }
+        w.raw("]}")
+        await publisher(job.subscribeKey, job.channel + "-pndebug", String(decoding: w.bytes, as: UTF8.self))
+    }
+}
