@@ -215,6 +215,7 @@ public final class MessageStore: Sendable {
         Self.registerPresenceMigration(in: &migrator)
         Self.registerPublishRecordMigration(in: &migrator)
         Self.registerActionMigration(in: &migrator)
+        Self.registerFileMigration(in: &migrator)
         return migrator
     }
 

@@ -29,6 +29,13 @@ public enum Route: String, CaseIterable, Sendable {
     case addMessageAction = "add-message-action"
     case removeMessageAction = "remove-message-action"
     case getMessageActions = "get-message-actions"
+    case generateFileUploadURL = "generate-upload-url"
+    case uploadFile = "upload-file"
+    case publishFileMessage = "publish-file"
+    case listFiles = "list-files"
+    case getFile = "get-file"
+    case downloadFile = "download-file"
+    case deleteFile = "delete-file"
     case health, metrics
 
     /// What a route requires on a keyset with Access Manager on (one with a secret key).
@@ -45,6 +52,9 @@ public enum Route: String, CaseIterable, Sendable {
         case actingAs(Permissions)
         /// A request signed with the keyset's secret key (server-side admin).
         case admin
+        /// A form or URL this server signed and handed out (file uploads and downloads, as
+        /// PubNub's presigned storage URLs): no Access Manager permission.
+        case signed
     }
 
     /// PubNub's operation-to-permission mapping for this route (docs/security.md, "Access
@@ -60,6 +70,10 @@ public enum Route: String, CaseIterable, Sendable {
         case .leave, .setState: .actingAs(.read)
         case .groupChannels, .groupUpdate, .groupDelete: .permission(.manage)
         case .hereNowGlobal, .groupList, .grant, .audit, .grantToken, .revokeToken: .admin
+        case .generateFileUploadURL, .publishFileMessage: .permission(.write)
+        case .listFiles, .getFile: .permission(.read)
+        case .deleteFile: .permission(.delete)
+        case .uploadFile, .downloadFile: .signed
         }
     }
 
@@ -73,6 +87,7 @@ public enum Route: String, CaseIterable, Sendable {
         case .grant, .audit, .grantToken, .revokeToken: "Access Manager"
         case .addMessageAction, .removeMessageAction, .getMessageActions: "actions"
         case .options, .time, .publish, .signal, .health, .metrics: "Tether"
+        case .generateFileUploadURL, .uploadFile, .publishFileMessage, .listFiles, .getFile, .downloadFile, .deleteFile: "files"
         }
     }
 
@@ -88,6 +103,9 @@ public enum Route: String, CaseIterable, Sendable {
         case .history, .fetch, .historyWithActions, .deleteMessages, .messageCounts, .hereNowGlobal, .hereNow, .whereNow,
              .heartbeat, .leave, .getState, .setState, .groupList, .groupChannels, .groupUpdate, .groupDelete:
             (.request, 3)
+        case .publishFileMessage: (.publish, 4)
+        case .generateFileUploadURL, .listFiles, .getFile, .deleteFile: (.request, 2)
+        case .uploadFile, .downloadFile: (.request, 3)
         }
     }
 
@@ -135,6 +153,17 @@ public enum Route: String, CaseIterable, Sendable {
             case (.get, 5, _, _): return .getMessageActions
             case (.post, 7, "message", _): return .addMessageAction
             case (.delete, 9, "message", "action"): return .removeMessageAction
+            default: return nil
+            }
+        case (_, "v1") where s.count >= 5 && s[1] == "files":
+            switch (method, s.count, s[2], s[3], at(5)) {
+            case (.post, 5, "upload", _, _): return .uploadFile
+            case (.get, 7, "download", _, _): return .downloadFile
+            case (.get, 9, "publish-file", _, _): return .publishFileMessage
+            case (.post, 6, _, "channels", "generate-upload-url"): return .generateFileUploadURL
+            case (.get, 6, _, "channels", "files"): return .listFiles
+            case (.get, 8, _, "channels", "files"): return .getFile
+            case (.delete, 8, _, "channels", "files"): return .deleteFile
             default: return nil
             }
         case (.get, "health") where s.count == 1: return .health
