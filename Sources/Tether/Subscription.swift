@@ -37,6 +37,9 @@ public final class Subscription: Sendable {
     /// ``EventKind/messageAction``).
     public let messageActions: AsyncStream<MessageActionEvent>
     private let actionSink: AsyncStream<MessageActionEvent>.Continuation
+    /// File messages (message type 4) on the target (``EventKind/file``).
+    public let files: AsyncStream<FileEvent>
+    private let fileSink: AsyncStream<FileEvent>.Continuation
     private let messageSink: AsyncStream<ReceivedEvent>.Continuation
     private let signalSink: AsyncStream<ReceivedEvent>.Continuation
     private let presenceSink: AsyncStream<ReceivedEvent>.Continuation
@@ -51,6 +54,7 @@ public final class Subscription: Sendable {
         (signals, signalSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
         (presence, presenceSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
         (messageActions, actionSink) = AsyncStream.makeStream(of: MessageActionEvent.self)
+        (files, fileSink) = AsyncStream.makeStream(of: FileEvent.self)
     }
 
     /// Adds a closure called for every event (message, signal or presence), in order.
@@ -60,7 +64,9 @@ public final class Subscription: Sendable {
 
     /// Adds a closure called for every message.
     public func onMessage(_ handler: @escaping @Sendable (ReceivedEvent) -> Void) {
-        onEvent { event in if !event.isPresence && event.kind != .signal && event.kind != .messageAction { handler(event) } }
+        onEvent { event in
+            if !event.isPresence && event.kind != .signal && event.kind != .messageAction && event.kind != .file { handler(event) }
+        }
     }
 
     /// Adds a closure called for every signal.
@@ -71,6 +77,11 @@ public final class Subscription: Sendable {
     /// Adds a closure called for every message action added or removed.
     public func onMessageAction(_ handler: @escaping @Sendable (MessageActionEvent) -> Void) {
         onEvent { event in if let action = event.messageAction { handler(action) } }
+    }
+
+    /// Adds a closure called for every file message (a file shared on the channel).
+    public func onFile(_ handler: @escaping @Sendable (FileEvent) -> Void) {
+        onEvent { event in if let file = event.file { handler(file) } }
     }
 
     /// Adds a closure called for every presence event.
@@ -111,6 +122,8 @@ public final class Subscription: Sendable {
             signalSink.yield(event)
         } else if event.kind == .messageAction {
             if let action = event.messageAction { actionSink.yield(action) }
+        } else if event.kind == .file {
+            if let file = event.file { fileSink.yield(file) }
         } else {
             messageSink.yield(event)
         }
@@ -122,6 +135,7 @@ public final class Subscription: Sendable {
         signalSink.finish()
         presenceSink.finish()
         actionSink.finish()
+        fileSink.finish()
     }
 }
 

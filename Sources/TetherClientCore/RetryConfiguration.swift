@@ -57,6 +57,8 @@ public struct RetryConfiguration: Sendable, Hashable {
         case accessManager
         /// Message actions: add, remove, get.
         case messageActions
+        /// Files: send, list, download, delete, publish file message.
+        case files
         /// Time.
         case time
     }
@@ -267,6 +269,7 @@ extension RetryConfiguration.Endpoint {
         case .grant, .grantToken, .revokeToken: self = .accessManager
         case .time: self = .time
         case .addMessageAction, .removeMessageAction, .fetchMessageActions: self = .messageActions
+        case .sendFile, .listFiles, .downloadFile, .deleteFile, .publishFileMessage: self = .files
         }
     }
 }
