@@ -84,7 +84,8 @@ extension ReceivedEvent {
         guard kind == .file, let file = payload["file"], let id = file["id"]?.stringValue, let name = file["name"]?.stringValue else {
             return nil
         }
-        let message = payload["message"].flatMap { $0.isNull ? nil : $0 }
+        var message: JSONValue?
+        if let value = payload["message"], !value.isNull { message = value }
         return FileEvent(fileId: id, fileName: name, message: message, channel: channel, publisher: publisher, timetoken: timetoken)
     }
 }

@@ -384,3 +384,43 @@ def test_access_manager_write_read_delete(secure_server):
         refused(lambda: user.delete_file().channel(ch).file_id(fid).file_name("a.txt").sync())
         grant(d=True)
         assert user.delete_file().channel(ch).file_id(fid).file_name("a.txt").sync().result.status == 200
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+def test_cli_files_upload_list_download_delete(fs_origin, pn_files, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+
+    def cli(*args):
+        return subprocess.run([TETHER_BIN, "files", *args, "--origin", fs_origin, "--user-id", "operator"],
+                              capture_output=True, text=True, timeout=30, env=env)
+
+    assert subprocess.run([TETHER_BIN, "files", "--help"], capture_output=True, text=True, env=env).returncode == 0
+    ch = unique()
+    source = tmp_path / "notes.txt"
+    source.write_bytes(b"operator notes\n")
+    uploaded = cli("upload", ch, str(source), "--message", '{"why":"audit"}')
+    assert uploaded.returncode == 0, uploaded.stderr
+    file_id, name, tt = uploaded.stdout.split()
+    assert name == "notes.txt" and int(tt) > 0
+    # An SDK sees the same file, and the message the CLI sent with it.
+    assert pn_files("reader").list_files().channel(ch).sync().result.data[0]["id"] == file_id
+    history = request(fs_origin, "GET", f"/v3/history/sub-key/{SUB_KEY}/channel/{ch}").json()["channels"][ch]
+    assert history[0]["message"] == {"message": {"why": "audit"}, "file": {"id": file_id, "name": "notes.txt"}}
+
+    listed = cli("list", ch)
+    assert listed.returncode == 0
+    row = listed.stdout.split()
+    assert row[0] == file_id and row[1] == "15" and row[3] == "notes.txt"
+    out = tmp_path / "copy.txt"
+    downloaded = cli("download", ch, file_id, "notes.txt", "--output", str(out))
+    assert downloaded.returncode == 0, downloaded.stderr
+    assert out.read_bytes() == b"operator notes\n"
+    assert cli("download", ch, file_id, "notes.txt").stdout == "operator notes\n"
+    deleted = cli("delete", ch, file_id, "notes.txt")
+    assert deleted.returncode == 0 and deleted.stdout.strip() == f"deleted {file_id}"
+    assert cli("list", ch).stdout == ""
+    missing = cli("delete", ch, file_id, "notes.txt")
+    assert missing.returncode == 1 and "File not found" in missing.stderr
+    assert cli("upload", ch, str(tmp_path / "absent.txt")).returncode != 0
+    assert cli("list", ch, "--limit", "0").returncode != 0
