@@ -13,6 +13,11 @@ public protocol FileStorage: Sendable {
     func put(key: String) throws -> any FileStorageUpload
     /// The object's bytes, or `nil` when there is no such object.
     func get(key: String) throws -> [UInt8]?
+    /// The object's size in bytes, or `nil` when there is no such object.
+    func size(key: String) throws -> Int?
+    /// Up to `count` bytes of the object from `offset` (fewer at its end), for serving it in
+    /// pieces; throws when the object is gone.
+    func read(key: String, offset: Int, count: Int) throws -> [UInt8]
     /// Removes the object; removing a missing object is not an error.
     func delete(key: String) throws
     /// Every stored object's key (for reconciling with the metadata at start-up).
@@ -94,6 +99,19 @@ public struct LocalFileStorage: FileStorage {
         let url = directory.appendingPathComponent(Self.fileName(key))
         guard FileManager.default.fileExists(atPath: url.path) else { return nil }
         return Array(try Data(contentsOf: url))
+    }
+
+    public func size(key: String) throws -> Int? {
+        let url = directory.appendingPathComponent(Self.fileName(key))
+        guard let attributes = try? FileManager.default.attributesOfItem(atPath: url.path) else { return nil }
+        return (attributes[.size] as? NSNumber)?.intValue
+    }
+
+    public func read(key: String, offset: Int, count: Int) throws -> [UInt8] {
+        let handle = try FileHandle(forReadingFrom: directory.appendingPathComponent(Self.fileName(key)))
+        defer { try? handle.close() }
+        try handle.seek(toOffset: UInt64(offset))
+        return Array(try handle.read(upToCount: count) ?? Data())
     }
 
     public func delete(key: String) throws {

@@ -56,6 +56,8 @@ import Testing
         try upload.commit()
         #expect(try storage.get(key: "demo/one") == Array("hello world".utf8))
         #expect(try storage.list() == ["demo/one"])
+        #expect(try storage.size(key: "demo/one") == 11 && storage.size(key: "demo/none") == nil)
+        #expect(try storage.read(key: "demo/one", offset: 6, count: 100) == Array("world".utf8))
 
         let aborted = try storage.put(key: "demo/two")
         try aborted.write([1, 2, 3])

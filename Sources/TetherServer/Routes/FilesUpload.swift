@@ -106,17 +106,30 @@ extension TetherResponder {
         } catch {
             return Reply.storageError(.forbidden, code: "SignatureDoesNotMatch", "The request signature does not match.")
         }
+        let storage = state.files.storage
         guard let file = try await state.store.file(subscribeKey: keyset.subscribeKey, id: s[5]), file.channel == s[4], file.name == s[6],
-              let bytes = try state.files.storage.get(key: file.storageKey)
+              let size = try storage.size(key: file.storageKey)
         else { return Reply.storageError(.notFound, code: "NoSuchKey", "The specified key does not exist.") }
         var headers: HTTPFields = [
             .contentType: file.contentType,
-            .contentLength: String(bytes.count),
             .accessControlAllowOrigin: "*",
             .cacheControl: "private, max-age=3600",
         ]
         headers[.contentDisposition] = "attachment; filename*=UTF-8''\(PercentCoding.encode(file.name))"
-        return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+        // Served in 64 KiB pieces, so a large file never sits whole in memory. A file deleted
+        // mid-way aborts the connection (the client sees a short body), never wrong bytes.
+        let key = file.storageKey
+        let body = ResponseBody(contentLength: size) { writer in
+            var offset = 0
+            while offset < size {
+                let piece = try storage.read(key: key, offset: offset, count: min(64 * 1024, size - offset))
+                guard !piece.isEmpty else { throw CocoaError(.fileReadUnknown) }
+                try await writer.write(ByteBuffer(bytes: piece))
+                offset += piece.count
+            }
+            try await writer.finish(nil)
+        }
+        return Response(status: .ok, headers: headers, body: body)
     }
 }
 
