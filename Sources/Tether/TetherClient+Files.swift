@@ -25,8 +25,8 @@ extension TetherClient {
     /// a one-time upload form, the bytes go to it, then the file message is published.
     ///
     /// With ``TetherConfiguration/cryptoModule`` set, the bytes and the file message are
-    /// encrypted. `progress` is told when the upload starts and when it has been sent (the
-    /// transport sends a body in one piece). Errors are statuses: ``StatusCategory/badRequest``
+    /// encrypted. `progress` is told when the upload starts, as the file's bytes are sent (in
+    /// 64 KiB pieces, with the built-in HTTP transport), and when the server has them. Errors are statuses: ``StatusCategory/badRequest``
     /// for a file over the server's size limit (S3's `EntityTooLarge`) or a bad name,
     /// ``StatusCategory/accessDenied`` without the write permission.
     /// - Returns: the file's id and name and the file message's timetoken.
@@ -51,7 +51,14 @@ extension TetherClient {
         progress?(FileTransferProgress(completedBytes: 0, totalBytes: bytes.count))
         let request = TransportRequest(url: form.url, method: .post, headers: ["Content-Type": formType, "User-Agent": "Tether-Swift/0.1"],
                                        body: body, timeout: timeout ?? configuration.nonSubscribeTimeout)
-        let response = try await sendFileRequest(request, operation: .sendFile, channel: channel)
+        // Progress counts the file's bytes: the form's own bytes before and after it are not.
+        let fileStart = body.count - bytes.count - "\r\n--\(boundary)--\r\n".utf8.count, fileSize = bytes.count
+        let response = try await sendFileRequest(request, operation: .sendFile, channel: channel, sent: progress.map { report in
+            { @Sendable sentBytes in
+                let done = min(max(sentBytes - fileStart, 0), fileSize)
+                if done > 0 && done < fileSize { report(FileTransferProgress(completedBytes: done, totalBytes: fileSize)) }
+            }
+        })
         guard (200..<300).contains(response.statusCode) else { throw fileFailure(response, operation: .sendFile, channel: channel) }
         progress?(FileTransferProgress(completedBytes: bytes.count, totalBytes: bytes.count))
         let timetoken = try await publishFileMessage(channel: channel, fileId: form.id, fileName: form.name, message: message,
@@ -104,8 +111,9 @@ extension TetherClient {
     }
 
     /// Downloads a file: the server answers with a redirect to a signed URL, whose bytes are
-    /// returned (decrypted when ``TetherConfiguration/cryptoModule`` is set). An unknown file
-    /// fails with status code 404.
+    /// returned (decrypted when ``TetherConfiguration/cryptoModule`` is set). `progress` is told
+    /// as the bytes arrive and when they all have. An unknown file fails with status code 404;
+    /// the built-in HTTP transport takes responses of up to 32 MiB.
     /// - Returns: the bytes and their content type.
     public func downloadFile(channel: String, fileId: String, fileName: String,
                              progress: (@Sendable (FileTransferProgress) -> Void)? = nil, timeout: Duration? = nil)
@@ -125,7 +133,11 @@ extension TetherClient {
         else { throw fileFailure(redirect, operation: .downloadFile, channel: channel) }
         let response = try await sendFileRequest(TransportRequest(url: location, method: .get, headers: ["User-Agent": "Tether-Swift/0.1"],
                                                                   timeout: wait),
-                                                 operation: .downloadFile, channel: channel)
+                                                 operation: .downloadFile, channel: channel, received: progress.map { report in
+            { @Sendable (done: Int, total: Int?) in
+                if let total, done < total { report(FileTransferProgress(completedBytes: done, totalBytes: total)) }
+            }
+        })
         guard response.statusCode == 200 else { throw fileFailure(response, operation: .downloadFile, channel: channel) }
         progress?(FileTransferProgress(completedBytes: response.body.count, totalBytes: response.body.count))
         var bytes = response.body
@@ -158,10 +170,18 @@ extension TetherClient {
         return signed.target
     }
 
-    private func sendFileRequest(_ request: TransportRequest, operation: TetherOperation, channel: String) async throws(TetherError)
-        -> TransportResponse
+    /// Sends through the transport; with the built-in HTTP transport, body progress is reported
+    /// as the connection takes and delivers the bytes (another transport reports start and end).
+    private func sendFileRequest(_ request: TransportRequest, operation: TetherOperation, channel: String,
+                                 sent: (@Sendable (Int) -> Void)? = nil, received: (@Sendable (Int, Int?) -> Void)? = nil)
+        async throws(TetherError) -> TransportResponse
     {
-        do { return try await transport.send(request) } catch {
+        do {
+            if let http = transport as? HTTPClientTransport, sent != nil || received != nil {
+                return try await http.send(request, sent: sent, received: received)
+            }
+            return try await transport.send(request)
+        } catch {
             throw TetherError(Status(category: error.category, operation: operation, error: error, affectedChannels: [channel]))
         }
     }

@@ -62,6 +62,29 @@ struct FileAPITests {
         await server.stop()
     }
 
+    @Test func progressIsReportedAsTheBytesGoAndCome() async throws {
+        let server = try await InProcessServer.start()
+        let alice = try client(server, userId: "alice")
+        let room = "room-\(UUID().uuidString.prefix(6))"
+        let data = (0..<(600 * 1024)).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        let up = Mutex<[FileTransferProgress]>([])
+        let sent = try await alice.sendFile(channel: room, data: data, name: "big.bin", progress: { p in up.withLock { $0.append(p) } })
+        let upReports = up.withLock { $0 }
+        #expect(upReports.first == .init(completedBytes: 0, totalBytes: data.count))
+        #expect(upReports.last == .init(completedBytes: data.count, totalBytes: data.count))
+        #expect(upReports.count >= 5, "\(upReports.count) reports")
+        #expect(zip(upReports, upReports.dropFirst()).allSatisfy { $0.completedBytes <= $1.completedBytes })
+
+        let down = Mutex<[FileTransferProgress]>([])
+        let got = try await alice.downloadFile(channel: room, fileId: sent.id, fileName: "big.bin", progress: { p in down.withLock { $0.append(p) } })
+        #expect(got.data == data)
+        let downReports = down.withLock { $0 }
+        #expect(downReports.last == .init(completedBytes: data.count, totalBytes: data.count))
+        #expect(downReports.count >= 2 && downReports.allSatisfy { $0.totalBytes == data.count })
+        await alice.shutdown()
+        await server.stop()
+    }
+
     @Test func listPagesAndOversizeAndEncryption() async throws {
         let server = try await InProcessServer.start()
         let alice = try client(server, userId: "alice")
