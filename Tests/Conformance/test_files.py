@@ -424,3 +424,22 @@ def test_cli_files_upload_list_download_delete(fs_origin, pn_files, tmp_path):
     assert missing.returncode == 1 and "File not found" in missing.stderr
     assert cli("upload", ch, str(tmp_path / "absent.txt")).returncode != 0
     assert cli("list", ch, "--limit", "0").returncode != 0
+
+
+# ----------------------------------------------------------------------- both SDK flavours
+
+@pytest.mark.asyncio
+async def test_file_round_trip_in_both_sdk_flavours(sdk, origin):
+    pn = sdk.make(origin, unique("flavour"))
+    ch = unique()
+    data = b"\x00\x01binary\xff" * 500
+    sent = await sdk.call(pn.send_file().channel(ch).file_name("blob.bin").message({"n": 1}).should_store(True)
+                          .file_object(data))
+    file_id = sent.result.file_id
+    listed = await sdk.call(pn.list_files().channel(ch))
+    assert [f["id"] for f in listed.result.data] == [file_id]
+    got = await sdk.call(pn.download_file().channel(ch).file_id(file_id).file_name("blob.bin"))
+    assert got.result.data == data
+    await sdk.call(pn.delete_file().channel(ch).file_id(file_id).file_name("blob.bin"))
+    error = await sdk.call_error(pn.delete_file().channel(ch).file_id(file_id).file_name("blob.bin"))
+    assert error.status_code == 404 and error.body["error"] == {"source": "files", "message": "File not found"}
