@@ -325,6 +325,8 @@ def test_killed_connection_mid_upload_leaves_nothing(fs_origin, files_server):
     sock.sendall(head + body[: len(body) - 1500])
     # The temporary exists while the upload is in progress…
     wait_until(lambda: any(n.startswith(".incoming/") for n in stored_objects(files_server)), what="upload in progress")
+    # …a second upload with the same form meanwhile is refused (one upload per id)…
+    assert_storage_error(upload_raw(fs_origin, form, "cut.bin", b"other"), 409, "OperationAborted")
     sock.close()
     # …and is gone once the connection dies; nothing was committed.
     wait_until(lambda: set(stored_objects(files_server)) == before, what="temporary removed")
