@@ -17,6 +17,9 @@ public struct FileSettings: Sendable {
     /// and download URLs the server hands out; when `nil`, the scheme the server serves and the
     /// request's `Host` header.
     public var publicURL: String?
+    /// Where the bytes are kept; a ``LocalFileStorage`` under ``directory`` when `nil` (pass an
+    /// S3-compatible conformance of ``FileStorage`` here).
+    public var storage: (any FileStorage)?
 
     /// Creates settings.
     public init(directory: String? = nil, maxBytes: Int = 5 * 1024 * 1024, uploadLifetimeSeconds: Int = 60,
@@ -100,7 +103,7 @@ public final class FileService: Sendable {
     public init(settings: FileSettings, dataDirectory: String, scheme: String = "http", storage: (any FileStorage)? = nil) throws {
         self.settings = settings
         self.scheme = scheme
-        self.storage = try storage ?? LocalFileStorage(directory: settings.directory ?? (dataDirectory as NSString).appendingPathComponent("files"))
+        self.storage = try storage ?? settings.storage ?? LocalFileStorage(directory: settings.directory ?? (dataDirectory as NSString).appendingPathComponent("files"))
         let keyPath = (dataDirectory as NSString).appendingPathComponent("files-signing-key")
         if let existing = FileManager.default.contents(atPath: keyPath), existing.count == 32 {
             signingKey = SymmetricKey(data: existing)

@@ -80,4 +80,17 @@ import Testing
         #expect(!name.contains("/") && !name.hasPrefix("."))
         #expect(LocalFileStorage.key(fileName: name) == key)
     }
+
+    @Test func aConfiguredStorageReplacesTheLocalOne() throws {
+        let dir = Self.directory(), elsewhere = Self.directory()
+        defer {
+            try? FileManager.default.removeItem(atPath: dir)
+            try? FileManager.default.removeItem(atPath: elsewhere)
+        }
+        var settings = FileSettings()
+        settings.storage = try LocalFileStorage(directory: elsewhere)
+        let service = try FileService(settings: settings, dataDirectory: dir)
+        #expect((service.storage as? LocalFileStorage)?.directory.path == URL(fileURLWithPath: elsewhere).path)
+        #expect(!FileManager.default.fileExists(atPath: dir + "/files"))
+    }
 }
