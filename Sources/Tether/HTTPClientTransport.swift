@@ -94,23 +94,51 @@ public final class HTTPClientTransport: Transport {
 
     /// Performs one exchange on the right pool.
     public func send(_ request: TransportRequest) async throws(TransportFailure) -> TransportResponse {
+        try await send(request, sent: nil, received: nil)
+    }
+
+    /// Performs one exchange, reporting progress: `sent` with the bytes of the request body
+    /// handed to the connection so far (the body goes in 64 KiB pieces, as the connection takes
+    /// them), `received` with the response body bytes read so far and the expected total when
+    /// the server gave a `Content-Length` (file uploads and downloads).
+    func send(_ request: TransportRequest, sent: (@Sendable (Int) -> Void)?, received: (@Sendable (Int, Int?) -> Void)?)
+        async throws(TransportFailure) -> TransportResponse
+    {
         let (rest, longPoll) = try clients()
         let client = request.isLongPoll ? longPoll : rest
         var http = HTTPClientRequest(url: request.url)
         http.method = HTTPMethod(rawValue: request.method.rawValue)
         for (name, value) in request.headers { http.headers.add(name: name, value: value) }
-        if let body = request.body { http.body = .bytes(ByteBuffer(bytes: body)) }
+        if let body = request.body {
+            if let sent {
+                http.body = .stream(ProgressChunks(bytes: body, report: sent), length: .known(Int64(body.count)))
+            } else {
+                http.body = .bytes(ByteBuffer(bytes: body))
+            }
+        }
         let nanoseconds = request.timeout.components.seconds * 1_000_000_000 + request.timeout.components.attoseconds / 1_000_000_000
         do {
             let response = try await client.execute(http, deadline: .now() + .nanoseconds(nanoseconds), logger: logger)
-            var body = try await response.body.collect(upTo: maximumBodySize)
             var headers: [String: String] = [:]
             for (name, value) in response.headers {
                 let key = name.lowercased()
                 headers[key] = headers[key].map { $0 + ", " + value } ?? value
             }
-            return TransportResponse(statusCode: Int(response.status.code), headers: headers,
-                                     body: body.readBytes(length: body.readableBytes) ?? [])
+            var bytes: [UInt8]
+            if let received {
+                let expected = headers["content-length"].flatMap { Int($0) }
+                bytes = []
+                bytes.reserveCapacity(min(expected ?? 0, maximumBodySize))
+                for try await piece in response.body {
+                    guard bytes.count + piece.readableBytes <= maximumBodySize else { throw NIOTooManyBytesError(maxBytes: maximumBodySize) }
+                    bytes += piece.readableBytesView
+                    received(bytes.count, expected)
+                }
+            } else {
+                var body = try await response.body.collect(upTo: maximumBodySize)
+                bytes = body.readBytes(length: body.readableBytes) ?? []
+            }
+            return TransportResponse(statusCode: Int(response.status.code), headers: headers, body: bytes)
         } catch {
             throw Self.classify(error)
         }
@@ -208,4 +236,28 @@ public final class HTTPClientTransport: Transport {
         if error is NIOTooManyBytesError { return .responseTooLarge }
         return .other(String(describing: error))
     }
+}
+
+/// A request body handed out in 64 KiB pieces, reporting how much has been taken.
+private struct ProgressChunks: AsyncSequence, Sendable {
+    typealias Element = ByteBuffer
+    let bytes: [UInt8]
+    let report: @Sendable (Int) -> Void
+
+    struct AsyncIterator: AsyncIteratorProtocol {
+        let bytes: [UInt8]
+        let report: @Sendable (Int) -> Void
+        var offset = 0
+
+        mutating func next() async -> ByteBuffer? {
+            guard offset < bytes.count else { return nil }
+            let end = Swift.min(offset + 64 * 1024, bytes.count)
+            let piece = ByteBuffer(bytes: bytes[offset..<end])
+            offset = end
+            report(offset)
+            return piece
+        }
+    }
+
+    func makeAsyncIterator() -> AsyncIterator { AsyncIterator(bytes: bytes, report: report) }
 }

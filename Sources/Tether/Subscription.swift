@@ -41,6 +41,9 @@ public final class Subscription: Sendable {
     /// kind ``EventKind/object``).
     public let appContextEvents: AsyncStream<AppContextEvent>
     private let appContextSink: AsyncStream<AppContextEvent>.Continuation
+    /// File messages (message type 4) on the target (``EventKind/file``).
+    public let files: AsyncStream<FileEvent>
+    private let fileSink: AsyncStream<FileEvent>.Continuation
     private let messageSink: AsyncStream<ReceivedEvent>.Continuation
     private let signalSink: AsyncStream<ReceivedEvent>.Continuation
     private let presenceSink: AsyncStream<ReceivedEvent>.Continuation
@@ -56,6 +59,7 @@ public final class Subscription: Sendable {
         (presence, presenceSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
         (messageActions, actionSink) = AsyncStream.makeStream(of: MessageActionEvent.self)
         (appContextEvents, appContextSink) = AsyncStream.makeStream(of: AppContextEvent.self)
+        (files, fileSink) = AsyncStream.makeStream(of: FileEvent.self)
     }
 
     /// Adds a closure called for every event (message, signal or presence), in order.
@@ -66,7 +70,9 @@ public final class Subscription: Sendable {
     /// Adds a closure called for every message.
     public func onMessage(_ handler: @escaping @Sendable (ReceivedEvent) -> Void) {
         onEvent { event in
-            if !event.isPresence && event.kind != .signal && event.kind != .messageAction && event.kind != .object { handler(event) }
+            if !event.isPresence && event.kind != .signal && event.kind != .messageAction && event.kind != .object && event.kind != .file {
+                handler(event)
+            }
         }
     }
 
@@ -83,6 +89,11 @@ public final class Subscription: Sendable {
     /// Adds a closure called for every App Context change (user, channel, membership).
     public func onAppContextEvent(_ handler: @escaping @Sendable (AppContextEvent) -> Void) {
         onEvent { event in if let change = event.appContextEvent { handler(change) } }
+    }
+
+    /// Adds a closure called for every file message (a file shared on the channel).
+    public func onFile(_ handler: @escaping @Sendable (FileEvent) -> Void) {
+        onEvent { event in if let file = event.file { handler(file) } }
     }
 
     /// Adds a closure called for every presence event.
@@ -125,6 +136,8 @@ public final class Subscription: Sendable {
             if let action = event.messageAction { actionSink.yield(action) }
         } else if event.kind == .object {
             if let change = event.appContextEvent { appContextSink.yield(change) }
+        } else if event.kind == .file {
+            if let file = event.file { fileSink.yield(file) }
         } else {
             messageSink.yield(event)
         }
@@ -137,6 +150,7 @@ public final class Subscription: Sendable {
         presenceSink.finish()
         actionSink.finish()
         appContextSink.finish()
+        fileSink.finish()
     }
 }
 

@@ -118,8 +118,26 @@ struct Serve: AsyncParsableCommand {
     var wsOutboundBuffer: Int?
 
     @OptionGroup(title: "Mobile push (docs/push.md)") var push: ServePushOptions
+    @Option(name: .customLong("files-dir"), help: """
+        Directory for uploaded files. [env: TETHER_FILES_DIR] (default: <data-dir>/files)
+        """)
+    var filesDir: String?
+
+    @Option(name: .customLong("files-max-bytes"), help: """
+        Largest file accepted, in bytes (1 to 5368709120). [env: TETHER_FILES_MAX_BYTES] (default: 5242880)
+        """)
+    var filesMaxBytes: Int?
+
+    @Option(name: .customLong("files-public-url"), help: """
+        Origin clients reach this server at, for the upload and download URLs it hands out \
+        (e.g. https://chat.example.com). [env: TETHER_FILES_PUBLIC_URL] (default: the request's Host)
+        """)
+    var filesPublicURL: String?
 
     func validate() throws {
+        if let filesMaxBytes, !(1...5_368_709_120).contains(filesMaxBytes) {
+            throw ValidationError("--files-max-bytes must be between 1 and 5368709120")
+        }
         if let webSocket, Self.switchValue(webSocket) == nil { throw ValidationError("--ws must be on or off") }
         let bounds: [(String, Int?, ClosedRange<Int>)] = [
             ("--ws-keepalive", wsKeepAlive, 1...86_400), ("--ws-ping-interval", wsPingInterval, 1...3_600),
@@ -238,6 +256,7 @@ struct Serve: AsyncParsableCommand {
             checksStoreAtStart: storeCheck ?? !["0", "off", "false", "no"].contains(env["TETHER_STORE_CHECK"]?.lowercased() ?? "")
         )
         settings.webSocket = try webSocketSettings(env)
+        settings.files = try fileSettings(env)
         let configuration = settings
         raiseOpenFileLimit(logger: logger)
         // Held until the process exits: `tether store recover` and a second server wait for it.
@@ -285,5 +304,24 @@ func raiseOpenFileLimit(logger: Logger) {
         logger.debug("raised open-file limit", metadata: ["from": "\(previous)", "to": "\(limit.rlim_max)"])
     } else {
         logger.warning("could not raise the open-file limit; long-polls are capped by it", metadata: ["limit": "\(previous)"])
+    }
+}
+
+extension Serve {
+    /// `--files-*` options and their environment variables.
+    func fileSettings(_ env: [String: String]) throws -> FileSettings {
+        var settings = FileSettings()
+        settings.directory = filesDir ?? env["TETHER_FILES_DIR"].flatMap { $0.isEmpty ? nil : $0 }
+        if let value = filesMaxBytes ?? env["TETHER_FILES_MAX_BYTES"].flatMap({ Int($0) }) {
+            guard (1...5_368_709_120).contains(value) else { throw ValidationError("--files-max-bytes must be between 1 and 5368709120") }
+            settings.maxBytes = value
+        }
+        if let url = filesPublicURL ?? env["TETHER_FILES_PUBLIC_URL"].flatMap({ $0.isEmpty ? nil : $0 }) {
+            guard url.hasPrefix("http://") || url.hasPrefix("https://") else {
+                throw ValidationError("--files-public-url must start with http:// or https://")
+            }
+            settings.publicURL = url
+        }
+        return settings
     }
 }

@@ -16,7 +16,7 @@ struct TetherCommand: AsyncParsableCommand {
 
               curl 'http://127.0.0.1:8090/publish/demo/demo/0/hello/0/%22hi%22?uuid=me'
             """,
-        subcommands: [Serve.self, StoreCommand.self, Bench.self, ClientPublish.self, ClientHistory.self, ActionsCommand.self, ObjectsCommand.self, ClientHereNow.self, ClientTime.self, ClientPing.self, ClientSubscribe.self, OutboxCommand.self, ChaosCommand.self],
+        subcommands: [Serve.self, StoreCommand.self, Bench.self, ClientPublish.self, ClientHistory.self, ActionsCommand.self, ObjectsCommand.self, FilesCommand.self, ClientHereNow.self, ClientTime.self, ClientPing.self, ClientSubscribe.self, OutboxCommand.self, ChaosCommand.self],
         defaultSubcommand: nil
     )
 }

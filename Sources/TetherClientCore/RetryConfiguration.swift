@@ -61,6 +61,8 @@ public struct RetryConfiguration: Sendable, Hashable {
         case appContext
         /// Mobile push device registrations: add, remove, list.
         case devicePushNotifications
+        /// Files: send, list, download, delete, publish file message.
+        case files
         /// Time.
         case time
     }
@@ -275,6 +277,7 @@ extension RetryConfiguration.Endpoint {
              .removeChannelMetadata, .fetchAllChannelMetadata, .fetchMemberships, .setMemberships, .fetchChannelMembers, .setChannelMembers:
             self = .appContext
         case .addPushChannels, .removePushChannels, .listPushChannels, .removeAllPushChannels: self = .devicePushNotifications
+        case .sendFile, .listFiles, .downloadFile, .deleteFile, .publishFileMessage: self = .files
         }
     }
 }

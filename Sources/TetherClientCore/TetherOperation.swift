@@ -68,6 +68,16 @@ public enum TetherOperation: String, Sendable, Hashable, CaseIterable, CustomStr
     case listPushChannels
     /// Unregister a device from every push channel.
     case removeAllPushChannels
+    /// Upload a file (generate its upload URL, upload, announce it).
+    case sendFile
+    /// List a channel's files.
+    case listFiles
+    /// Download a file.
+    case downloadFile
+    /// Delete a file.
+    case deleteFile
+    /// Publish a file message for an uploaded file.
+    case publishFileMessage
 
     /// The case name.
     public var description: String { rawValue }

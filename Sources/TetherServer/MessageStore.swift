@@ -217,6 +217,7 @@ public final class MessageStore: Sendable {
         Self.registerActionMigration(in: &migrator)
         Self.registerAppContextMigration(in: &migrator)
         Self.registerPushMigration(in: &migrator)
+        Self.registerFileMigration(in: &migrator)
         return migrator
     }
 

@@ -35,6 +35,13 @@ public enum Route: String, CaseIterable, Sendable {
     case removeChannelMetadata = "remove-channel-metadata", getAllChannelMetadata = "get-all-channel-metadata"
     case getMemberships = "get-memberships", manageMemberships = "manage-memberships"
     case getChannelMembers = "get-channel-members", manageChannelMembers = "manage-channel-members"
+    case generateFileUploadURL = "generate-upload-url"
+    case uploadFile = "upload-file"
+    case publishFileMessage = "publish-file"
+    case listFiles = "list-files"
+    case getFile = "get-file"
+    case downloadFile = "download-file"
+    case deleteFile = "delete-file"
     case health, metrics
     case pushModify = "push-modify"
     case pushList = "push-list"
@@ -57,6 +64,9 @@ public enum Route: String, CaseIterable, Sendable {
         /// These permissions on the user (App Context) the request names: a v3 token's `uuids`
         /// resources, or v2 grants with `target-uuid`.
         case user(Permissions)
+        /// A form or URL this server signed and handed out (file uploads and downloads, as
+        /// PubNub's presigned storage URLs): no Access Manager permission.
+        case signed
     }
 
     /// PubNub's operation-to-permission mapping for this route (docs/security.md, "Access
@@ -82,6 +92,10 @@ public enum Route: String, CaseIterable, Sendable {
         case .removeChannelMetadata: .permission(.delete)
         case .manageChannelMembers: .permission(.manage)
         case .getAllUserMetadata, .getAllChannelMetadata: .admin
+        case .generateFileUploadURL, .publishFileMessage: .permission(.write)
+        case .listFiles, .getFile: .permission(.read)
+        case .deleteFile: .permission(.delete)
+        case .uploadFile, .downloadFile: .signed
         }
     }
 
@@ -99,6 +113,7 @@ public enum Route: String, CaseIterable, Sendable {
             "objects"
         case .options, .time, .publish, .signal, .health, .metrics: "Tether"
         case .pushModify, .pushList, .pushRemoveDevice: "push"
+        case .generateFileUploadURL, .uploadFile, .publishFileMessage, .listFiles, .getFile, .downloadFile, .deleteFile: "files"
         }
     }
 
@@ -118,6 +133,9 @@ public enum Route: String, CaseIterable, Sendable {
         case .history, .fetch, .historyWithActions, .deleteMessages, .messageCounts, .hereNowGlobal, .hereNow, .whereNow,
              .heartbeat, .leave, .getState, .setState, .groupList, .groupChannels, .groupUpdate, .groupDelete:
             (.request, 3)
+        case .publishFileMessage: (.publish, 4)
+        case .generateFileUploadURL, .listFiles, .getFile, .deleteFile: (.request, 2)
+        case .uploadFile, .downloadFile: (.request, 3)
         }
     }
 
@@ -184,6 +202,17 @@ public enum Route: String, CaseIterable, Sendable {
              (.get, "v2") where (s.count == 6 || (s.count == 7 && s[6] == "remove")) && s[1] == "push" && s[2] == "sub-key" && s[4] == "devices-apns2":
             if s.count == 7 { return .pushRemoveDevice }
             return (wire.query["add"] ?? "").isEmpty && (wire.query["remove"] ?? "").isEmpty ? .pushList : .pushModify
+        case (_, "v1") where s.count >= 5 && s[1] == "files":
+            switch (method, s.count, s[2], s[3], at(5)) {
+            case (.post, 5, "upload", _, _): return .uploadFile
+            case (.get, 7, "download", _, _): return .downloadFile
+            case (.get, 9, "publish-file", _, _): return .publishFileMessage
+            case (.post, 6, _, "channels", "generate-upload-url"): return .generateFileUploadURL
+            case (.get, 6, _, "channels", "files"): return .listFiles
+            case (.get, 8, _, "channels", "files"): return .getFile
+            case (.delete, 8, _, "channels", "files"): return .deleteFile
+            default: return nil
+            }
         case (.get, "health") where s.count == 1: return .health
         case (.get, "metrics") where s.count == 1: return .metrics
         default: return nil

@@ -18,6 +18,8 @@ public struct ServerState: Sendable {
     public var presence: PresenceService
     /// Access Manager.
     public var access: AccessManager
+    /// File sharing (storage, settings, upload signatures).
+    public var files: FileService
     /// Per-client request rate limits.
     var rateLimits: RateLimits
     /// Parsed filter expressions, so a subscriber's filter is parsed once, not every long-poll.
@@ -96,6 +98,10 @@ public struct TetherResponder: HTTPResponder {
                 return ("unknown", known ? Reply.objectsError(.methodNotAllowed, "Method Not Allowed")
                                          : Reply.objectsError(.notFound, "Requested resource not found."))
             }
+            if family == "files", s.first == "v1" {
+                // A files path with a method it does not take: the files error object.
+                return ("unknown", Reply.filesError(Self.isFilesPath(s) ? .methodNotAllowed : .notFound, Self.isFilesPath(s) ? "Method Not Allowed" : "Not found: '\(request.uri.path)'"))
+            }
             let service = family == "presence" ? "Presence" : family == "channel-registration" ? "channel-registry" : "Tether"
             return ("unknown", Reply.error(.notFound, service: service, "Not found: '\(request.uri.path)'"))
         }
@@ -134,6 +140,13 @@ public struct TetherResponder: HTTPResponder {
             case .pushModify: response = try await modifyPushChannels(wire)
             case .pushList: response = try await listPushChannels(wire)
             case .pushRemoveDevice: response = try await removePushDevice(wire)
+            case .generateFileUploadURL: response = try await generateUploadURL(request, wire)
+            case .uploadFile: response = try await uploadFile(request, wire)
+            case .publishFileMessage: response = try await publishFileMessage(request, wire)
+            case .listFiles: response = try await listFiles(wire)
+            case .getFile: response = try await getFile(request, wire)
+            case .downloadFile: response = try await downloadFile(wire)
+            case .deleteFile: response = try await deleteFile(wire)
             case .health: response = await health()
             case .metrics: response = metrics()
             }
@@ -198,7 +211,7 @@ public struct TetherResponder: HTTPResponder {
     static func invalidParameter(_ error: ParameterError, route: Route, now: Timetoken) -> Response {
         let message = error.description
         switch route {
-        case .publish, .signal:
+        case .publish, .signal, .publishFileMessage:
             return Reply.publishError(.badRequest, message, timetoken: now)
         case .fetch, .historyWithActions, .deleteMessages, .messageCounts:
             return Reply.historyError(.badRequest, message)
@@ -208,6 +221,8 @@ public struct TetherResponder: HTTPResponder {
             return Reply.objectsInvalid(message, location: error.name, locationType: "query")
         case .pushModify, .pushList, .pushRemoveDevice:
             return Reply.pushError(.badRequest, message)
+        case .generateFileUploadURL, .listFiles, .getFile, .deleteFile:
+            return Reply.filesError(.badRequest, message)
         default:
             return Reply.error(.badRequest, service: route.service, message)
         }

@@ -30,6 +30,8 @@ public struct ServerConfiguration: Sendable {
     public var checksStoreAtStart: Bool
     /// The WebSocket session endpoint (`GET /v2/ws`, docs/websocket-protocol.md).
     public var webSocket = WebSocketSettings()
+    /// File sharing: where uploads are kept, the size limit, URL lifetimes (docs/files.md).
+    public var files = FileSettings()
 
     /// Creates a configuration.
     public init(host: String = "127.0.0.1", port: Int = 8090, dataDirectory: String = ".tether-data",
@@ -104,6 +106,7 @@ public struct TetherServer: Sendable {
         let hub: LongPollHub
         let presence: PresenceService
         let access: AccessManager
+        let files: FileService
         let keysets = KeysetRegistry(configuration: configuration.file)
         // Everything that reads the store at start-up runs inside this one mapping, so damage
         // found anywhere is reported the same way: the file, SQLite's words, what to run.
@@ -148,7 +151,13 @@ public struct TetherServer: Sendable {
                 SubscribeEnvelope(timetoken: tt, subscribeKey: subscribeKey, channel: channel, payload: report, publisher: "tether-push")
             }, store: nil)
         }
-        state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access,
+        // The file storage: temporaries of interrupted uploads are removed when it opens, and
+        // objects whose metadata row never committed are removed here.
+        files = try FileService(settings: configuration.files, dataDirectory: configuration.dataDirectory,
+                                scheme: configuration.tls == nil ? "http" : "https")
+        let orphans = try files.removeOrphans(keeping: store.allFileKeys())
+        if orphans > 0 { logger.notice("removed stored files without metadata", metadata: ["count": "\(orphans)"]) }
+        state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access, files: files,
                             rateLimits: RateLimits(enabled: configuration.file.rateLimiting ?? true),
                             metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,

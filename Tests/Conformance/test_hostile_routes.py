@@ -210,6 +210,17 @@ SPECS: list[Spec] = [
     Spec("pushList", "GET", "/v1/push/sub-key/{sub}/devices/{device}", {"uuid": UUID, "type": "gcm", "start": "a", "count": "10"}),
     Spec("pushRemoveDevice", "GET", "/v2/push/sub-key/{sub}/devices-apns2/{device}/remove",
          {"uuid": UUID, "environment": "development", "topic": "com.example.app"}),
+    Spec("generateFileUploadURL", "POST", "/v1/files/{sub}/channels/{ch}/generate-upload-url", {"uuid": UUID},
+         body='{"name":"a.txt"}'),
+    Spec("uploadFile", "POST", "/v1/files/upload/{sub}/{fid}", {},
+         body='--b\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\nx\r\n--b--\r\n'),
+    Spec("publishFileMessage", "GET", "/v1/files/publish-file/{pub}/{sub}/0/{ch}/0/{fmsg}",
+         {"uuid": UUID, "store": "1", "ttl": "1", "meta": '{"a":1}'}, numeric={"ttl": "publishTTLHours"}),
+    Spec("listFiles", "GET", "/v1/files/{sub}/channels/{ch}/files", {"uuid": UUID, "limit": "10"},
+         numeric={"limit": "actionsLimit"}),
+    Spec("getFile", "GET", "/v1/files/{sub}/channels/{ch}/files/{fid}/{fname}", {"uuid": UUID}),
+    Spec("downloadFile", "GET", "/v1/files/download/{sub}/{ch}/{fid}/{fname}", {"expires": "1", "signature": "AAAA"}),
+    Spec("deleteFile", "DELETE", "/v1/files/{sub}/channels/{ch}/files/{fid}/{fname}", {"uuid": UUID}),
     Spec("health", "GET", "/health", {}),
     Spec("metrics", "GET", "/metrics", {}),
 ]
@@ -390,6 +401,8 @@ def build_case(spec: Spec, keyset_name: str, param: str, cls: str, raw_value: st
     path_values = {"pub": keyset["publishKey"], "sub": keyset["subscribeKey"], "ch": "hostile-ch", "uuid": UUID,
                    "group": "hostile-group", "msg": MSG, "token": "qEF2AkF0GmXYZ",
                    "mtt": "15000000000000000", "att": "15000000000000001", "device": "0123abcd"}
+                   "mtt": "15000000000000000", "att": "15000000000000001",
+                   "fid": "hostile-file-id", "fname": "a.txt", "fmsg": '{"message":"m","file":{"id":"x","name":"a.txt"}}'}
     raw_path_values = {k: enc(v) for k, v in path_values.items()}
     query = dict(spec.query)
     if spec.route not in ("time", "health", "metrics", "options"):
@@ -488,6 +501,10 @@ def body_shape(r: Resp, route: str) -> str:
     if route == "metrics" and r.status == 200:
         assert r.headers.get("content-type", "").startswith("text/plain"), r
         return "metrics-text"
+    if route in ("uploadFile", "downloadFile") and r.headers.get("content-type") == "application/xml":
+        # The storage endpoints answer as S3 does (what PubNub SDKs parse there).
+        assert r.status >= 400 and r.body.startswith(b"<?xml") and b"<Error><Code>" in r.body, r
+        return "storage-xml"
     assert r.headers.get("content-type") == CONTENT_TYPE, f"content type {r.headers.get('content-type')!r}: {r!r}"
     try:
         body = strict_json(r.body)
@@ -513,6 +530,9 @@ def body_shape(r: Resp, route: str) -> str:
         for detail in body["error"].get("details", []):
             assert isinstance(detail.get("message"), str) and isinstance(detail.get("location"), str), body
         return "objects-error-object"
+    if isinstance(body.get("error"), dict) and body["error"].get("source") == "files":
+        assert isinstance(body["error"].get("message"), str) and body["error"]["message"], body
+        return "files-error-object"
     if isinstance(body.get("error"), dict):
         assert isinstance(body["error"].get("message"), str) and body.get("service") == "Access Manager", body
         return "pam-error-object"

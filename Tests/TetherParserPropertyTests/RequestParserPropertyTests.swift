@@ -411,6 +411,11 @@ import TetherProtocol
         case .getMemberships, .manageMemberships, .getChannelMembers, .manageChannelMembers: 5
         case .pushModify, .pushList: 5
         case .pushRemoveDevice: 6
+        case .uploadFile: 4
+        case .downloadFile: 6
+        case .publishFileMessage: 8
+        case .generateFileUploadURL, .listFiles: 5
+        case .getFile, .deleteFile: 7
         }
     }
 
@@ -418,7 +423,8 @@ import TetherProtocol
         let words = ["publish", "signal", "v1", "v2", "v3", "subscribe", "history", "history-with-actions", "sub-key", "channel",
                      "message-counts", "presence", "uuid", "heartbeat", "leave", "data", "channel-registration", "channel-group",
                      "remove", "auth", "grant", "audit", "pam", "time", "0", "health", "metrics", "demo", "", "%",
-                     "message-actions", "message", "action", "objects", "uuids", "channels", "push", "devices", "devices-apns2"]
+                     "message-actions", "message", "action", "objects", "uuids", "channels", "push", "devices", "devices-apns2",
+                     "files", "upload", "download", "publish-file", "generate-upload-url"]
         let segments = Gen<String?>.element(of: words).map { $0! }.array(of: 0...10)
         let method = Gen<HTTPRequest.Method?>.element(of: [.get, .post, .delete, .put, .head, .options, .patch]).map { $0! }
         let query = Gen<String?>.element(of: ["", "channel-group=g", "add=a", "remove=r", "add=&remove="]).map { $0! }
@@ -467,6 +473,13 @@ import TetherProtocol
             .pushModify: (.get, "/v2/push/sub-key/s/devices-apns2/t", "add=c&environment=production&topic=a.b"),
             .pushList: (.get, "/v1/push/sub-key/s/devices/t", "type=gcm"),
             .pushRemoveDevice: (.get, "/v1/push/sub-key/s/devices/t/remove", "type=apns"),
+            .generateFileUploadURL: (.post, "/v1/files/s/channels/c/generate-upload-url", ""),
+            .uploadFile: (.post, "/v1/files/upload/s/id", ""),
+            .publishFileMessage: (.get, "/v1/files/publish-file/p/s/0/c/0/m", ""),
+            .listFiles: (.get, "/v1/files/s/channels/c/files", ""),
+            .getFile: (.get, "/v1/files/s/channels/c/files/id/n", ""),
+            .downloadFile: (.get, "/v1/files/download/s/c/id/n", ""),
+            .deleteFile: (.delete, "/v1/files/s/channels/c/files/id/n", ""),
         ]
         for route in Route.allCases {
             let (method, path, query) = try #require(templates[route], "no template for \(route)")

@@ -35,6 +35,9 @@ import TetherServerCore
         .getChannelMembers: .permission(.get), .manageChannelMembers: .permission(.manage),
         .getAllUserMetadata: .admin, .getAllChannelMetadata: .admin,
         .pushModify: .permission(.read), .pushList: .none, .pushRemoveDevice: .none,
+        .generateFileUploadURL: .permission(.write), .publishFileMessage: .permission(.write),
+        .listFiles: .permission(.read), .getFile: .permission(.read), .deleteFile: .permission(.delete),
+        .uploadFile: .signed, .downloadFile: .signed,
     ]
 
     /// One request of each route, valid in every respect but its access, naming `resource` (a
@@ -108,6 +111,15 @@ import TetherServerCore
         case .pushModify: return Sample(path: "/v1/push/sub-key/\(sub)/devices/00aa", query: ["add": r, "type": "apns"])
         case .pushList: return Sample(path: "/v2/push/sub-key/\(sub)/devices-apns2/00aa", query: ["environment": "production", "topic": "com.example"])
         case .pushRemoveDevice: return Sample(path: "/v1/push/sub-key/\(sub)/devices/00aa/remove", query: ["type": "gcm"])
+        case .generateFileUploadURL:
+            return Sample(method: .POST, path: "/v1/files/\(sub)/channels/\(r)/generate-upload-url", body: #"{"name":"a.txt"}"#)
+        case .publishFileMessage:
+            return Sample(path: "/v1/files/publish-file/\(pub)/\(sub)/0/\(r)/0/%7B%22message%22%3Anull%2C%22file%22%3A%7B%22id%22%3A%22x%22%2C%22name%22%3A%22a.txt%22%7D%7D")
+        case .listFiles: return Sample(path: "/v1/files/\(sub)/channels/\(r)/files")
+        case .getFile: return Sample(path: "/v1/files/\(sub)/channels/\(r)/files/no-such-id/a.txt")
+        case .deleteFile: return Sample(method: .DELETE, path: "/v1/files/\(sub)/channels/\(r)/files/no-such-id/a.txt")
+        case .uploadFile: return Sample(method: .POST, path: "/v1/files/upload/\(sub)/no-such-id", body: "not a form")
+        case .downloadFile: return Sample(path: "/v1/files/download/\(sub)/\(r)/no-such-id/a.txt")
         }
     }
 
@@ -165,6 +177,10 @@ import TetherServerCore
         switch Self.expected[route] ?? .open {
         case .open, .none:
             #expect(anonymous.status != 403, "\(route) needs no permission: \(anonymous.body)")
+        case .signed:
+            // No Access Manager permission: the server's own signature decides (403 here, as
+            // S3 refuses a request without one, never PubNub's Access Manager body).
+            #expect(!isForbiddenBody(anonymous.body), "\(route) is not an Access Manager route: \(anonymous.body)")
         case .admin:
             #expect(anonymous.status == 403 && isForbiddenBody(anonymous.body), "\(route) unsigned: \(anonymous.status) \(anonymous.body)")
             let admin = try await send(server, sample, auth: nil, signed: true)

@@ -154,3 +154,54 @@ private struct BodyCollector: ResponseBodyWriter {
 
     consuming func finish(_ trailingHeaders: HTTPFields?) async throws {}
 }
+
+/// The files family's target (`FileRequest`): keyset, channel, uuid, each refused with the
+/// files error object; and the classification of its paths (a wrong method is a 405).
+@Suite struct FileRouteRequestTests {
+    static let files: [RouteRequestTests.Row] = [
+        .init(target: "/v1/files/demo/channels/room/files", status: nil, body: nil),
+        .init(target: "/v1/files/nope/channels/room/files", status: 400,
+              body: #"{"status":400,"error":{"source":"files","message":"Invalid Subscribe Key"}}"#),
+        .init(target: "/v1/files/demo/channels/room-pnpres/files", status: 400,
+              body: #"{"status":400,"error":{"source":"files","message":"Invalid channel: presence channels carry no files"}}"#),
+    ]
+
+    @Test(arguments: files)
+    func fileTarget(_ row: RouteRequestTests.Row) async throws {
+        let wire = try RouteRequestTests.wire(row.target)
+        do {
+            _ = try FileRequest(wire, keysets: RouteRequestTests.keysets)
+            #expect(row.status == nil, "accepted")
+        } catch {
+            let (status, body) = try await RouteRequestTests.body(error.response)
+            #expect(status == row.status)
+            #expect(body == row.body)
+        }
+    }
+
+    @Test func filesPathsClassifyByMethodAndShape() throws {
+        func route(_ method: HTTPRequest.Method, _ path: String) throws -> Route? {
+            let wire = try RouteRequestTests.wire(path)
+            return Route.classify(method, wire.segments, wire)
+        }
+        #expect(try route(.post, "/v1/files/demo/channels/c/generate-upload-url") == .generateFileUploadURL)
+        #expect(try route(.get, "/v1/files/demo/channels/c/generate-upload-url") == nil)
+        #expect(try route(.post, "/v1/files/upload/demo/id") == .uploadFile)
+        #expect(try route(.get, "/v1/files/upload/demo/id") == nil)
+        #expect(try route(.get, "/v1/files/demo/channels/c/files/id/n") == .getFile)
+        #expect(try route(.delete, "/v1/files/demo/channels/c/files/id/n") == .deleteFile)
+        #expect(try route(.post, "/v1/files/demo/channels/c/files/id/n") == nil)
+        #expect(TetherResponder.isFilesPath(["v1", "files", "demo", "channels", "c", "files", "id", "n"]))
+        #expect(!TetherResponder.isFilesPath(["v1", "files", "demo", "channels", "c", "other"]))
+        #expect(!TetherResponder.isFilesPath(["v1", "files"]))
+    }
+
+    @Test func cursorsRoundTripAndGarbageIsRefused() {
+        let text = TetherResponder.encodeFileCursor(created: Timetoken(17_000_000_000_000_000), id: "abc")
+        #expect(TetherResponder.decodeFileCursor(text)?.created == Timetoken(17_000_000_000_000_000))
+        #expect(TetherResponder.decodeFileCursor(text)?.id == "abc")
+        for garbage in ["", "%%", "bm90LWEtY3Vyc29y", String(repeating: "A", count: 400)] {
+            #expect(TetherResponder.decodeFileCursor(garbage) == nil)
+        }
+    }
+}

@@ -95,7 +95,8 @@ struct PublishRequest {
                 throw target.refuse(.contentTooLarge, "Message Too Large")
             }
         }
-        if let text = wire.query["meta"], !text.isEmpty {
+        // `meta=null` is what PubNub SDKs send for no meta on publish-file (PubNub accepts it).
+        if let text = wire.query["meta"], !text.isEmpty, text != "null" {
             guard (try? JSONText.validate(text)) == .object else {
                 throw target.refuse(.badRequest, "Invalid meta: must be a JSON object")
             }
@@ -116,7 +117,8 @@ struct PublishRequest {
         guard storeFlag == "0" || storeFlag == "1" || storeFlag == "true" || storeFlag == "false" else {
             throw target.refuse(.badRequest, "Invalid store: expected 0 or 1")
         }
-        store = target.kind == .message && (storeFlag == "1" || storeFlag == "true")
+        // A file message (publish-file, type 4) is stored like a message.
+        store = (target.kind == .message || target.kind == .file) && (storeFlag == "1" || storeFlag == "true")
         // Fire (store=0&norep=1, pubnub-wire §5.3): for server-side handlers only — reaches no
         // subscriber and no history.
         isFire = target.kind == .message && !store && wire.query["norep"] == "1"
@@ -200,7 +202,7 @@ extension TetherResponder {
                                   publisher: publish.publisher, meta: publish.meta, kind: kind,
                                   customMessageType: publish.customMessageType, sequence: publish.sequence)
             }, store: publish.store ? { tt in
-                StoredMessage(subscribeKey: subscribeKey, channel: channel, timetoken: tt, kind: .message, publisher: publish.publisher,
+                StoredMessage(subscribeKey: subscribeKey, channel: channel, timetoken: tt, kind: kind, publisher: publish.publisher,
                               payload: publish.payload, meta: publish.meta, customMessageType: publish.customMessageType,
                               sequence: publish.sequence,
                               expiresAt: retentionHours > 0 ? tt.adding(seconds: retentionHours * 3600) : nil)
@@ -215,7 +217,7 @@ extension TetherResponder {
         if outcome.isRepeat {
             return .sent(outcome.timetoken, isRepeat: true)
         }
-        state.metrics.recordPublish(kind: kind == .signal ? "signal" : "message")
+        state.metrics.recordPublish(kind: kind == .signal ? "signal" : kind == .file ? "file" : "message")
         if kind == .message { state.push.messagePublished(subscribeKey: subscribeKey, channel: channel, timetoken: outcome.timetoken, payload: publish.payload) }
         return .sent(outcome.timetoken, isRepeat: false)
     }
