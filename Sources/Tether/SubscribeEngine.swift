@@ -206,7 +206,8 @@ final class SubscribeEngine: Sendable {
                     }
                 case .suspend(let keepAlive, let keepPresence):
                     if client.session.holdsSession {
-                        await client.session.suspend(keepAlive: keepAlive, keepPresence: keepPresence)
+                        await client.session.suspend(keepAlive: keepAlive, keepPresence: keepPresence,
+                                                     push: client.backgroundPushDevice.withLock { $0 })
                     } else if !keepPresence && !(channels.isEmpty && groups.isEmpty) {
                         try? await client.leave(channels: channels, groups: groups)
                     }

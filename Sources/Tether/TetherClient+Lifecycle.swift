@@ -1,4 +1,5 @@
-import TetherClientCore
+public import TetherClientCore
+import Synchronization
 
 extension TetherClient {
     // MARK: - App lifecycle
@@ -32,6 +33,22 @@ extension TetherClient {
     public func enterForeground() {
         let overSocket = session.isOpen && currentWire() == .webSocket
         engine.send { machine, now in machine.enterForeground(now: now, probeCoversSubscription: overSocket) }
+    }
+
+    /// Names the device the server pushes to while the app is suspended: with
+    /// ``BackgroundPolicy/suspend(keepAlive:keepPresence:)`` on the WebSocket wire, the `suspend`
+    /// frame carries this device, and until the session is resumed (or its keep-alive lapses)
+    /// every message published on the subscription's channels is pushed to it — its `pn_apns` /
+    /// `pn_fcm` part when it has one, otherwise a notification with the channel as the title and
+    /// the message's text as the body (docs/mobile.md). Nothing is stored: unlike
+    /// ``addPushChannels(_:device:pushType:environment:topic:timeout:)``, the device gets pushes
+    /// only while this session is away, as SendBird sends pushes only to disconnected users.
+    /// `nil` stops it for the next suspend. The server must have a push provider configured.
+    public func setBackgroundPushDevice(_ token: String?, pushType: PushType = .apns2, environment: PushEnvironment = .development,
+                                        topic: String? = nil) {
+        backgroundPushDevice.withLock { device in
+            device = token.map { BackgroundPushDevice(token: $0, pushType: pushType, environment: environment, topic: topic) }
+        }
     }
 
     /// Whether the app last said it is in the background.

@@ -34,6 +34,8 @@ public final class TetherClient: Sendable {
     let hasWebSocketWire: Bool
     let wire = Mutex(WireChoice())
     let elapsedClock: ElapsedClock
+    /// The device a suspended session's deliveries are pushed to (``setBackgroundPushDevice(_:pushType:environment:topic:)``).
+    let backgroundPushDevice = Mutex<BackgroundPushDevice?>(nil)
     /// Whether ``shutdown()`` ran (so `deinit` has nothing left to stop).
     private let shutDownByApp = Mutex(false)
     /// Follows the application's background/foreground notifications (Apple platforms, when

@@ -104,3 +104,19 @@ extension ResponseDecoding {
         return channels.compactMap(\.stringValue)
     }
 }
+
+/// The device a suspended WebSocket session's deliveries are pushed to
+/// (``BackgroundPolicy/suspend(keepAlive:keepPresence:)``; `TetherClient.setBackgroundPushDevice`).
+package struct BackgroundPushDevice: Sendable, Hashable {
+    package var token: String
+    package var pushType: PushType
+    package var environment: PushEnvironment
+    package var topic: String?
+
+    package init(token: String, pushType: PushType, environment: PushEnvironment, topic: String?) {
+        self.token = token
+        self.pushType = pushType
+        self.environment = environment
+        self.topic = topic
+    }
+}

@@ -53,8 +53,21 @@ package enum WebSocketClientFrame: Sendable, Hashable {
     case bye
     /// The app goes to the background: keep the session for `keepAliveSeconds` (nil: the
     /// server's maximum) after the socket closes; with `presence` false its uuid leaves now and
-    /// joins again when the session is resumed.
-    case suspend(keepAliveSeconds: Int?, presence: Bool)
+    /// joins again when the session is resumed; with `push`, what arrives while suspended is
+    /// pushed to that device.
+    case suspend(keepAliveSeconds: Int?, presence: Bool, push: SuspendPush?)
+
+    /// The device a suspended session's deliveries are pushed to.
+    package struct SuspendPush: Sendable, Hashable {
+        /// The device token.
+        package var token: String
+        /// `apns2`, `apns`, `fcm` or `gcm`.
+        package var type: String
+        /// APNs2: `development` or `production`.
+        package var environment: String
+        /// APNs2: the app's bundle id.
+        package var topic: String
+    }
 
     /// Why a frame could not be read.
     package enum ReadError: Error, Sendable, Hashable {
@@ -191,7 +204,35 @@ package enum WebSocketClientFrame: Sendable, Hashable {
             case .bool(let value)?: presence = value
             default: throw .malformed("\"presence\" must be a boolean")
             }
-            self = .suspend(keepAliveSeconds: seconds, presence: presence)
+            var push: SuspendPush?
+            switch fields["push"] {
+            case nil, .null?: break
+            case .object(let device)?:
+                guard case .string(let token)? = device["token"], (1...256).contains(token.utf8.count),
+                      token.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "/") }) else {
+                    throw .malformed("\"push.token\" must be a device token (1…256 printable characters)")
+                }
+                guard case .string(let type)? = device["type"], ["apns2", "apns", "fcm", "gcm"].contains(type) else {
+                    throw .malformed("\"push.type\" must be apns2, apns, fcm or gcm")
+                }
+                var environment = "development"
+                switch device["environment"] {
+                case nil, .null?: break
+                case .string(let value)? where value == "development" || value == "production": environment = value
+                default: throw .malformed("\"push.environment\" must be development or production")
+                }
+                var topic = ""
+                switch device["topic"] {
+                case nil, .null?: break
+                case .string(let value)? where value.utf8.count <= 256: topic = value
+                default: throw .malformed("\"push.topic\" must be a bundle id")
+                }
+                if type == "apns2" && topic.isEmpty { throw .malformed("\"push.topic\" is required for apns2") }
+                push = SuspendPush(token: token, type: type, environment: environment, topic: topic)
+            default:
+                throw .malformed("\"push\" must be an object")
+            }
+            self = .suspend(keepAliveSeconds: seconds, presence: presence, push: push)
         default:
             throw .unknownType(type)
         }

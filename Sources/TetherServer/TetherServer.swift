@@ -162,7 +162,7 @@ public struct TetherServer: Sendable {
                             metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
                             startedAt: .now, push: push)
-        webSockets = WebSocketSessions(settings: configuration.webSocket, presence: presence, clock: clock, logger: logger)
+        webSockets = WebSocketSessions(settings: configuration.webSocket, presence: presence, push: push, clock: clock, logger: logger)
     }
 
     /// Connections open on the WebSocket endpoint, sessions held (connected or kept), and kept

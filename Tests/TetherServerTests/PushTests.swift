@@ -3,6 +3,7 @@ import CryptoExtras
 import Foundation
 import Synchronization
 import Testing
+import TetherTestingServer
 import TetherProtocol
 import TetherServer
 import TetherTesting
@@ -466,5 +467,69 @@ import TetherTesting
         await provider.shutdown()
         await counting.stop()
         await gateway.stop()
+    }
+}
+
+/// Issue 18, point 2: a WebSocket session suspended with a push device has what arrives on its
+/// channels pushed to that device until it is resumed — checked at a local APNs gateway.
+@Suite(.serialized) struct SuspendedPushTests {
+    @Test func whatArrivesWhileSuspendedIsPushedAndNothingAfterTheResume() async throws {
+        let files = try PushTests.Files()
+        let key = P256.Signing.PrivateKey()
+        let gateway = try await PushGatewayServer.start { _ in .init(status: 200) }
+        let server = try await PushTests.apnsServer(gateway, files: files, key: key)
+        let (client, welcome, _) = try await WebSocketTests.session(server.inProcess, uuid: "alice", channels: ["inbox"])
+        let token = try #require(welcome["resumeToken"]?.stringValue)
+        client.send(.object(["type": "suspend", "keepAliveSeconds": 600,
+                             "push": ["token": .string(PushTests.apnsToken), "type": "apns2", "environment": "development",
+                                      "topic": .string(PushTests.topic)]]))
+        #expect(await client.frame(ofType: "suspended")?["keepAliveSeconds"] == 600)
+        await client.close()
+
+        // A plain message: a notification made from it. One with a pn_apns part: that part.
+        try await server.publish("inbox", #"{"text":"are you there?"}"#)
+        try await server.publish("inbox", #"{"text":"x","pn_apns":{"aps":{"alert":"custom"}}}"#)
+        try await server.publish("elsewhere", #"{"text":"not subscribed"}"#)
+        await server.server.state.push.waitUntilIdle()
+        let sent = gateway.requests
+        try #require(sent.count == 2)
+        #expect(sent.allSatisfy { $0.path == "/3/device/\(PushTests.apnsToken)" && $0.header("apns-topic") == PushTests.topic })
+        let first = try #require(PushTests.json(sent[0].body))
+        let alert = (first["aps"] as? [String: Any])?["alert"] as? [String: Any]
+        #expect(alert?["title"] as? String == "inbox" && alert?["body"] as? String == "are you there?")
+        #expect((first["tether"] as? [String: Any])?["channel"] as? String == "inbox")
+        let second = try #require(PushTests.json(sent[1].body))
+        #expect((second["aps"] as? [String: Any])?["alert"] as? String == "custom")
+
+        // Resumed: deliveries flow on the socket again, and nothing more is pushed.
+        let back = WebSocketTestClient(baseURL: server.baseURL)
+        back.send(WebSocketTests.hello("alice", resume: (token, nil)))
+        #expect(await back.frame(ofType: "welcome")?["resumed"] == true)
+        try await server.publish("inbox", #"{"text":"welcome back"}"#)
+        #expect(await WebSocketTests.envelopes(back, count: 3).count == 3, "the two missed and the new one")
+        await server.server.state.push.waitUntilIdle()
+        #expect(gateway.requests.count == 2)
+        await back.close()
+        await server.stop()
+        await gateway.stop()
+    }
+
+    @Test(arguments: [
+        #"{"type":"suspend","push":{"type":"apns2","topic":"a.b"}}"#,
+        #"{"type":"suspend","push":{"token":"t","type":"mpns"}}"#,
+        #"{"type":"suspend","push":{"token":"t","type":"apns2"}}"#,
+        #"{"type":"suspend","push":{"token":"t","type":"fcm","environment":"staging"}}"#,
+        #"{"type":"suspend","push":"t"}"#,
+    ])
+    func malformedSuspendPushIsRefused(_ text: String) async throws {
+        let server = try await WebSocketTests.start()
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(WebSocketTests.hello())
+        #expect(await client.frame()?.type == "welcome")
+        client.send(text)
+        #expect(await client.frame()?["code"]?.stringValue == "malformed")
+        #expect(await client.closeCode() == 4400)
+        await client.close()
+        await server.stop()
     }
 }

@@ -3,6 +3,7 @@ import Synchronization
 import Testing
 import Tether
 import TetherClientCore
+import TetherServer
 import TetherTesting
 import TetherTestingServer
 
@@ -129,6 +130,71 @@ struct MobileScenarioTests {
         await app.client.shutdown()
         await publisher.shutdown()
         await server.stop()
+    }
+
+    @Test("Scenario 2 with push: while away, messages to the user's channels reach the device through the server's push provider")
+    func scenario2PushesWhileAway() async throws {
+        let (gateway, server) = try await Self.serverWithPushWebhook()
+        let inbox = unique("inbox")
+        let app = try await MobileApp.start(origin: server.origin, channels: [inbox], userId: unique("u"), wire: .webSocket,
+                                            lifecycle: .unreadCountsWithPush)
+        try await app.client.addPushChannels([inbox], device: "fcm-token-1", pushType: .fcm)
+        let publisher = try makeClient(origin: server.origin)
+        app.client.enterBackground()
+        #expect(await eventually { app.client.connectionState == .background })
+        _ = try await publisher.publish(channel: inbox, message: ["text": "hi", "pn_fcm": ["notification": ["title": "Bob", "body": "hi"]]])
+        #expect(await eventually { gateway.requests.count == 1 }, "the registered device got the push")
+        let pushed = try #require(try? JSONValue(parsing: String(decoding: gateway.requests[0].body, as: UTF8.self)))
+        #expect(pushed["device"]?["token"] == "fcm-token-1" && pushed["channel"] == .string(inbox))
+        app.client.enterForeground()
+        #expect(await eventually { app.continuity.contains { outcome in
+            if case .skipped(_, 1?) = outcome.outcome { true } else { false }
+        } }, "the unread count")
+        await app.client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+        await gateway.stop()
+    }
+
+    @Test("Suspend with a background push device: plain messages are pushed while suspended, replayed on return, not pushed after")
+    func suspendPushesWhatArrives() async throws {
+        let (gateway, server) = try await Self.serverWithPushWebhook()
+        let channel = unique("dm")
+        let app = try await MobileApp.start(origin: server.origin, channel: channel, userId: unique("u"), wire: .webSocket,
+                                            lifecycle: LifecycleOptions(backgroundPolicy: .suspend(keepAlive: .seconds(600))))
+        app.client.setBackgroundPushDevice("fcm-token-2", pushType: .fcm)
+        let publisher = try makeClient(origin: server.origin)
+        try await publish(publisher, channel, 0..<1)
+        #expect(await app.waitForMessages(1))
+        #expect(gateway.requests.isEmpty, "nothing is pushed while connected")
+
+        app.client.enterBackground()
+        #expect(await eventually { app.client.connectionState == .background && !app.client.isSessionOpen })
+        _ = try await publisher.publish(channel: channel, message: ["text": "ping me"])
+        #expect(await eventually { gateway.requests.count == 1 })
+        let pushed = try #require(try? JSONValue(parsing: String(decoding: gateway.requests[0].body, as: UTF8.self)))
+        #expect(pushed["device"]?["token"] == "fcm-token-2")
+        #expect(pushed["payload"]?["notification"]?["body"] == "ping me")
+
+        app.client.enterForeground()
+        #expect(await app.waitForMessages(2))
+        try await publish(publisher, channel, 2..<3)
+        #expect(await app.waitForMessages(3))
+        #expect(gateway.requests.count == 1, "back in the foreground: delivered on the socket, not pushed")
+        await app.client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+        await gateway.stop()
+    }
+
+    /// A server whose push provider is a signed webhook to a local HTTPS gateway.
+    static func serverWithPushWebhook() async throws -> (PushGatewayServer, InProcessServer) {
+        let gateway = try await PushGatewayServer.start { _ in .init(status: 204) }
+        let ca = FileManager.default.temporaryDirectory.appendingPathComponent("tether-ca-\(UUID().uuidString).pem")
+        try Data(TestCertificates.certificateAuthorityPEM).write(to: ca)
+        var file = ConfigurationFile(subscribeTimeoutSeconds: 30)
+        file.push = ConfigurationFile.Push(webhook: .init(url: gateway.baseURL + "/hook", secret: "s", caCertificatePath: ca.path))
+        return (gateway, try await InProcessServer.start(file: file))
     }
 
     @Test("Scenario 2: on return, unread counts per channel from message counts, and no replay", arguments: Wire.allCases)

@@ -311,10 +311,10 @@ final class WebSocketSession: Sendable {
     /// the socket without `bye`. The resume token is kept, so the next receive resumes the session.
     /// Without an open socket there is nothing to tell; the server keeps the session for its
     /// ordinary keep-alive.
-    func suspend(keepAlive: Duration, keepPresence: Bool) async {
+    func suspend(keepAlive: Duration, keepPresence: Bool, push: BackgroundPushDevice? = nil) async {
         let seconds = Int(min(max(keepAlive.components.seconds, 1), 86_400))
         let link = state.withLock { $0.link }
-        if let link { try? await link.send(SessionFrame.suspend(keepAliveSeconds: seconds, presence: keepPresence)) }
+        if let link { try? await link.send(SessionFrame.suspend(keepAliveSeconds: seconds, presence: keepPresence, push: push)) }
         await close(bye: false)
     }
 

@@ -159,7 +159,16 @@ package enum SessionFrame {
     package static let bye = #"{"type":"bye"}"#
 
     /// `suspend`: the app goes to the background; keep the session `seconds` after the socket closes.
-    package static func suspend(keepAliveSeconds seconds: Int, presence: Bool) -> String {
-        JSONValue.object(["type": "suspend", "keepAliveSeconds": .number(JSONValue.Number(seconds)), "presence": .bool(presence)]).jsonText
+    package static func suspend(keepAliveSeconds seconds: Int, presence: Bool, push: BackgroundPushDevice? = nil) -> String {
+        var frame: [String: JSONValue] = ["type": "suspend", "keepAliveSeconds": .number(JSONValue.Number(seconds)), "presence": .bool(presence)]
+        if let push {
+            var device: [String: JSONValue] = ["token": .string(push.token), "type": .string(push.pushType.rawValue)]
+            if push.pushType == .apns2 {
+                device["environment"] = .string(push.environment.rawValue)
+                device["topic"] = .string(push.topic ?? "")
+            }
+            frame["push"] = .object(device)
+        }
+        return JSONValue.object(frame).jsonText
     }
 }

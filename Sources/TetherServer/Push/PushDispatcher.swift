@@ -38,6 +38,15 @@ package final class PushDispatcher: Sendable {
         /// Jobs queued or being processed.
         var pending = 0
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        /// Devices of suspended WebSocket sessions, by subscribe key and channel, then by owner.
+        var held: [HeldKey: [UInt64: PushDevice]] = [:]
+        /// The channels each owner holds a device on.
+        var heldBy: [UInt64: [HeldKey]] = [:]
+    }
+
+    private struct HeldKey: Hashable {
+        var subscribeKey: String
+        var channel: String
     }
 
     package init(settings: PushSettings, apple: (any PushProvider)?, google: (any PushProvider)?, store: MessageStore,
@@ -63,10 +72,40 @@ package final class PushDispatcher: Sendable {
     /// Jobs queued or in progress (for tests and metrics).
     package var pendingJobs: Int { state.withLock { $0.pending } }
 
-    /// Queues a committed message when it may carry push parts. Never waits: a full queue drops
-    /// the push (counted as `dropped`).
+    /// A suspended WebSocket session (`owner`) asked for what arrives on `channels` to be pushed
+    /// to `device` until ``releaseDevice(owner:)``: the device receives every message published
+    /// there — its `pn_apns` / `pn_fcm` part when it has one, otherwise a notification made from
+    /// the message (``defaultNotification(_:channel:timetoken:apple:)``). Not stored: a held device
+    /// lasts as long as the session, which does not outlive the process.
+    package func holdDevice(_ device: PushDevice, channels: [String], owner: UInt64) {
+        releaseDevice(owner: owner)
+        let keys = channels.map { HeldKey(subscribeKey: device.subscribeKey, channel: $0) }
+        state.withLock { s in
+            for key in keys { s.held[key, default: [:]][owner] = device }
+            s.heldBy[owner] = keys
+        }
+    }
+
+    /// The session `owner` is resumed, ended or expired: its device is no longer pushed to.
+    package func releaseDevice(owner: UInt64) {
+        state.withLock { s in
+            for key in s.heldBy.removeValue(forKey: owner) ?? [] {
+                s.held[key]?[owner] = nil
+                if s.held[key]?.isEmpty == true { s.held[key] = nil }
+            }
+        }
+    }
+
+    /// Devices held on a channel.
+    private func heldDevices(subscribeKey: String, channel: String) -> [PushDevice] {
+        state.withLock { Array(($0.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] ?? [:]).values) }
+    }
+
+    /// Queues a committed message when it may carry push parts or a suspended session's device
+    /// waits on its channel. Never waits: a full queue drops the push (counted as `dropped`).
     package func messagePublished(subscribeKey: String, channel: String, timetoken: Timetoken, payload: String) {
-        guard payload.utf8.count > 8, payload.contains("\"pn_") else { return }
+        let held = isSending && state.withLock { !$0.held.isEmpty && $0.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] != nil }
+        guard held || (payload.utf8.count > 8 && payload.contains("\"pn_")) else { return }
         guard isSending || payload.contains("\"pn_debug\"") else { return }
         state.withLock { $0.pending += 1 }
         switch continuation.yield(PushJob(subscribeKey: subscribeKey, channel: channel, timetoken: timetoken, payload: payload)) {
@@ -127,25 +166,46 @@ package final class PushDispatcher: Sendable {
     }
 
     private func process(_ job: PushJob) async {
-        guard case .object(let message)? = try? JSONValue(parsing: job.payload) else { return }
+        let parsed = try? JSONValue(parsing: job.payload)
+        let message = parsed?.objectValue ?? [:]
         let applePart = message["pn_apns"].flatMap { $0.objectValue != nil ? $0 : nil }
         let googlePart = (message["pn_fcm"] ?? message["pn_gcm"]).flatMap { $0.objectValue != nil ? $0 : nil }
         let debug = message["pn_debug"]?.boolValue == true
-        guard applePart != nil || googlePart != nil else { return }
+        var outcomes: [Outcome] = []
+        var work: [(PushNotification, any PushProvider)] = []
+        // Suspended sessions' devices: every message, with a notification made from it when it
+        // carries no push part for the device's gateway.
         var exceptions = Set<String>()
         for part in [message["pn_exceptions"], applePart?["pn_exceptions"], googlePart?["pn_exceptions"]] {
             for token in part?.arrayValue ?? [] { if let token = token.stringValue { exceptions.insert(token) } }
         }
-        let devices: [PushDevice]
+        var heldTokens = Set<String>()
+        for device in heldDevices(subscribeKey: job.subscribeKey, channel: job.channel) where !exceptions.contains(device.token) {
+            heldTokens.insert(device.token)
+            switch device.gateway {
+            case .apns, .apns2:
+                guard let apple else { continue }
+                let part = applePart ?? Self.defaultNotification(parsed, channel: job.channel, timetoken: job.timetoken, apple: true)
+                for notification in appleNotifications(part, device: device, job: job) { work.append((notification, apple)) }
+            case .gcm:
+                guard let google else { continue }
+                let part = googlePart ?? Self.defaultNotification(parsed, channel: job.channel, timetoken: job.timetoken, apple: false)
+                work.append((PushNotification(device: device, channel: job.channel, messageTimetoken: job.timetoken, payload: part), google))
+            case .mpns:
+                continue
+            }
+        }
+        guard applePart != nil || googlePart != nil || !work.isEmpty else { return }
+        var devices: [PushDevice] = []
         do {
-            devices = try await store.pushDevices(subscribeKey: job.subscribeKey, channel: job.channel, limit: settings.maxDevicesPerChannel)
+            if applePart != nil || googlePart != nil {
+                devices = try await store.pushDevices(subscribeKey: job.subscribeKey, channel: job.channel, limit: settings.maxDevicesPerChannel)
+            }
         } catch {
             logger.error("push: reading registrations failed", metadata: ["channel": "\(job.channel)", "error": "\(error)"])
             return
         }
-        var work: [(PushNotification, any PushProvider)] = []
-        var outcomes: [Outcome] = []
-        for device in devices {
+        for device in devices where !heldTokens.contains(device.token) {
             if exceptions.contains(device.token) {
                 outcomes.append(Outcome(device: device, provider: "-", result: "excluded"))
                 continue
@@ -192,6 +252,26 @@ package final class PushDispatcher: Sendable {
         }
         outcomes += delivered
         if debug { await publishDebug(job, devices: devices.count, outcomes: outcomes) }
+    }
+
+    /// The notification a suspended session's device gets for a message without a push part for
+    /// its gateway: the channel as the title, the message's text as the body (the message itself
+    /// when it is a string, its `text` member when it is an object with one, otherwise "New
+    /// message"; at most 200 characters), and the channel and timetoken for the app to open it.
+    static func defaultNotification(_ message: JSONValue?, channel: String, timetoken: Timetoken, apple: Bool) -> JSONValue {
+        var text = "New message"
+        if let string = message?.stringValue {
+            text = string
+        } else if let string = message?["text"]?.stringValue {
+            text = string
+        }
+        if text.count > 200 { text = String(text.prefix(199)) + "…" }
+        let reference: JSONValue = ["channel": .string(channel), "timetoken": .string(timetoken.description)]
+        if apple {
+            return ["aps": ["alert": ["title": .string(channel), "body": .string(text)], "thread-id": .string(channel), "sound": "default"],
+                    "tether": reference]
+        }
+        return ["notification": ["title": .string(channel), "body": .string(text)], "data": reference]
     }
 
     /// The notifications of an Apple device: one per matching `pn_push` target (APNs2 devices

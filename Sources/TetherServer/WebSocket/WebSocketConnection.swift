@@ -172,9 +172,9 @@ final class WebSocketConnection: Sendable {
             changeContinuation.yield()
             queue.close(code: WebSocketCloseCode.normal, reason: "bye")
             return false
-        case .suspend(let seconds, let presence):
+        case .suspend(let seconds, let presence, let push):
             // The app goes to the background: the session outlives its socket this long.
-            if let granted = await sessions.suspend(id, seconds: seconds, presence: presence) {
+            if let granted = await sessions.suspend(id, seconds: seconds, presence: presence, push: push) {
                 send(WebSocketServerFrame.suspended(keepAliveSeconds: granted))
             }
             return true
@@ -218,6 +218,7 @@ final class WebSocketConnection: Sendable {
                 } ?? kept
                 send(welcome(session: session, token: token, resumed: true, state: resumed, cursor: current))
                 await sessions.rejoinIfAbsent(session)
+                sessions.releaseSuspendedPush(session)
                 if resumed.hasSubscribed { changeContinuation.yield() }
                 return true
             case .unknown:

@@ -57,11 +57,14 @@ final class WebSocketSessions: Sendable {
     let settings: WebSocketSettings
     private let locked: Mutex<Locked>
     private let presence: PresenceService
+    /// Where a suspended session's deliveries are pushed (nil: no push).
+    private let push: PushDispatcher?
     private let clock: ElapsedClock
     private let logger: Logger
 
-    init(settings: WebSocketSettings, presence: PresenceService, clock: ElapsedClock, logger: Logger) {
+    init(settings: WebSocketSettings, presence: PresenceService, push: PushDispatcher? = nil, clock: ElapsedClock, logger: Logger) {
         self.settings = settings
+        self.push = push
         let configuration = Table.Configuration(
             keepAlive: .seconds(settings.keepAliveSeconds), pingInterval: .seconds(settings.pingIntervalSeconds),
             maxConnections: settings.maxConnections, maxKeptSessions: settings.maxKeptSessions,
@@ -141,15 +144,28 @@ final class WebSocketSessions: Sendable {
     /// `maxSuspendSeconds`) once its socket closes; returns the window granted, nil without a session.
     /// With `presence` false the uuid leaves its channels now (others see a `leave`) and joins
     /// again on resume.
-    func suspend(_ connection: Table.ConnectionID, seconds: Int?, presence: Bool) async -> Int? {
+    ///
+    /// With `device`, what is published on the session's channels while it is suspended is pushed
+    /// to that device (``PushDispatcher/holdDevice(_:channels:owner:)``) until it is resumed,
+    /// ended or expired.
+    func suspend(_ connection: Table.ConnectionID, seconds: Int?, presence: Bool,
+                 push device: WebSocketClientFrame.SuspendPush? = nil) async -> Int? {
         let granted = min(seconds ?? settings.maxSuspendSeconds, settings.maxSuspendSeconds)
-        let (held, leaving) = locked.withLock { s -> (Bool, SessionState?) in
+        let (held, leaving, pushing) = locked.withLock { s -> (Bool, SessionState?, (Table.SessionID, SessionState)?) in
             guard s.table.suspend(connection, keepAlive: .seconds(granted)), let id = s.table.session(on: connection),
-                  var state = s.table.payload(of: id) else { return (false, nil) }
-            guard !presence, state.hasSubscribed, !state.presenceSuspended else { return (true, nil) }
+                  var state = s.table.payload(of: id) else { return (false, nil, nil) }
+            let pushing = device != nil && state.hasSubscribed ? (id, state) : nil
+            guard !presence, state.hasSubscribed, !state.presenceSuspended else { return (true, nil, pushing) }
             state.presenceSuspended = true
             s.table.update(id, payload: state, bytes: state.estimatedBytes)
-            return (true, state)
+            return (true, state, pushing)
+        }
+        if let device, let (id, state) = pushing, let push {
+            let gateway: PushGateway = device.type == "apns2" ? .apns2 : device.type == "apns" ? .apns : .gcm
+            push.holdDevice(PushDevice(subscribeKey: state.keyset.subscribeKey, token: device.token, gateway: gateway,
+                                       environment: gateway == .apns2 ? device.environment : "",
+                                       topic: gateway == .apns2 ? device.topic : ""),
+                            channels: state.channels.filter { !NameRules.isPresence($0) }, owner: id)
         }
         if let leaving {
             await self.presence.leave(subscribeKey: leaving.keyset.subscribeKey, uuid: leaving.uuid, channels: leaving.channels,
@@ -171,8 +187,14 @@ final class WebSocketSessions: Sendable {
                                  groups: joining.groups, timeoutSeconds: settings.keepAliveSeconds, states: joining.states)
     }
 
+    /// A suspended session is back (or gone): its deliveries are no longer pushed.
+    func releaseSuspendedPush(_ session: Table.SessionID) {
+        push?.releaseDevice(owner: session)
+    }
+
     /// `bye`: the session ends; its uuid leaves every channel.
     func end(_ connection: Table.ConnectionID) async {
+        if let session = locked.withLock({ $0.table.session(on: connection) }) { releaseSuspendedPush(session) }
         guard let state = locked.withLock({ $0.table.end(connection) }) else { return }
         if state.hasSubscribed {
             await presence.leave(subscribeKey: state.keyset.subscribeKey, uuid: state.uuid, channels: state.channels, groups: state.groups)
@@ -260,7 +282,8 @@ final class WebSocketSessions: Sendable {
                 if let channel = handle?.channel {
                     channel.eventLoop.scheduleTask(in: .seconds(2)) { channel.close(promise: nil) }
                 }
-            case .expired(_, let state, let reason):
+            case .expired(let session, let state, let reason):
+                releaseSuspendedPush(session)
                 switch reason {
                 case .keepAliveLapsed:
                     // Presence times out on its own at this moment (extended to the window's end).
