@@ -400,8 +400,7 @@ def build_case(spec: Spec, keyset_name: str, param: str, cls: str, raw_value: st
     keyset = KEYSETS[keyset_name]
     path_values = {"pub": keyset["publishKey"], "sub": keyset["subscribeKey"], "ch": "hostile-ch", "uuid": UUID,
                    "group": "hostile-group", "msg": MSG, "token": "qEF2AkF0GmXYZ",
-                   "mtt": "15000000000000000", "att": "15000000000000001", "device": "0123abcd"}
-                   "mtt": "15000000000000000", "att": "15000000000000001",
+                   "mtt": "15000000000000000", "att": "15000000000000001", "device": "0123abcd",
                    "fid": "hostile-file-id", "fname": "a.txt", "fmsg": '{"message":"m","file":{"id":"x","name":"a.txt"}}'}
     raw_path_values = {k: enc(v) for k, v in path_values.items()}
     query = dict(spec.query)
