@@ -111,6 +111,13 @@ struct Serve: AsyncParsableCommand {
         """)
     var wsOutboundBuffer: Int?
 
+    @Option(name: .customLong("admin-secret"), help: ArgumentHelp("""
+        Turns on the live debug console at /console and the admin API at /admin/v1/, protected by this secret \
+        (at least 12 characters; docs/console.md). Off (404) without it. Prefer the environment variable: a flag \
+        shows in the process list. [env: TETHER_ADMIN_SECRET]
+        """, valueName: "secret"))
+    var adminSecret: String?
+
     func validate() throws {
         if let webSocket, Self.switchValue(webSocket) == nil { throw ValidationError("--ws must be on or off") }
         let bounds: [(String, Int?, ClosedRange<Int>)] = [
@@ -227,6 +234,10 @@ struct Serve: AsyncParsableCommand {
             checksStoreAtStart: storeCheck ?? !["0", "off", "false", "no"].contains(env["TETHER_STORE_CHECK"]?.lowercased() ?? "")
         )
         settings.webSocket = try webSocketSettings(env)
+        if let secret = adminSecret ?? env["TETHER_ADMIN_SECRET"] {
+            guard secret.utf8.count >= 12 else { throw ValidationError("the admin secret must be at least 12 characters") }
+            settings.adminSecret = secret
+        }
         let configuration = settings
         raiseOpenFileLimit(logger: logger)
         // Held until the process exits: `tether store recover` and a second server wait for it.

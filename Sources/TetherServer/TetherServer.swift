@@ -30,6 +30,9 @@ public struct ServerConfiguration: Sendable {
     public var checksStoreAtStart: Bool
     /// The WebSocket session endpoint (`GET /v2/ws`, docs/websocket-protocol.md).
     public var webSocket = WebSocketSettings()
+    /// The admin secret: with it the live debug console (`/console`) and the admin API
+    /// (`/admin/v1/`) are served, protected by it (docs/console.md); without it both answer 404.
+    public var adminSecret: String?
 
     /// Creates a configuration.
     public init(host: String = "127.0.0.1", port: Int = 8090, dataDirectory: String = ".tether-data",
@@ -140,12 +143,16 @@ public struct TetherServer: Sendable {
         } catch {
             throw StoreOpenError(classifying: error, path: path)
         }
+        let console = configuration.adminSecret.flatMap { $0.isEmpty ? nil : $0 }.map {
+            AdminConsole(secret: $0, usesTLS: configuration.tls != nil, logger: logger)
+        }
         state = ServerState(keysets: keysets, store: store, hub: hub, presence: presence, access: access,
                             rateLimits: RateLimits(enabled: configuration.file.rateLimiting ?? true),
                             metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
-                            startedAt: .now)
-        webSockets = WebSocketSessions(settings: configuration.webSocket, presence: presence, clock: clock, logger: logger)
+                            startedAt: .now, console: console)
+        webSockets = WebSocketSessions(settings: configuration.webSocket, presence: presence, clock: clock, logger: logger, console: console)
+        console?.attach(webSockets)
     }
 
     /// Connections open on the WebSocket endpoint, sessions held (connected or kept), and kept
@@ -219,7 +226,8 @@ public struct TetherServer: Sendable {
                                                   metrics: state.metrics, logger: logger),
                       successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: WebSocketSessionsService(sessions: webSockets), successTerminationBehavior: .gracefullyShutdownGroup),
-            ],
+            ] + (state.console.map { [.init(service: ConsoleSampler(console: $0, responder: TetherResponder(state: state)),
+                                             successTerminationBehavior: .gracefullyShutdownGroup)] } ?? []),
             gracefulShutdownSignals: handleSignals ? [.sigterm, .sigint] : [],
             logger: logger
         ))

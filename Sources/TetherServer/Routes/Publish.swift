@@ -216,6 +216,7 @@ extension TetherResponder {
             return .sent(outcome.timetoken, isRepeat: true)
         }
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : "message")
+        state.console?.published()
         return .sent(outcome.timetoken, isRepeat: false)
     }
 }

@@ -233,6 +233,20 @@ package struct SessionTable<Payload: Sendable>: Sendable {
         return session.payload
     }
 
+    /// Sessions whose payload `predicate` accepts, with their connection (`nil` while kept):
+    /// the console's kick and end-session actions find them here.
+    package func sessions(where predicate: (Payload) -> Bool) -> [(id: SessionID, connection: ConnectionID?)] {
+        sessions.compactMap { predicate($0.value.payload) ? ($0.key, $0.value.connection) : nil }
+    }
+
+    /// An operator ends a kept session (it is not resumed); returns its payload, `nil` when the
+    /// session is not kept.
+    package mutating func endKept(_ id: SessionID) -> Payload? {
+        guard let session = sessions[id], session.keptSince != nil else { return nil }
+        remove(id)
+        return session.payload
+    }
+
     /// Pings due, connections to close, kept sessions past their window, presence refreshes.
     package mutating func tick(now: Duration) -> [Action] {
         var actions: [Action] = []
