@@ -130,3 +130,26 @@ import TetherServerCore
         #expect(AdminSessions.constantTimeEquals(a, b) == equal)
     }
 }
+
+/// The ping round trip the console shows: the first frame after the server's ping.
+@Suite struct SessionPingRoundTripTests {
+    @Test func theFirstFrameAfterAPingGivesTheRoundTrip() throws {
+        var table = SessionTable<String>(configuration: .init(pingInterval: .seconds(25)))
+        guard case .accepted(let connection) = table.connect(now: .zero) else { Issue.record("refused"); return }
+        _ = table.open(connection, token: "t", payload: "p", bytes: 1, now: .zero)
+        #expect(table.received(connection, now: .seconds(1)) == nil)  // no ping outstanding
+        let actions = table.tick(now: .seconds(26))
+        #expect(actions.contains { if case .ping = $0 { true } else { false } })
+        #expect(table.received(connection, now: .seconds(26) + .milliseconds(40)) == .milliseconds(40))
+        #expect(table.received(connection, now: .seconds(27)) == nil)
+    }
+
+    @Test func theRecorderKeepsTheLastRoundTripOfAKnownClient() {
+        var r = ConnectionRecorder()
+        r.pingAnswered(uuid: "ghost", milliseconds: 5, now: 0)
+        #expect(r.client("ghost") == nil)
+        r.sessionOpened(uuid: "u", subscribeKey: "demo", session: "s-1", address: "a", now: 0)
+        r.pingAnswered(uuid: "u", milliseconds: 42, now: 1)
+        #expect(r.client("u")?.pingMilliseconds == 42)
+    }
+}

@@ -41,13 +41,30 @@ final class AdminConsole: Sendable {
     let secret: String
     let usesTLS: Bool
     let logger: Logger
-    private let recorder: Mutex<ConnectionRecorder>
-    /// Open long-poll connections by uuid, for the kick action (bounded by open connections).
-    private let longPolls = Mutex<[String: [ObjectIdentifier: any Channel]]>([:])
+    /// What the hooks write, under one lock (one acquisition per hook).
+    private struct Recording: Sendable {
+        var recorder: ConnectionRecorder
+        /// Open long-poll connections by uuid, for the kick action (bounded by open connections).
+        var longPolls: [String: [ObjectIdentifier: any Channel]] = [:]
+        /// Envelopes delivered per latency bucket since the last sample.
+        var latencies = [Int](repeating: 0, count: AdminConsole.latencyBuckets.count)
+
+        /// Counts a page into the latency histogram: its age (now minus its cursor, the newest
+        /// envelope's timetoken), once per envelope.
+        mutating func delivered(_ page: SubscribePage, now: Int64) {
+            let count = page.envelopes.count
+            guard count > 0 else { return }
+            let age = max(0, now - Int64(page.cursor.rawValue / 10_000))
+            var index = 0
+            while index < AdminConsole.latencyBuckets.count - 1 && age > AdminConsole.latencyBuckets[index] { index += 1 }
+            latencies[index] += count
+        }
+    }
+
+    private let recording: Mutex<Recording>
     private let signedIn = Mutex(AdminSessions())
     private let publishes = Atomic<Int>(0)
     private let deliveries = Atomic<Int>(0)
-    private let latencies = Mutex<[Int]>(Array(repeating: 0, count: AdminConsole.latencyBuckets.count))
     private let samples = Mutex(Samples())
     private let watchers = Mutex<[UInt64: AsyncStream<String>.Continuation]>([:])
     private let nextWatcher = Atomic<UInt64>(1)
@@ -57,7 +74,7 @@ final class AdminConsole: Sendable {
         self.secret = secret
         self.usesTLS = usesTLS
         self.logger = logger
-        self.recorder = Mutex(ConnectionRecorder(configuration: recorder))
+        self.recording = Mutex(Recording(recorder: ConnectionRecorder(configuration: recorder)))
     }
 
     func attach(_ webSockets: WebSocketSessions) { sockets.withLock { $0 = webSockets } }
@@ -72,87 +89,84 @@ final class AdminConsole: Sendable {
                        cursor: Timetoken, channel: (any Channel)?) {
         guard let uuid else { return }
         let now = Self.now()
-        recorder.withLock {
-            $0.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups, cursor: cursor, now: now)
+        recording.withLock {
+            $0.recorder.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
+                                      cursor: cursor, now: now)
+            if let channel { $0.longPolls[uuid, default: [:]][ObjectIdentifier(channel)] = channel }
         }
-        if let channel { longPolls.withLock { $0[uuid, default: [:]][ObjectIdentifier(channel)] = channel } }
     }
 
     func longPollEnded(uuid: String?, channel: any Channel, page: SubscribePage?) {
-        if let page { delivered(page) }
-        guard let uuid else { return }
+        if let page, !page.envelopes.isEmpty { deliveries.add(page.envelopes.count, ordering: .relaxed) }
         let now = Self.now()
-        recorder.withLock {
-            $0.longPollEnded(uuid: uuid, delivered: page?.envelopes.count ?? 0, gaps: page?.gaps.count ?? 0, cursor: page?.cursor, now: now)
-        }
-        longPolls.withLock { open in
-            open[uuid]?[ObjectIdentifier(channel)] = nil
-            if open[uuid]?.isEmpty == true { open[uuid] = nil }
+        recording.withLock {
+            if let page { $0.delivered(page, now: now) }
+            guard let uuid else { return }
+            $0.recorder.longPollEnded(uuid: uuid, delivered: page?.envelopes.count ?? 0, gaps: page?.gaps.count ?? 0, cursor: page?.cursor,
+                                      now: now)
+            if $0.longPolls[uuid]?.removeValue(forKey: ObjectIdentifier(channel)) != nil, $0.longPolls[uuid]?.isEmpty == true {
+                $0.longPolls[uuid] = nil
+            }
         }
     }
 
     func sessionOpened(uuid: String, subscribeKey: String, session: String, address: String) {
         let now = Self.now()
-        recorder.withLock { $0.sessionOpened(uuid: uuid, subscribeKey: subscribeKey, session: session, address: address, now: now) }
+        recording.withLock { $0.recorder.sessionOpened(uuid: uuid, subscribeKey: subscribeKey, session: session, address: address, now: now) }
     }
 
     func sessionResumed(uuid: String, session: String, address: String) {
         let now = Self.now()
-        recorder.withLock { $0.sessionResumed(uuid: uuid, session: session, address: address, now: now) }
+        recording.withLock { $0.recorder.sessionResumed(uuid: uuid, session: session, address: address, now: now) }
     }
 
     func sessionSubscribed(uuid: String, channels: [String], groups: [String], cursor: Timetoken) {
         let now = Self.now()
-        recorder.withLock { $0.sessionSubscribed(uuid: uuid, channels: channels, groups: groups, cursor: cursor, now: now) }
+        recording.withLock { $0.recorder.sessionSubscribed(uuid: uuid, channels: channels, groups: groups, cursor: cursor, now: now) }
     }
 
     func sessionDelivered(uuid: String, page: SubscribePage) {
-        delivered(page)
+        if !page.envelopes.isEmpty { deliveries.add(page.envelopes.count, ordering: .relaxed) }
         let now = Self.now()
-        recorder.withLock {
-            $0.sessionDelivered(uuid: uuid, delivered: page.envelopes.count, gaps: page.gaps.count, cursor: page.cursor, now: now)
+        recording.withLock {
+            $0.delivered(page, now: now)
+            $0.recorder.sessionDelivered(uuid: uuid, delivered: page.envelopes.count, gaps: page.gaps.count, cursor: page.cursor, now: now)
         }
     }
 
     func socketClosed(uuid: String, reason: String) {
         let now = Self.now()
-        recorder.withLock { $0.socketClosed(uuid: uuid, reason: reason, now: now) }
+        recording.withLock { $0.recorder.socketClosed(uuid: uuid, reason: reason, now: now) }
     }
 
     func sessionExpired(uuid: String, session: String, reason: String) {
         let now = Self.now()
-        recorder.withLock { $0.sessionExpired(uuid: uuid, session: session, reason: reason, now: now) }
+        recording.withLock { $0.recorder.sessionExpired(uuid: uuid, session: session, reason: reason, now: now) }
+    }
+
+    func pingAnswered(uuid: String, milliseconds: Int64) {
+        let now = Self.now()
+        recording.withLock { $0.recorder.pingAnswered(uuid: uuid, milliseconds: milliseconds, now: now) }
     }
 
     func accessDenied(uuid: String?, channels: [String]) {
         guard let uuid else { return }
         let now = Self.now()
-        recorder.withLock { $0.accessDenied(uuid: uuid, channels: channels, now: now) }
+        recording.withLock { $0.recorder.accessDenied(uuid: uuid, channels: channels, now: now) }
     }
 
     func rateLimited(uuid: String?, route: String) {
         guard let uuid else { return }
         let now = Self.now()
-        recorder.withLock { $0.rateLimited(uuid: uuid, route: route, now: now) }
+        recording.withLock { $0.recorder.rateLimited(uuid: uuid, route: route, now: now) }
     }
 
     /// A publish was accepted (one atomic increment).
     func published() { publishes.add(1, ordering: .relaxed) }
 
-    /// A page delivered: its envelopes counted, and its age (now minus its cursor, the newest
-    /// envelope's timetoken) into the latency histogram, once per envelope.
-    private func delivered(_ page: SubscribePage) {
-        let count = page.envelopes.count
-        guard count > 0 else { return }
-        deliveries.add(count, ordering: .relaxed)
-        let age = max(0, Self.now() - Int64(page.cursor.rawValue / 10_000))
-        let index = Self.latencyBuckets.firstIndex { age <= $0 } ?? Self.latencyBuckets.count - 1
-        latencies.withLock { $0[index] += count }
-    }
-
     // MARK: - Reading
 
-    func read<T>(_ body: (borrowing ConnectionRecorder) -> T) -> T { recorder.withLock { body($0) } }
+    func read<T>(_ body: (borrowing ConnectionRecorder) -> T) -> T { recording.withLock { body($0.recorder) } }
 
     var series: [Sample] { samples.withLock { $0.points } }
 
@@ -161,11 +175,11 @@ final class AdminConsole: Sendable {
     /// Closes every connection of `uuid`: its long-polls end, its sockets close (a WebSocket
     /// session is kept, as for any drop). Returns how many connections were closed.
     func kick(uuid: String) -> Int {
-        let channels = longPolls.withLock { $0.removeValue(forKey: uuid).map { Array($0.values) } ?? [] }
+        let channels = recording.withLock { $0.longPolls.removeValue(forKey: uuid).map { Array($0.values) } ?? [] }
         for channel in channels { channel.close(promise: nil) }
         let sockets = webSockets?.kick(uuid: uuid) ?? 0
         let now = Self.now()
-        recorder.withLock { $0.kicked(uuid: uuid, now: now) }
+        recording.withLock { $0.recorder.kicked(uuid: uuid, now: now) }
         return channels.count + sockets
     }
 
@@ -240,11 +254,13 @@ final class AdminConsole: Sendable {
     /// Takes one sample of the counters (about once a second) and lets the recorder infer
     /// dropped long-polls.
     func sample(now: Int64) -> Sample {
-        recorder.withLock { $0.tick(now: now) }
-        let counts = recorder.withLock { $0.connectedCounts }
+        let (counts, buckets) = recording.withLock { r in
+            r.recorder.tick(now: now)
+            defer { r.latencies = [Int](repeating: 0, count: r.latencies.count) }
+            return (r.recorder.connectedCounts, r.latencies)
+        }
         let publishes = self.publishes.load(ordering: .relaxed)
         let deliveries = self.deliveries.load(ordering: .relaxed)
-        let buckets = latencies.withLock { b in defer { b = Array(repeating: 0, count: b.count) }; return b }
         let total = buckets.reduce(0, +)
         var p99: Int?
         if total > 0 {

@@ -143,7 +143,12 @@ final class WebSocketSessions: Sendable {
 
     func received(_ connection: Table.ConnectionID) {
         let now = self.now
-        locked.withLock { $0.table.received(connection, now: now) }
+        let answered = locked.withLock { s in
+            s.table.received(connection, now: now).map { ($0, s.table.session(on: connection).flatMap { s.table.payload(of: $0)?.uuid }) }
+        }
+        if let (roundTrip, uuid) = answered, let uuid {
+            console?.pingAnswered(uuid: uuid, milliseconds: roundTrip.components.seconds * 1000 + roundTrip.components.attoseconds / 1_000_000_000_000_000)
+        }
     }
 
     /// `bye`: the session ends; its uuid leaves every channel.

@@ -201,12 +201,17 @@ package struct SessionTable<Payload: Sendable>: Sendable {
     }
 
     /// Any frame from the client: a sign of life.
-    package mutating func received(_ connection: ConnectionID, now: Duration) {
-        guard var entry = connections[connection] else { return }
+    /// Returns the time since the server's outstanding ping, if one was waiting: the client's
+    /// first frame after a ping is its pong (the console shows it as the ping round trip).
+    @discardableResult
+    package mutating func received(_ connection: ConnectionID, now: Duration) -> Duration? {
+        guard var entry = connections[connection] else { return nil }
+        let roundTrip = entry.outstandingPing == nil ? nil : now - entry.pingSentAt
         entry.lastInbound = now
         entry.outstandingPing = nil
         entry.missed = 0
         connections[connection] = entry
+        return roundTrip
     }
 
     /// The socket is gone (dropped, closed without `bye`, or closed by the server). Its session
