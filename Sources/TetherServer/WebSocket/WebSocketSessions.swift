@@ -170,12 +170,12 @@ final class WebSocketSessions: Sendable {
             let actions = s.table.disconnected(connection, now: now)
             return (session.flatMap { s.table.payload(of: $0) }, actions)
         }
-        if let kept { console?.socketClosed(uuid: kept.uuid, reason: "socket closed; session kept") }
         if let kept, kept.hasSubscribed {
             await presence.refresh(subscribeKey: kept.keyset.subscribeKey, uuid: kept.uuid, channels: kept.channels, groups: kept.groups,
                                    timeoutSeconds: settings.keepAliveSeconds)
         }
         await perform(actions)
+        if let kept { console?.socketClosed(uuid: kept.uuid, reason: "socket closed; session kept") }
     }
 
     /// Graceful shutdown: refuses new connections, sends every open one the `drain` notice and
