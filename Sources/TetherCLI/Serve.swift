@@ -133,6 +133,12 @@ struct Serve: AsyncParsableCommand {
         (e.g. https://chat.example.com). [env: TETHER_FILES_PUBLIC_URL] (default: the request's Host)
         """)
     var filesPublicURL: String?
+    @Option(name: .customLong("admin-secret"), help: ArgumentHelp("""
+        Turns on the live debug console at /console and the admin API at /admin/v1/, protected by this secret \
+        (at least 12 characters; docs/console.md). Off (404) without it. Prefer the environment variable: a flag \
+        shows in the process list. [env: TETHER_ADMIN_SECRET]
+        """, valueName: "secret"))
+    var adminSecret: String?
 
     func validate() throws {
         if let filesMaxBytes, !(1...5_368_709_120).contains(filesMaxBytes) {
@@ -257,6 +263,10 @@ struct Serve: AsyncParsableCommand {
         )
         settings.webSocket = try webSocketSettings(env)
         settings.files = try fileSettings(env)
+        if let secret = adminSecret ?? env["TETHER_ADMIN_SECRET"] {
+            guard secret.utf8.count >= 12 else { throw ValidationError("the admin secret must be at least 12 characters") }
+            settings.adminSecret = secret
+        }
         let configuration = settings
         raiseOpenFileLimit(logger: logger)
         // Held until the process exits: `tether store recover` and a second server wait for it.

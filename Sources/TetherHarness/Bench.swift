@@ -178,6 +178,10 @@ package struct Bench: AsyncParsableCommand {
     @Flag(help: "Print the results as JSON instead of tables.")
     var json = false
 
+    /// Spawned servers run with the console on (its flight recorder records every client).
+    @Flag(name: .customLong("console"), help: "Spawned servers run with the live console on (an admin secret), to measure the flight recorder's cost.")
+    var console = false
+
     /// Parsed `--subscribers`.
     private var subscriberCounts: [Int] {
         subscribers.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
@@ -366,7 +370,7 @@ package struct Bench: AsyncParsableCommand {
     /// Runs `body` against the external server, or a freshly spawned one that is stopped afterwards.
     private func withServer<T>(_ external: BenchTarget?, _ body: (BenchTarget, Int32?) async throws -> T) async throws -> T {
         if let external { return try await body(external, nil) }
-        let server = try await BenchServer()
+        let server = try await BenchServer(extraArguments: console ? ["--admin-secret", "bench-console-secret"] : [])
         benchLog("spawned server pid \(server.pid) at \(server.target.url)")
         do {
             let result = try await body(server.target, server.pid)

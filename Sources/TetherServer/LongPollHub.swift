@@ -475,6 +475,12 @@ public final class LongPollHub: Sendable {
         wake(ids, reason: .shutdown)
     }
 
+    /// The console's view of the in-memory windows (``DeliveryHub/windowSummaries(matching:since:last:)``).
+    package func windowSummaries(matching matches: (String, String) -> Bool, since: Timetoken, last: Int)
+        -> [(subscribeKey: String, channel: String, held: Int, recent: Int, newest: [SubscribeEnvelope])] {
+        state.withLock { $0.core.windowSummaries(matching: matches, since: since, last: last) }
+    }
+
     /// Drops expired in-memory events and empty windows; returns what the windows hold after it.
     @discardableResult
     public func sweep() -> (bytes: Int, windows: Int) {

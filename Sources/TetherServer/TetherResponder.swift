@@ -36,6 +36,8 @@ public struct ServerState: Sendable {
     public var startedAt: ContinuousClock.Instant
     /// Mobile push: device registrations' bounds and the worker that sends (docs/push.md).
     package var push: PushDispatcher
+    /// The live debug console, when an admin secret is configured (docs/console.md).
+    var console: AdminConsole?
 }
 
 /// Routes every request of the PubNub-compatible REST wire. Paths are parsed here (not by a
@@ -69,6 +71,9 @@ public struct TetherResponder: HTTPResponder {
         let uriLength = request.uri.string.utf8.count
         if uriLength > state.keysets.largestURILimit {
             return ("uri", Reply.uriTooLong)
+        }
+        if let console = state.console, let response = await self.console(console, request, context: context) {
+            return ("console", response)
         }
         if request.method == .options {
             return (Route.options.rawValue, Reply.json(.ok, "{}"))
@@ -243,6 +248,7 @@ public struct TetherResponder: HTTPResponder {
         let address = context.channel.remoteAddress?.ipAddress ?? "unknown"
         guard let wait = state.rateLimits.take(kind, uuid: uuid, address: address, subscribeKey: keyset.subscribeKey,
                                                limits: state.keysets.limits(for: keyset)) else { return nil }
+        state.console?.rateLimited(uuid: uuid, route: route.rawValue)
         return Reply.json(.tooManyRequests, ErrorBody.service(status: 429, service: "Balancer", message: "Too Many Requests"),
                           extraHeaders: [.retryAfter: String(Self.retryAfterSeconds(wait))])
     }

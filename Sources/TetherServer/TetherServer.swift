@@ -32,6 +32,9 @@ public struct ServerConfiguration: Sendable {
     public var webSocket = WebSocketSettings()
     /// File sharing: where uploads are kept, the size limit, URL lifetimes (docs/files.md).
     public var files = FileSettings()
+    /// The admin secret: with it the live debug console (`/console`) and the admin API
+    /// (`/admin/v1/`) are served, protected by it (docs/console.md); without it both answer 404.
+    public var adminSecret: String?
 
     /// Creates a configuration.
     public init(host: String = "127.0.0.1", port: Int = 8090, dataDirectory: String = ".tether-data",
@@ -143,6 +146,9 @@ public struct TetherServer: Sendable {
         } catch {
             throw StoreOpenError(classifying: error, path: path)
         }
+        let console = configuration.adminSecret.flatMap { $0.isEmpty ? nil : $0 }.map {
+            AdminConsole(secret: $0, usesTLS: configuration.tls != nil, logger: logger)
+        }
         let pushProviders = try PushDispatcher.providers(configuration.file.push)
         let push = PushDispatcher(settings: PushSettings(configuration.file.push), apple: pushProviders.apple,
                                   google: pushProviders.google, store: store, metrics: metrics, logger: logger)
@@ -161,8 +167,10 @@ public struct TetherServer: Sendable {
                             rateLimits: RateLimits(enabled: configuration.file.rateLimiting ?? true),
                             metrics: metrics,
                             registry: registry, subscribeTimeout: configuration.subscribeTimeout, logger: logger,
-                            startedAt: .now, push: push)
-        webSockets = WebSocketSessions(settings: configuration.webSocket, presence: presence, push: push, clock: clock, logger: logger)
+                            startedAt: .now, push: push, console: console)
+        webSockets = WebSocketSessions(settings: configuration.webSocket, presence: presence, push: push, clock: clock, logger: logger,
+                                       console: console)
+        console?.attach(webSockets)
     }
 
     /// Connections open on the WebSocket endpoint, sessions held (connected or kept), and kept
@@ -237,7 +245,8 @@ public struct TetherServer: Sendable {
                                                   metrics: state.metrics, logger: logger),
                       successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: WebSocketSessionsService(sessions: webSockets), successTerminationBehavior: .gracefullyShutdownGroup),
-            ],
+            ] + (state.console.map { [.init(service: ConsoleSampler(console: $0, responder: TetherResponder(state: state)),
+                                             successTerminationBehavior: .gracefullyShutdownGroup)] } ?? []),
             gracefulShutdownSignals: handleSignals ? [.sigterm, .sigint] : [],
             logger: logger
         ))

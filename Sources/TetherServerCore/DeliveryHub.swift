@@ -423,6 +423,22 @@ public struct DeliveryHub: Sendable {
     /// Every registered waiter (for shutdown).
     public var allWaiters: [WaiterID] { Array(waiters.keys) }
 
+    /// The windows whose channel names `matches` accepts, for the console (docs/console.md):
+    /// each with its visible events (the newest `last` of them) and how many arrived after `since`.
+    package func windowSummaries(matching matches: (String, String) -> Bool, since: Timetoken, last: Int)
+        -> [(subscribeKey: String, channel: String, held: Int, recent: Int, newest: [SubscribeEnvelope])] {
+        let visible = visibleThrough
+        var result: [(subscribeKey: String, channel: String, held: Int, recent: Int, newest: [SubscribeEnvelope])] = []
+        for (subscribeKey, channels) in buffers {
+            for (channel, buffer) in channels where matches(subscribeKey, channel) {
+                let events = buffer.events.filter { $0.timetoken <= visible }
+                let recent = events.reduce(0) { $0 + ($1.timetoken > since ? 1 : 0) }
+                result.append((subscribeKey, channel, events.count, recent, events.suffix(last).map(\.envelope)))
+            }
+        }
+        return result
+    }
+
     /// Drops events that left the window by age. Call periodically.
     ///
     /// An emptied window is kept (a few bytes): its coverage records that stored messages up to

@@ -19,7 +19,7 @@ public struct InProcessServer: Sendable {
     public let baseURL: String
     /// `127.0.0.1:<port>`, ready for `TetherConfiguration.origin`.
     public let origin: String
-    /// The port it listens on (pass it to ``start(port:file:directory:tls:clock:logLevel:webSocket:)`` to
+    /// The port it listens on (pass it to ``start(port:file:directory:tls:clock:logLevel:webSocket:adminSecret:)`` to
     /// restart on the same one).
     public var port: Int { Int(origin.split(separator: ":").last ?? "") ?? 0 }
     /// The data directory (removed by ``stop(removingData:)``).
@@ -38,17 +38,20 @@ public struct InProcessServer: Sendable {
     ///   - clock: the server's clock (a manual clock drives presence timeouts without waiting).
     ///   - logLevel: the server's log level.
     ///   - webSocket: the WebSocket session endpoint's settings (keep-alive, pings, bounds).
+    ///   - adminSecret: turns on the console and admin API (docs/console.md).
     public static func start<C: Clock>(port: Int = 0, file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 30),
                                        directory: String? = nil,
                                        tls: (certificatePath: String, privateKeyPath: String)? = nil, clock: C = ContinuousClock(),
                                        logLevel: Logger.Level = .warning,
-                                       webSocket: WebSocketSettings = .init()) async throws -> InProcessServer where C.Duration == Duration {
+                                       webSocket: WebSocketSettings = .init(),
+                                       adminSecret: String? = nil) async throws -> InProcessServer where C.Duration == Duration {
         let directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("tether-testing-\(UUID().uuidString)").path
         var logger = Logger(label: "tether.testing.server")
         logger.logLevel = logLevel
         var configuration = ServerConfiguration(host: "127.0.0.1", port: port, dataDirectory: directory, file: file, tls: tls)
         configuration.webSocket = webSocket
+        configuration.adminSecret = adminSecret
         let server = try TetherServer(configuration: configuration, logger: logger, clock: clock)
         let (urls, continuation) = AsyncStream.makeStream(of: String.self)
         let task = Task {
@@ -74,7 +77,7 @@ public struct InProcessServer: Sendable {
     }
 }
 
-/// Why ``InProcessServer/start(port:file:directory:tls:clock:logLevel:webSocket:)`` failed.
+/// Why ``InProcessServer/start(port:file:directory:tls:clock:logLevel:webSocket:adminSecret:)`` failed.
 public enum InProcessServerError: Error, Sendable {
     /// The server exited before it started listening.
     case didNotStart

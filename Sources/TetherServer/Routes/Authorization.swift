@@ -18,6 +18,7 @@ extension TetherResponder {
         let request = AccessRequest(channels: channels, groups: groups, permission: permission, uuid: wire.query["uuid"])
         let check = state.access.check(request, keyset: keyset, auth: wire.query["auth"], signature: verdict)
         if case .denied(let deniedChannels, let deniedGroups, let message) = check.decision {
+            state.console?.accessDenied(uuid: wire.query["uuid"], channels: deniedChannels.isEmpty && deniedGroups.isEmpty ? channels + groups : deniedChannels + deniedGroups)
             throw RequestError(response: Self.forbidden(channels: deniedChannels, groups: deniedGroups, message: message))
         }
         return check

@@ -219,6 +219,7 @@ extension TetherResponder {
         }
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : kind == .file ? "file" : "message")
         if kind == .message { state.push.messagePublished(subscribeKey: subscribeKey, channel: channel, timetoken: outcome.timetoken, payload: publish.payload) }
+        state.console?.published()
         return .sent(outcome.timetoken, isRepeat: false)
     }
 }

@@ -85,6 +85,9 @@ extension TetherResponder {
                                            timeoutSeconds: options.heartbeat, states: options.states)
         }
         if options.cursor == .zero {
+            state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress?.ipAddress ?? "unknown",
+                                         channels: names, groups: groups, cursor: .zero, channel: nil)
+            state.console?.longPollEnded(uuid: options.uuid, channel: context.channel, page: nil)
             // Handshake: the current cursor, never backlog (pubnub-wire §6.4.1).
             return Reply.json(.ok, SubscribeResponseBody.encode(cursor: state.hub.currentCursor, region: 1, envelopes: []))
         }
@@ -100,9 +103,18 @@ extension TetherResponder {
         if keyset.secretKey != nil {
             recheck = { access.check(accessRequest, keyset: keyset, auth: auth, signature: signature) }
         }
-        let page = try await state.hub.receive(
-            spec, after: after, limit: request.limits.maxEnvelopesPerResponse, timeout: state.subscribeTimeout,
-            channel: context.channel, access: check, recheck: recheck, filter: request.filter)
+        state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress?.ipAddress ?? "unknown",
+                                     channels: names, groups: groups, cursor: options.cursor, channel: context.channel)
+        let page: SubscribePage
+        do {
+            page = try await state.hub.receive(
+                spec, after: after, limit: request.limits.maxEnvelopesPerResponse, timeout: state.subscribeTimeout,
+                channel: context.channel, access: check, recheck: recheck, filter: request.filter)
+        } catch {
+            state.console?.longPollEnded(uuid: options.uuid, channel: context.channel, page: nil)
+            throw error
+        }
+        state.console?.longPollEnded(uuid: options.uuid, channel: context.channel, page: page)
         if let uuid = options.uuid {
             // The connection was alive for the whole long-poll: its end extends the uuid's
             // presence where it still is — but never re-joins one that left meanwhile.

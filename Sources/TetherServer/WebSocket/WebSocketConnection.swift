@@ -260,6 +260,7 @@ final class WebSocketConnection: Sendable {
         } else {
             send(WebSocketServerFrame.error(code: "rateLimited", message: "Too Many Requests"))
         }
+        state.console?.rateLimited(uuid: uuid, route: requestId == nil ? "ws-subscribe" : "ws-publish")
         send(WebSocketServerFrame.rateLimited(retryAfterSeconds: seconds))
         return false
     }
@@ -328,9 +329,11 @@ final class WebSocketConnection: Sendable {
                                            timeoutSeconds: sessions.settings.keepAliveSeconds,
                                            states: request.states.filter { addedChannels.contains($0.key) })
         }
+        state.console?.sessionSubscribed(uuid: updated.uuid, channels: updated.channels, groups: updated.groups, cursor: updated.cursor)
         send(WebSocketServerFrame.subscribed(channels: updated.channels, groups: updated.groups,
                                              cursor: updated.hasSubscribed ? updated.cursor : now))
         if !(deniedChannels.isEmpty && deniedGroups.isEmpty) {
+            state.console?.accessDenied(uuid: updated.uuid, channels: deniedChannels + deniedGroups)
             send(WebSocketServerFrame.accessDenied(channels: deniedChannels, groups: deniedGroups, message: deniedMessage))
         }
         changeContinuation.yield()
@@ -452,6 +455,7 @@ final class WebSocketConnection: Sendable {
                     continue
                 }
                 sessions.update(session) { $0.cursor = max($0.cursor, page.cursor) }
+                state.console?.sessionDelivered(uuid: current.uuid, page: page)
                 if page.envelopes.isEmpty && page.gaps.isEmpty { continue }
                 send(WebSocketServerFrame.messages(cursor: page.cursor, envelopes: page.envelopes,
                                                    gaps: page.gaps.map { ($0.channel, $0.from, $0.through) }))

@@ -46,6 +46,7 @@ final class WebSocketSessions: Sendable {
     struct Handle: Sendable {
         var queue: OutboundQueue
         var channel: any Channel
+        var address: String { channel.remoteAddress?.ipAddress ?? "unknown" }
     }
 
     private struct Locked: Sendable {
@@ -61,8 +62,12 @@ final class WebSocketSessions: Sendable {
     private let push: PushDispatcher?
     private let clock: ElapsedClock
     private let logger: Logger
+    /// The console's flight recorder, when the console is on.
+    private let console: AdminConsole?
 
-    init(settings: WebSocketSettings, presence: PresenceService, push: PushDispatcher? = nil, clock: ElapsedClock, logger: Logger) {
+    init(settings: WebSocketSettings, presence: PresenceService, push: PushDispatcher? = nil, clock: ElapsedClock, logger: Logger,
+         console: AdminConsole? = nil) {
+        self.console = console
         self.settings = settings
         self.push = push
         let configuration = Table.Configuration(
@@ -103,7 +108,11 @@ final class WebSocketSessions: Sendable {
 
     func open(_ connection: Table.ConnectionID, token: String, state: SessionState) -> Table.SessionID? {
         let now = self.now
-        return locked.withLock { $0.table.open(connection, token: token, payload: state, bytes: state.estimatedBytes, now: now) }
+        let (id, address) = locked.withLock {
+            ($0.table.open(connection, token: token, payload: state, bytes: state.estimatedBytes, now: now), $0.handles[connection]?.address)
+        }
+        if let id { console?.sessionOpened(uuid: state.uuid, subscribeKey: state.keyset.subscribeKey, session: "s-\(id)", address: address ?? "unknown") }
+        return id
     }
 
     /// `hello` with a resume token: the session, if the table holds it and `belongs` says it is
@@ -115,6 +124,9 @@ final class WebSocketSessions: Sendable {
                 return (.unknown, nil)
             }
             let result = s.table.resume(connection, token: token, now: now)
+            if case .resumed(let id, let state, _) = result {
+                console?.sessionResumed(uuid: state.uuid, session: "s-\(id)", address: s.handles[connection]?.address ?? "unknown")
+            }
             if case .resumed(_, _, let previous?) = result { return (result, s.handles[previous]) }
             return (result, nil)
         }
@@ -137,7 +149,12 @@ final class WebSocketSessions: Sendable {
 
     func received(_ connection: Table.ConnectionID) {
         let now = self.now
-        locked.withLock { $0.table.received(connection, now: now) }
+        let answered = locked.withLock { s in
+            s.table.received(connection, now: now).map { ($0, s.table.session(on: connection).flatMap { s.table.payload(of: $0)?.uuid }) }
+        }
+        if let (roundTrip, uuid) = answered, let uuid {
+            console?.pingAnswered(uuid: uuid, milliseconds: roundTrip.components.seconds * 1000 + roundTrip.components.attoseconds / 1_000_000_000_000_000)
+        }
     }
 
     /// `suspend`: the connection's session is kept for `seconds` (bounded by the settings'
@@ -196,6 +213,7 @@ final class WebSocketSessions: Sendable {
     func end(_ connection: Table.ConnectionID) async {
         if let session = locked.withLock({ $0.table.session(on: connection) }) { releaseSuspendedPush(session) }
         guard let state = locked.withLock({ $0.table.end(connection) }) else { return }
+        console?.socketClosed(uuid: state.uuid, reason: "bye; session ended")
         if state.hasSubscribed {
             await presence.leave(subscribeKey: state.keyset.subscribeKey, uuid: state.uuid, channels: state.channels, groups: state.groups)
         }
@@ -218,6 +236,7 @@ final class WebSocketSessions: Sendable {
                                    timeoutSeconds: seconds)
         }
         await perform(actions)
+        if let kept { console?.socketClosed(uuid: kept.uuid, reason: "socket closed; session kept") }
     }
 
     /// Graceful shutdown: refuses new connections, sends every open one the `drain` notice and
@@ -284,6 +303,7 @@ final class WebSocketSessions: Sendable {
                 }
             case .expired(let session, let state, let reason):
                 releaseSuspendedPush(session)
+                console?.sessionExpired(uuid: state.uuid, session: "s-\(session)", reason: reason == .evicted ? "evicted at the kept-session bound" : "keep-alive lapsed")
                 switch reason {
                 case .keepAliveLapsed:
                     // Presence times out on its own at this moment (extended to the window's end).
@@ -308,6 +328,34 @@ final class WebSocketSessions: Sendable {
                                        groups: state.groups, timeoutSeconds: settings.keepAliveSeconds)
             }
         }
+    }
+
+    /// The console's kick: closes every socket whose session is `uuid`'s (the sessions are kept).
+    func kick(uuid: String) -> Int {
+        let handles = locked.withLock { s in
+            s.table.sessions { $0.uuid == uuid }.compactMap { $0.connection.flatMap { s.handles[$0] } }
+        }
+        for handle in handles {
+            handle.queue.close(code: WebSocketCloseCode.normal, reason: "closed by the operator")
+            let channel = handle.channel
+            channel.eventLoop.scheduleTask(in: .seconds(2)) { channel.close(promise: nil) }
+        }
+        return handles.count
+    }
+
+    /// The console's end-session action: ends `uuid`'s kept sessions (not resumable any more;
+    /// the uuid leaves its channels). Returns how many ended.
+    func endKept(uuid: String) async -> Int {
+        let ended = locked.withLock { s in
+            s.table.sessions { $0.uuid == uuid }.compactMap { entry in s.table.endKept(entry.id).map { (entry.id, $0) } }
+        }
+        for (id, state) in ended {
+            console?.sessionExpired(uuid: state.uuid, session: "s-\(id)", reason: "ended by the operator")
+            if state.hasSubscribed {
+                await presence.leave(subscribeKey: state.keyset.subscribeKey, uuid: state.uuid, channels: state.channels, groups: state.groups)
+            }
+        }
+        return ended.count
     }
 
     /// A new resume token: 128 random bits, hex.

@@ -219,12 +219,17 @@ package struct SessionTable<Payload: Sendable>: Sendable {
     package func keepAlive(of session: SessionID) -> Duration? { sessions[session]?.keepAlive(configuration) }
 
     /// Any frame from the client: a sign of life.
-    package mutating func received(_ connection: ConnectionID, now: Duration) {
-        guard var entry = connections[connection] else { return }
+    /// Returns the time since the server's outstanding ping, if one was waiting: the client's
+    /// first frame after a ping is its pong (the console shows it as the ping round trip).
+    @discardableResult
+    package mutating func received(_ connection: ConnectionID, now: Duration) -> Duration? {
+        guard var entry = connections[connection] else { return nil }
+        let roundTrip = entry.outstandingPing == nil ? nil : now - entry.pingSentAt
         entry.lastInbound = now
         entry.outstandingPing = nil
         entry.missed = 0
         connections[connection] = entry
+        return roundTrip
     }
 
     /// The socket is gone (dropped, closed without `bye`, or closed by the server). Its session
@@ -248,6 +253,20 @@ package struct SessionTable<Payload: Sendable>: Sendable {
         byToken[session.token] = nil
         entry.session = nil
         connections[connection] = entry
+        return session.payload
+    }
+
+    /// Sessions whose payload `predicate` accepts, with their connection (`nil` while kept):
+    /// the console's kick and end-session actions find them here.
+    package func sessions(where predicate: (Payload) -> Bool) -> [(id: SessionID, connection: ConnectionID?)] {
+        sessions.compactMap { predicate($0.value.payload) ? ($0.key, $0.value.connection) : nil }
+    }
+
+    /// An operator ends a kept session (it is not resumed); returns its payload, `nil` when the
+    /// session is not kept.
+    package mutating func endKept(_ id: SessionID) -> Payload? {
+        guard let session = sessions[id], session.keptSince != nil else { return nil }
+        remove(id)
         return session.payload
     }
 
