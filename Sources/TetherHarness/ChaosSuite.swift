@@ -19,11 +19,14 @@ struct ChaosSuite: AsyncParsableCommand {
             what the server acknowledged: lost, duplicated, out of order, time from the fault's end \
             to caught up, and the statuses each SDK emitted. Tether's SDK runs twice: on long-poll \
             (tether) and on its WebSocket session (tether-ws). Exits 1 when Tether's SDK, on \
-            either wire, lost, duplicated or reordered anything or did not catch up.
+            either wire, lost, duplicated or reordered anything or did not catch up. The background \
+            scenario runs one probe per policy and preset (and PubNub's own catch-up recipe), \
+            freezes them all with SIGSTOP for 10 minutes (--quick: 60 s) and prints its own table.
 
               tether chaos suite                              # the full suite (about 15 minutes)
               tether chaos suite --quick                      # time-compressed (durations x0.1), as in scripts/test
               tether chaos suite --scenario tunnel --sdk tether --sdk tether-ws
+              tether chaos suite --scenario background        # background 10 min, then foreground, every policy and preset
               tether chaos suite --markdown table.md --json results.json
 
             The PubNub probes need Python with `pubnub` (pip install pubnub==10.8.0); --python picks \
@@ -168,7 +171,7 @@ struct ChaosRunOptions: Sendable {
 }
 
 /// Prints a progress line at once.
-func say(_ text: String) {
+private func say(_ text: String) {
     FileHandle.standardError.write(Data((text + "\n").utf8))
 }
 
@@ -496,8 +499,8 @@ struct ChaosScenarioRunner: Sendable {
             await server.stop()
             try await Task.sleep(for: scaled(5))
             try await server.start()
-        case .publisherFlapping:
-            throw ChaosError("the publisher scenario runs its own faults")
+        case .publisherFlapping, .background:
+            throw ChaosError("the \(scenario.id.rawValue) scenario runs its own faults")
         }
     }
 }

@@ -222,7 +222,12 @@ def test_background_skip_presets_report_what_they_skipped(suite, column):
     # A message in flight when the app went to the background may have been delivered before it.
     assert counts["skippedInRange"] >= counts["publishedAway"] - 1, counts
     if column.endswith("unread-counts"):
-        assert counts["skippedReported"] == counts["skippedInRange"], counts
+        # The count (message-counts) is taken by the foreground probe; the range closes at the
+        # resubscribe just after it, so a message published in between is in the range and may
+        # be left out of the count. Everything published while away is counted, and no more than
+        # the range holds.
+        assert counts["skippedInRangeBeforeForeground"] <= counts["skippedReported"] <= counts["skippedInRange"], counts
+        assert counts["countMatches"], counts
     else:
         assert counts.get("skippedReported") is None, counts
     assert row["caughtUpClients"] == 1, row
