@@ -190,7 +190,7 @@ def test_background_every_column_ran(suite):
     # PubNub's asyncio SDK has no row of its own: the recipe runs on the threaded SDK.
     asyncio = [r for r in results if r["scenario"] == "background" and r["sdk"] == "pubnub-asyncio"]
     assert len(asyncio) == 1 and asyncio[0]["note"].startswith("skipped"), asyncio
-    assert "Background 60 s (SIGSTOP), then foreground:" in table
+    assert "Background 60.0 s (SIGSTOP), then foreground:" in table
     assert "| PubNub Python (threaded) | unsubscribe (PubNub's recipe) |" in table
 
 
