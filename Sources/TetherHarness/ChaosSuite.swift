@@ -23,7 +23,7 @@ struct ChaosSuite: AsyncParsableCommand {
             scenario runs one probe per policy and preset (and PubNub's own catch-up recipe), \
             freezes them all with SIGSTOP for 10 minutes (--quick: 60 s) and prints its own table.
 
-              tether chaos suite                              # the full suite (about 15 minutes)
+              tether chaos suite                              # the full suite (about 26 minutes)
               tether chaos suite --quick                      # time-compressed (durations x0.1), as in scripts/test
               tether chaos suite --scenario tunnel --sdk tether --sdk tether-ws
               tether chaos suite --scenario background        # background 10 min, then foreground, every policy and preset

@@ -5,6 +5,11 @@ on long-poll (`tether chaos probe`) and on its WebSocket session (`tether chaos 
 websocket`, issue 14) and the PubNub Python SDK, threaded and asyncio (this interpreter), side by
 side. Tether's SDK, on either wire, must lose, duplicate and reorder nothing and catch up in every
 scenario, and be caught up within about a second wherever nothing but the network stood in the way.
+
+Issue 18: the background scenario (`background`, 60 s in the quick run) runs a column per background
+policy and foreground preset on each Tether wire, beside PubNub's own catch-up recipe on the threaded
+Python SDK: each app is told it goes to the background, frozen with SIGSTOP, thawed and told it is in
+the foreground (docs/chaos.md, docs/resilience.md).
 """
 
 from __future__ import annotations
