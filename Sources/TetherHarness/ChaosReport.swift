@@ -87,8 +87,9 @@ struct ChaosResult: Sendable, Codable {
         }
         if let counts = lifecycle, counts.skipsByDesign {
             // A skip preset: what it skipped on purpose is not lost (``ChaosLifecycleCounts``),
-            // but it must say so, and a counted skip must match what was published in the range.
-            return note == nil && lost == 0 && duplicated == 0 && caughtUpClients == clients - notConnected && notConnected == 0
+            // but it must say so, and a counted skip must cover what was published while away
+            // within its range (``ChaosLifecycleCounts/countMatches``).
+            return note == nil && lost == 0 && duplicated == 0 && outOfOrder == 0 && caughtUpClients == clients - notConnected && notConnected == 0
                 && counts.skippedOutcomes == clients && counts.countMatches
         }
         return note == nil && lost == 0 && duplicated == 0 && outOfOrder == 0 && caughtUpClients == clients - notConnected && notConnected == 0
