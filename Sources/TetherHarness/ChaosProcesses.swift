@@ -101,7 +101,13 @@ final class ProbeProcess: Sendable {
             return ProbeEvent(client: client, kind: .publishFailed(seq: object["seq"] as? Int ?? -1, category: object["cat"] as? String ?? "?"),
                               at: at)
         case "done": return ProbeEvent(client: client, kind: .publishDone, at: at)
-        case "lifecycle": return ProbeEvent(client: client, kind: .lifecycle(object["what"] as? String ?? "?"), at: at)
+        case "lifecycle":
+            var what = object["what"] as? String ?? "?"
+            if what == "caught-up", let history = object["history"] as? Int, let pages = object["pages"] as? Int,
+               let cached = object["cached"] as? Int {
+                what = "history \(history) in \(pages) pages, \(cached) cached live"
+            }
+            return ProbeEvent(client: client, kind: .lifecycle(what), at: at)
         case "continuity":
             let count = (object["count"] as? Int).flatMap { $0 >= 0 ? $0 : nil }
             return ProbeEvent(client: client, kind: .continuity(outcome: object["outcome"] as? String ?? "?", count: count,
