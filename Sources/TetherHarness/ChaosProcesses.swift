@@ -67,11 +67,18 @@ final class ProbeProcess: Sendable {
         guard FileManager.default.createFile(atPath: stderrPath, contents: nil) else { throw ChaosError("cannot create \(stderrPath)") }
         process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: stderrPath))
         try process.run()
+        // Every line is also kept beside the standard error log (`probe-….jsonl`), for diagnosis.
+        let linesPath = (stderrPath.hasSuffix(".log") ? String(stderrPath.dropLast(4)) : stderrPath) + ".jsonl"
+        let lines = FileManager.default.createFile(atPath: linesPath, contents: nil) ? FileHandle(forWritingAtPath: linesPath) : nil
         let reader = Thread { [self] in
             var pending = Data()
             while true {
                 let chunk = output.fileHandleForReading.availableData
-                if chunk.isEmpty { return }
+                if chunk.isEmpty {
+                    try? lines?.close()
+                    return
+                }
+                try? lines?.write(contentsOf: chunk)
                 pending.append(chunk)
                 var parsed: [ProbeEvent] = []
                 while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
