@@ -86,6 +86,8 @@ struct ChaosLifecycleCounts: Sendable, Codable {
     /// the resubscribe just after it, so messages published in between are in the range and may
     /// not be counted. True when not counted.
     var countMatches: Bool
+    /// The lifecycle lines the probe acknowledged (`background`, `foreground`; diagnosis).
+    var acknowledged: [String] = []
     /// The continuity outcomes after the foreground (`recovered 300`, `skipped 312`…); for
     /// PubNub's recipe what its foreground fetched (`history 3011 in 31 pages, 4 cached live`).
     var continuity: [String]
@@ -184,7 +186,7 @@ extension ChaosScenarioRunner {
         let acknowledged = published.filter(\.acknowledged).count
         for entry in probes {
             var result = measure(entry)
-            if result.notConnected == result.clients, !entry.probe.isRunning {
+            if !entry.probe.isRunning {
                 result.note = "the probe exited: \(entry.probe.errorTail)"
             } else if acknowledged < 10 {
                 result.note = "the run itself failed: only \(acknowledged) publishes were acknowledged"
@@ -232,7 +234,7 @@ enum ChaosLifecycleMeasure {
     /// message after its range was delivered — in seconds from the foreground.
     static func result(column: ChaosLifecycleColumn, events: [ProbeEvent], published: [PublishRecord], backgroundAt: Int64,
                        foregroundAt: Int64, backgroundSeconds: Double) -> ChaosResult {
-        let acknowledged = published.filter(\.acknowledged)
+        let acknowledgedRecords = published.filter(\.acknowledged)
         let connectedCategory = column.sdk.connectedCategory
         let connected = events.contains { if case .status(let c) = $0.kind { c == connectedCategory && $0.at < backgroundAt } else { false } }
 
@@ -241,6 +243,7 @@ enum ChaosLifecycleMeasure {
         var skippedReported: Int?
         var skippedAt: Int64?
         var continuity: [String] = []
+        var acknowledged: [String] = []
         var statuses: [String] = []
         var statusCounts: [String: Int] = [:]
         var sessionEvents: [String] = []
@@ -277,7 +280,7 @@ enum ChaosLifecycleMeasure {
                 eventCounts[what, default: 0] += 1
             case .lifecycle(let what):
                 // PubNub's recipe says what its foreground fetched (`history 3011 in 31 pages, 4 cached live`).
-                if what.hasPrefix("history ") { continuity.append(what) }
+                if what.hasPrefix("history ") { continuity.append(what) } else { acknowledged.append(what) }
             case .publishAccepted, .publishSent, .publishFailed, .publishDone:
                 continue
             }
@@ -286,15 +289,15 @@ enum ChaosLifecycleMeasure {
             guard let tt = record.timetoken else { return false }
             return ranges.contains { tt > $0.from && tt <= $0.through }
         }
-        let skippedRecords = acknowledged.filter(inSkippedRange)
+        let skippedRecords = acknowledgedRecords.filter(inSkippedRange)
         let skippedSeqs = Set(skippedRecords.map(\.seq))
         let beforeForeground = skippedRecords.filter { $0.sentAt <= foregroundAt }.count
-        let lost = connected ? acknowledged.filter { !seen.contains($0.seq) && !skippedSeqs.contains($0.seq) }.count : 0
-        let lostSample = acknowledged.filter { !seen.contains($0.seq) && !skippedSeqs.contains($0.seq) }.prefix(10).map(\.seq)
+        let lost = connected ? acknowledgedRecords.filter { !seen.contains($0.seq) && !skippedSeqs.contains($0.seq) }.count : 0
+        let lostSample = acknowledgedRecords.filter { !seen.contains($0.seq) && !skippedSeqs.contains($0.seq) }.prefix(10).map(\.seq)
 
         var caughtUp: Double?
         if column.skipsByDesign {
-            let firstAfter = acknowledged.filter { rec in
+            let firstAfter = acknowledgedRecords.filter { rec in
                 guard let tt = rec.timetoken else { return false }
                 return !ranges.isEmpty && ranges.allSatisfy { tt > $0.through }
             }.min { $0.seq < $1.seq }
@@ -302,18 +305,19 @@ enum ChaosLifecycleMeasure {
                 caughtUp = max(0, Double(max(skippedAt, at) - foregroundAt) / 1000)
             }
         } else {
-            let needed = acknowledged.filter { $0.sentAt <= foregroundAt }.map(\.seq)
+            let needed = acknowledgedRecords.filter { $0.sentAt <= foregroundAt }.map(\.seq)
             if needed.allSatisfy(seen.contains) {
                 caughtUp = max(0, Double((needed.compactMap { arrival[$0] }.max() ?? foregroundAt) - foregroundAt) / 1000)
             }
         }
         let counts = ChaosLifecycleCounts(
             column: column.id, policy: column.policyLabel, catchUp: column.catchUpLabel, backgroundSeconds: backgroundSeconds,
-            publishedAway: acknowledged.filter { $0.sentAt >= backgroundAt && $0.sentAt <= foregroundAt }.count,
+            publishedAway: acknowledgedRecords.filter { $0.sentAt >= backgroundAt && $0.sentAt <= foregroundAt }.count,
             skipsByDesign: column.skipsByDesign, skippedOutcomes: skippedOutcomes, skippedReported: skippedReported,
             skippedInRange: skippedRecords.count, skippedInRangeBeforeForeground: beforeForeground,
             deliveredInSkippedRange: skippedRecords.filter { seen.contains($0.seq) }.count,
-            countMatches: skippedReported.map { beforeForeground <= $0 && $0 <= skippedRecords.count } ?? true, continuity: continuity)
+            countMatches: skippedReported.map { beforeForeground <= $0 && $0 <= skippedRecords.count } ?? true, acknowledged: acknowledged,
+            continuity: continuity)
         var result = ChaosResult(
             scenario: ChaosScenario.ID.background.rawValue, sdk: column.sdk, clients: 1, notConnected: connected ? 0 : 1, lost: lost,
             duplicated: duplicated, outOfOrder: outOfOrder, caughtUpClients: caughtUp == nil ? 0 : 1, caughtUpMedian: caughtUp,
