@@ -13,6 +13,14 @@ package import Tether
 /// and the session's typed events, `{"c":3,"e":"event","what":"session resumed","at":…}`
 /// (``ChaosProbe/eventName(_:)``).
 /// The probe runs until standard input closes, then shuts every client down and exits.
+///
+/// The app lifecycle (the background scenario): a line `background` on standard input calls
+/// ``TetherClient/enterBackground()`` on every client and `foreground` calls
+/// ``TetherClient/enterForeground()``; each is acknowledged with
+/// `{"c":3,"e":"lifecycle","what":"background","at":…}`. `--background-policy` and `--catch-up`
+/// choose the clients' ``LifecycleOptions``. Every continuity outcome is a line too:
+/// `{"c":3,"e":"continuity","outcome":"skipped","count":12,"from":"…","through":"…","at":…}`
+/// (`count` is -1 when not counted; `recovered` outcomes carry their count, `gap` its range).
 struct ChaosProbe: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "probe",
@@ -54,6 +62,15 @@ struct ChaosProbe: AsyncParsableCommand {
     @Flag(help: "No network monitor (the SDK learns of outages from failed requests only).")
     var noNetworkMonitor = false
 
+    @Option(name: .customLong("background-policy"), help: "What enterBackground() does: disconnect, keep or suspend.")
+    var backgroundPolicy: BackgroundPolicyChoice = .suspend
+
+    @Option(name: .customLong("suspend-keep-alive"), help: "Seconds the suspend policy asks the server to keep the session.")
+    var suspendKeepAlive = 300
+
+    @Option(name: .customLong("catch-up"), help: "How enterForeground() catches up: everything, unread-counts or latest-only.")
+    var catchUp: CatchUpChoice = .everything
+
     func validate() throws {
         guard clients >= 1 else { throw ValidationError("--clients must be at least 1") }
     }
@@ -73,6 +90,8 @@ struct ChaosProbe: AsyncParsableCommand {
             }
             configuration.logger = logger
             configuration.transport = transport.preference
+            configuration.lifecycle = LifecycleOptions(backgroundPolicy: backgroundPolicy.policy(keepAlive: .seconds(suspendKeepAlive)),
+                                                       foregroundCatchUp: catchUp.preset, observesApplicationState: false)
             let transport = try HTTPClientTransport(connectTimeout: configuration.connectTimeout, logger: logger)
             let client = TetherClient(configuration: configuration, transport: transport, clock: ContinuousClock(),
                                       networkMonitor: noNetworkMonitor ? nil : makeMonitor())
@@ -81,6 +100,9 @@ struct ChaosProbe: AsyncParsableCommand {
             }
             client.addConnectionEventListener { event in
                 out.line(#"{"c":\#(index),"e":"event","what":"\#(Self.eventName(event))","at":\#(unixMilliseconds())}"#)
+            }
+            client.addContinuityListener { continuity in
+                out.line(#"{"c":\#(index),"e":"continuity",\#(Self.continuityFields(continuity)),"at":\#(unixMilliseconds())}"#)
             }
             for subscription in client.subscribe(to: [channel]) {
                 subscription.onEvent { event in
@@ -91,10 +113,18 @@ struct ChaosProbe: AsyncParsableCommand {
             }
             all.append(client)
         }
-        // Run until standard input closes.
+        // Run until standard input closes; `background` and `foreground` lines are the app's lifecycle.
+        let clientsToTell = all
         await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
             let thread = Thread {
-                while readLine() != nil {}
+                while let line = readLine() {
+                    let command = line.trimmingCharacters(in: .whitespaces)
+                    guard command == "background" || command == "foreground" else { continue }
+                    for (index, client) in clientsToTell.enumerated() {
+                        if command == "background" { client.enterBackground() } else { client.enterForeground() }
+                        out.line(#"{"c":\#(index),"e":"lifecycle","what":"\#(command)","at":\#(unixMilliseconds())}"#)
+                    }
+                }
                 done.resume()
             }
             thread.start()
@@ -114,6 +144,20 @@ struct ChaosProbe: AsyncParsableCommand {
         case .sessionResumed: return "session resumed"
         case .sessionExpired: return "session expired"
         case .transportChanged(let wire): return wire == .webSocket ? "transport websocket" : "transport long-poll"
+        }
+    }
+
+    /// A continuity outcome's fields on a probe line (timetokens as strings, `count` -1 when
+    /// not counted).
+    static func continuityFields(_ continuity: ChannelContinuity) -> String {
+        let from = #""from":"\#(continuity.resumedFrom.rawValue)""#
+        switch continuity.outcome {
+        case .continuous: return #""outcome":"continuous",\#(from)"#
+        case .recovered(let count): return #""outcome":"recovered","count":\#(count),\#(from)"#
+        case .gap(let gapFrom, let through, let recovered):
+            return #""outcome":"gap","count":\#(recovered),"from":"\#(gapFrom.rawValue)","through":"\#(through.rawValue)""#
+        case .skipped(let through, let count):
+            return #""outcome":"skipped","count":\#(count ?? -1),\#(from),"through":"\#(through.rawValue)""#
         }
     }
 
@@ -140,6 +184,34 @@ package enum TransportChoice: String, ExpressibleByArgument, CaseIterable, Senda
         case .websocket: return .webSocket
         case .longPoll: return .longPoll
         case .auto: return .automatic
+        }
+    }
+}
+
+/// `--background-policy` of `tether chaos probe`.
+enum BackgroundPolicyChoice: String, ExpressibleByArgument, CaseIterable, Sendable {
+    case disconnect, keep, suspend
+
+    func policy(keepAlive: Duration) -> BackgroundPolicy {
+        switch self {
+        case .disconnect: return .disconnect
+        case .keep: return .keep
+        case .suspend: return .suspend(keepAlive: keepAlive)
+        }
+    }
+}
+
+/// `--catch-up` of `tether chaos probe`.
+enum CatchUpChoice: String, ExpressibleByArgument, CaseIterable, Sendable {
+    case everything
+    case unreadCounts = "unread-counts"
+    case latestOnly = "latest-only"
+
+    var preset: ForegroundCatchUp {
+        switch self {
+        case .everything: return .everything
+        case .unreadCounts: return .unreadCounts
+        case .latestOnly: return .latestOnly
         }
     }
 }

@@ -31,6 +31,12 @@ struct ProbeEvent: Sendable {
         /// Publisher probes: a message handed to the SDK, its acknowledgement, its failure, and
         /// the end of the run.
         case publishAccepted(seq: Int), publishSent(seq: Int, wasRepeat: Bool), publishFailed(seq: Int, category: String), publishDone
+        /// The background scenario: a lifecycle line was acted on (`background`, `foreground`;
+        /// the PubNub recipe also says `caught-up`).
+        case lifecycle(String)
+        /// A Tether continuity outcome (`skipped`, `recovered`, `gap`, `continuous`), its count
+        /// (nil when not counted) and its range's bounds as raw timetokens.
+        case continuity(outcome: String, count: Int?, from: UInt64?, through: UInt64?)
     }
     var client: Int
     var kind: Kind
@@ -61,11 +67,18 @@ final class ProbeProcess: Sendable {
         guard FileManager.default.createFile(atPath: stderrPath, contents: nil) else { throw ChaosError("cannot create \(stderrPath)") }
         process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: stderrPath))
         try process.run()
+        // Every line is also kept beside the standard error log (`probe-….jsonl`), for diagnosis.
+        let linesPath = (stderrPath.hasSuffix(".log") ? String(stderrPath.dropLast(4)) : stderrPath) + ".jsonl"
+        let lines = FileManager.default.createFile(atPath: linesPath, contents: nil) ? FileHandle(forWritingAtPath: linesPath) : nil
         let reader = Thread { [self] in
             var pending = Data()
             while true {
                 let chunk = output.fileHandleForReading.availableData
-                if chunk.isEmpty { return }
+                if chunk.isEmpty {
+                    try? lines?.close()
+                    return
+                }
+                try? lines?.write(contentsOf: chunk)
                 pending.append(chunk)
                 var parsed: [ProbeEvent] = []
                 while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
@@ -95,6 +108,19 @@ final class ProbeProcess: Sendable {
             return ProbeEvent(client: client, kind: .publishFailed(seq: object["seq"] as? Int ?? -1, category: object["cat"] as? String ?? "?"),
                               at: at)
         case "done": return ProbeEvent(client: client, kind: .publishDone, at: at)
+        case "lifecycle":
+            var what = object["what"] as? String ?? "?"
+            if what == "caught-up", let history = object["history"] as? Int, let pages = object["pages"] as? Int,
+               let cached = object["cached"] as? Int {
+                what = "history \(history) in \(pages) pages, \(cached) cached live"
+            }
+            return ProbeEvent(client: client, kind: .lifecycle(what), at: at)
+        case "continuity":
+            let count = (object["count"] as? Int).flatMap { $0 >= 0 ? $0 : nil }
+            return ProbeEvent(client: client, kind: .continuity(outcome: object["outcome"] as? String ?? "?", count: count,
+                                                                from: (object["from"] as? String).flatMap { UInt64($0) },
+                                                                through: (object["through"] as? String).flatMap { UInt64($0) }),
+                              at: at)
         default: return nil
         }
     }
@@ -111,8 +137,21 @@ final class ProbeProcess: Sendable {
         return text.split(separator: "\n").suffix(5).joined(separator: "\n")
     }
 
+    /// Writes `text` and a newline to the probe's standard input (a lifecycle command).
+    func send(_ text: String) {
+        try? input.fileHandleForWriting.write(contentsOf: Data((text + "\n").utf8))
+    }
+
+    /// Freezes the probe (SIGSTOP: what iOS does to a suspended app — no timers, nothing read
+    /// or answered; its sockets stay open in the kernel) or thaws it (SIGCONT).
+    func freeze(_ frozen: Bool) {
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, frozen ? SIGSTOP : SIGCONT)
+    }
+
     /// Closes standard input, waits up to `grace` for the probe to exit, then kills it.
     func stop(grace: Duration = .seconds(8)) async {
+        freeze(false)
         try? input.fileHandleForWriting.close()
         let deadline = ContinuousClock.now + grace
         while process.isRunning && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(50)) }

@@ -3,6 +3,17 @@
 /// apart from origin, TLS, user id and auth key) on one channel and prints the same JSON lines as
 /// `tether chaos probe`. The suite writes it to its work directory and runs it with the chosen
 /// Python (`--python`), which needs `pubnub` installed (`pip install pubnub==10.8.0`).
+///
+/// With `--recipe catch-up` (threaded mode; the background scenario) the script is an app
+/// following PubNub's own recipe for scenario 1 with unsubscribing (seed 000): a line
+/// `background` on standard input remembers the last received timetoken and unsubscribes;
+/// `foreground` subscribes again while caching live messages without delivering them, waits for
+/// the subscription to connect, fetches history from the saved timetoken + 1 (`end`) page by page
+/// (each next page's `start` is the oldest timetoken of the previous one, until a page is empty),
+/// then delivers history and the cached messages in timetoken order, skipping any timetoken not
+/// newer than the last delivered, and goes live. Both lines are acknowledged with
+/// `{"c":0,"e":"lifecycle","what":"background"}` (and `foreground`, then `caught-up` with the
+/// counts when the history is delivered).
 enum ChaosPythonProbe {
     /// The script's text.
     static let script = #"""
@@ -27,18 +38,36 @@ def emit(**fields):
         sys.stdout.flush()
 
 
+def seq_of(payload):
+    return payload.get("seq", -1) if isinstance(payload, dict) else -1
+
+
 class Listener(SubscribeCallback):
     def __init__(self, index):
         self.index = index
+        # The recipe's state: the last delivered timetoken, and whether live messages are cached
+        # (while history loads after the foreground) instead of delivered.
+        self.lock = threading.Lock()
+        self.last_tt = 0
+        self.caching = False
+        self.cache = []
+        self.connected = threading.Event()
 
     def status(self, pubnub, status):
         category = getattr(status.category, "name", str(status.category))
+        if category == "PNConnectedCategory":
+            self.connected.set()
         emit(c=self.index, e="status", cat=category)
 
     def message(self, pubnub, message):
-        payload = message.message
-        seq = payload.get("seq", -1) if isinstance(payload, dict) else -1
-        emit(c=self.index, e="msg", seq=seq, tt=str(message.timetoken))
+        tt = int(message.timetoken)
+        seq = seq_of(message.message)
+        with self.lock:
+            if self.caching:
+                self.cache.append((tt, seq))
+                return
+            self.last_tt = max(self.last_tt, tt)
+            emit(c=self.index, e="msg", seq=seq, tt=str(tt))
 
     def presence(self, pubnub, presence):
         pass
@@ -57,16 +86,88 @@ def make_config(args, index):
     return config
 
 
+class CatchUpRecipe:
+    """PubNub's scenario 1 with unsubscribing (seed 000), as an app would write it."""
+
+    def __init__(self, pubnub, listener, channel):
+        self.pubnub = pubnub
+        self.listener = listener
+        self.channel = channel
+        self.saved_tt = 0
+
+    def background(self):
+        with self.listener.lock:
+            self.saved_tt = self.listener.last_tt
+        # Not unsubscribe_all(): in pubnub 10.8.0 it leaves the subscription registry's channel
+        # map a list, and the next subscribe() raises TypeError (docs/resilience.md).
+        self.pubnub.unsubscribe().channels([self.channel]).execute()
+        emit(c=self.listener.index, e="lifecycle", what="background")
+
+    def foreground(self):
+        listener = self.listener
+        emit(c=listener.index, e="lifecycle", what="foreground")
+        with listener.lock:
+            listener.caching = True
+            listener.cache = []
+        listener.connected.clear()
+        self.pubnub.subscribe().channels([self.channel]).execute()
+        listener.connected.wait(30)
+        history = []
+        start = None
+        pages = 0
+        while True:
+            request = self.pubnub.fetch_messages().channels([self.channel]).maximum_per_channel(100)
+            if self.saved_tt:
+                request = request.end(self.saved_tt + 1)
+            if start is not None:
+                request = request.start(start)
+            items = None
+            for attempt in range(5):
+                try:
+                    envelope = request.sync()
+                    items = envelope.result.channels.get(self.channel, [])
+                    break
+                except Exception as error:
+                    emit(c=listener.index, e="status", cat="history error: " + type(error).__name__)
+                    time.sleep(1)
+            if not items:
+                break
+            pages += 1
+            history.extend((int(item.timetoken), seq_of(item.message)) for item in items)
+            start = min(int(item.timetoken) for item in items)
+        with listener.lock:
+            merged = sorted(history + listener.cache)
+            delivered = 0
+            for tt, seq in merged:
+                if tt <= listener.last_tt:
+                    continue
+                listener.last_tt = tt
+                delivered += 1
+                emit(c=listener.index, e="msg", seq=seq, tt=str(tt))
+            cached = len(listener.cache)
+            listener.caching = False
+            listener.cache = []
+        emit(c=listener.index, e="lifecycle", what="caught-up", history=len(history), pages=pages, cached=cached,
+             delivered=delivered)
+
+
 def run_threaded(args):
     from pubnub.pubnub import PubNub
     clients = []
+    recipes = []
     for index in range(args.clients):
         pubnub = PubNub(make_config(args, index))
-        pubnub.add_listener(Listener(index))
+        listener = Listener(index)
+        pubnub.add_listener(listener)
         pubnub.subscribe().channels([args.channel]).execute()
         clients.append(pubnub)
-    for _ in sys.stdin:
-        pass
+        recipes.append(CatchUpRecipe(pubnub, listener, args.channel))
+    for line in sys.stdin:
+        command = line.strip()
+        if args.recipe != "catch-up" or command not in ("background", "foreground"):
+            continue
+        for recipe in recipes:
+            threading.Thread(target=getattr(recipe, command), daemon=True).start()
     for pubnub in clients:
         try:
             pubnub.unsubscribe_all()
@@ -103,6 +204,8 @@ def main():
     parser.add_argument("--pub-key", default="demo")
     parser.add_argument("--auth-key", default=None)
     parser.add_argument("--user-prefix", default="pubnub")
+    parser.add_argument("--recipe", choices=["none", "catch-up"], default="none",
+                        help="catch-up: PubNub's scenario 1 recipe on background/foreground lines (threaded mode)")
     args = parser.parse_args()
     if args.mode == "threaded":
         run_threaded(args)

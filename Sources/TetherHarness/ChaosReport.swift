@@ -38,6 +38,8 @@ struct PublishRecord: Sendable {
     var sentAt: Int64
     /// Whether the server acknowledged it (only acknowledged messages must be delivered).
     var acknowledged: Bool
+    /// The timetoken the server gave it (raw), when acknowledged.
+    var timetoken: UInt64?
 }
 
 /// What one SDK did in one scenario.
@@ -72,6 +74,9 @@ struct ChaosResult: Sendable, Codable {
     var lostSample: [Int] = []
     /// The publisher-side scenario's counts (nil for the subscriber scenarios).
     var publishing: ChaosPublishing.Counts?
+    /// The background scenario's column (policy × preset, ``ChaosLifecycleColumn``) and its
+    /// numbers (nil for the other scenarios).
+    var lifecycle: ChaosLifecycleCounts?
 
     /// Whether the "no silent loss" bar holds: nothing lost, duplicated or reordered, and every
     /// client caught up (publisher side: every message stored exactly once, in order).
@@ -79,6 +84,13 @@ struct ChaosResult: Sendable, Codable {
         if let counts = publishing {
             return note == nil && counts.stored == counts.published && counts.duplicated == 0 && counts.lostSilently == 0
                 && counts.outOfOrder == 0
+        }
+        if let counts = lifecycle, counts.skipsByDesign {
+            // A skip preset: what it skipped on purpose is not lost (``ChaosLifecycleCounts``),
+            // but it must say so, and a counted skip must cover what was published while away
+            // within its range (``ChaosLifecycleCounts/countMatches``).
+            return note == nil && lost == 0 && duplicated == 0 && outOfOrder == 0 && caughtUpClients == clients - notConnected && notConnected == 0
+                && counts.skippedOutcomes == clients && counts.countMatches
         }
         return note == nil && lost == 0 && duplicated == 0 && outOfOrder == 0 && caughtUpClients == clients - notConnected && notConnected == 0
     }
@@ -134,7 +146,7 @@ enum ChaosMeasure {
                     guard event.at >= faultStart - 50 else { continue }
                     if eventCounts[what] == nil { eventOrder.append(what) }
                     eventCounts[what, default: 0] += 1
-                case .publishAccepted, .publishSent, .publishFailed, .publishDone:
+                case .publishAccepted, .publishSent, .publishFailed, .publishDone, .lifecycle, .continuity:
                     continue
                 }
             }
@@ -175,7 +187,7 @@ enum ChaosTable {
             "| Scenario | SDK | Clients | Lost | Duplicated | Out of order | Caught up after the fault | Statuses after the fault starts |",
             "|---|---|---:|---:|---:|---:|---|---|",
         ]
-        for scenario in scenarios where !scenario.isPublisherSide {
+        for scenario in scenarios where !scenario.isPublisherSide && !scenario.isLifecycle {
             for result in results where result.scenario == scenario.id.rawValue {
                 if let note = result.note {
                     lines.append("| \(scenario.title) | \(result.sdk.label) | \(result.clients) | – | – | – | – | \(escape(note)) |")

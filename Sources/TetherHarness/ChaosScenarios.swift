@@ -15,6 +15,7 @@ struct ChaosScenario: Sendable {
         case outageBacklog = "outage-backlog"
         case reconnectionStorm = "reconnection-storm"
         case publisherFlapping = "publisher-flapping"
+        case background
     }
 
     let id: ID
@@ -35,6 +36,8 @@ struct ChaosScenario: Sendable {
     var direct = false
     /// Whether the SDKs publish (and history is counted) instead of subscribing.
     var isPublisherSide = false
+    /// Whether this is the app-lifecycle scenario (its own columns and table: ``ChaosLifecycleColumn``).
+    var isLifecycle = false
 
     /// Every scenario, in the order of the report.
     static let all: [ChaosScenario] = [
@@ -72,5 +75,11 @@ struct ChaosScenario: Sendable {
                       summary: "Each SDK publishes 300 numbered messages through a link that flaps (resets, responses dropped "
                           + "after the server stored the message, blackholes) while the server restarts once; history is counted.",
                       publishRate: 10, isPublisherSide: true),
+        ChaosScenario(id: .background, title: "Background 10 min, then foreground",
+                      summary: "Each app is told it goes to the background (Tether: enterBackground() with each policy and preset; "
+                          + "PubNub: its recipe, unsubscribe and remember the last timetoken), then frozen with SIGSTOP for 600 s "
+                          + "while messages are published; then SIGCONT and foreground (Tether: enterForeground(); PubNub: "
+                          + "history since the saved timetoken, paged, live messages cached, then delivered in order).",
+                      publishRate: 5, direct: true, isLifecycle: true),
     ]
 }

@@ -19,11 +19,14 @@ struct ChaosSuite: AsyncParsableCommand {
             what the server acknowledged: lost, duplicated, out of order, time from the fault's end \
             to caught up, and the statuses each SDK emitted. Tether's SDK runs twice: on long-poll \
             (tether) and on its WebSocket session (tether-ws). Exits 1 when Tether's SDK, on \
-            either wire, lost, duplicated or reordered anything or did not catch up.
+            either wire, lost, duplicated or reordered anything or did not catch up. The background \
+            scenario runs one probe per policy and preset (and PubNub's own catch-up recipe), \
+            freezes them all with SIGSTOP for 10 minutes (--quick: 60 s) and prints its own table.
 
-              tether chaos suite                              # the full suite (about 15 minutes)
+              tether chaos suite                              # the full suite (about 26 minutes)
               tether chaos suite --quick                      # time-compressed (durations x0.1), as in scripts/test
               tether chaos suite --scenario tunnel --sdk tether --sdk tether-ws
+              tether chaos suite --scenario background        # background 10 min, then foreground, every policy and preset
               tether chaos suite --markdown table.md --json results.json
 
             The PubNub probes need Python with `pubnub` (pip install pubnub==10.8.0); --python picks \
@@ -117,6 +120,13 @@ struct ChaosSuite: AsyncParsableCommand {
                                              pythonPath: pythonPath, probeScript: probeScript, pythonProblem: pythonProblem)
             let outcome = await runner.run()
             for result in outcome {
+                if let counts = result.lifecycle, result.note == nil {
+                    say("   \(result.sdk.rawValue) \(counts.column): published while away \(counts.publishedAway), lost \(result.lost), "
+                        + "duplicated \(result.duplicated), out of order \(result.outOfOrder), skipped reported "
+                        + "\(counts.skippedReported.map(String.init) ?? "–") / in range \(counts.skippedInRange), caught up "
+                        + "\(ChaosTable.caughtUpCell(result)); \(counts.continuity.joined(separator: ", ")); \(ChaosTable.statusesCell(result))")
+                    continue
+                }
                 if let counts = result.publishing, result.note == nil {
                     say("   \(result.sdk.rawValue): published \(counts.published), stored \(counts.stored), duplicated \(counts.duplicated), "
                         + "lost silently \(counts.lostSilently), failed visibly \(counts.failedVisibly), out of order \(counts.outOfOrder)")
@@ -129,8 +139,10 @@ struct ChaosSuite: AsyncParsableCommand {
             results += outcome
         }
 
-        var table = scenarios.contains(where: { !$0.isPublisherSide }) ? ChaosTable.markdown(results, scenarios: scenarios) : ""
+        var table = scenarios.contains(where: { !$0.isPublisherSide && !$0.isLifecycle })
+            ? ChaosTable.markdown(results, scenarios: scenarios) : ""
         if let publishing = ChaosPublishing.markdown(results) { table += (table.isEmpty ? "" : "\n\n") + "Publisher side:\n\n" + publishing }
+        if let lifecycle = ChaosTable.lifecycleMarkdown(results) { table += (table.isEmpty ? "" : "\n\n") + lifecycle }
         print("")
         print(table)
         if let markdown { try (table + "\n").write(toFile: markdown, atomically: true, encoding: .utf8) }
@@ -141,7 +153,7 @@ struct ChaosSuite: AsyncParsableCommand {
         }
         let failures = results.filter { $0.sdk.isTether && !$0.isClean && !($0.note?.hasPrefix("skipped") ?? false) }
         if !failures.isEmpty {
-            say("\nTether's SDK did not hold the line in: \(failures.map { "\($0.scenario) (\($0.sdk.rawValue))" }.joined(separator: ", "))")
+            say("\nTether's SDK did not hold the line in: \(failures.map { "\($0.scenario) (\($0.lifecycle?.column ?? $0.sdk.rawValue))" }.joined(separator: ", "))")
             throw ExitCode.failure
         }
     }
@@ -198,6 +210,7 @@ struct ChaosScenarioRunner: Sendable {
         try? FileManager.default.removeItem(atPath: workDirectory)
         try FileManager.default.createDirectory(atPath: workDirectory, withIntermediateDirectories: true)
         if scenario.isPublisherSide { return try await runPublisher() }
+        if scenario.isLifecycle { return try await runBackground() }
         let keys = ChaosScenarioRunner.accessManagerKeys
         // Every simulated device shares one loopback address, which the default per-address
         // rate limits would read as one abusive client; the suite measures network faults.
@@ -398,14 +411,14 @@ struct ChaosScenarioRunner: Sendable {
         return results
     }
 
-    private func absolute(_ path: String) -> String {
+    func absolute(_ path: String) -> String {
         guard !path.hasPrefix("/") else { return path }
         if path.contains("/") { return FileManager.default.currentDirectoryPath + "/" + path }
         let found = runCommand(["sh", "-c", "command -v \(path)"]).output.trimmingCharacters(in: .whitespacesAndNewlines)
         return found.isEmpty ? path : found
     }
 
-    private func makeAdmin(origin: String) throws -> TetherClient {
+    func makeAdmin(origin: String) throws -> TetherClient {
         var logger = Logger(label: "tether.chaos.publisher")
         logger.logLevel = .critical
         let keys = Self.accessManagerKeys
@@ -486,8 +499,8 @@ struct ChaosScenarioRunner: Sendable {
             await server.stop()
             try await Task.sleep(for: scaled(5))
             try await server.start()
-        case .publisherFlapping:
-            throw ChaosError("the publisher scenario runs its own faults")
+        case .publisherFlapping, .background:
+            throw ChaosError("the \(scenario.id.rawValue) scenario runs its own faults")
         }
     }
 }
@@ -519,12 +532,11 @@ final class ChaosPublisher: Sendable {
             let due = start + .milliseconds(Int64(Double(seq) * 1000 / rate))
             if due > ContinuousClock.now { try? await Task.sleep(until: due, clock: .continuous) }
             let sentAt = unixMilliseconds()
-            var acknowledged = false
+            var timetoken: UInt64?
             do {
-                _ = try await client.publish(channel: channel, message: ["seq": .number(JSONValue.Number(Int64(seq)))])
-                acknowledged = true
+                timetoken = try await client.publish(channel: channel, message: ["seq": .number(JSONValue.Number(Int64(seq)))]).timetoken.rawValue
             } catch {}
-            let record = PublishRecord(seq: seq, sentAt: sentAt, acknowledged: acknowledged)
+            let record = PublishRecord(seq: seq, sentAt: sentAt, acknowledged: timetoken != nil, timetoken: timetoken)
             state.withLock { $0.records.append(record) }
             seq += 1
         }

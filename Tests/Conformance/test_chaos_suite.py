@@ -5,6 +5,11 @@ on long-poll (`tether chaos probe`) and on its WebSocket session (`tether chaos 
 websocket`, issue 14) and the PubNub Python SDK, threaded and asyncio (this interpreter), side by
 side. Tether's SDK, on either wire, must lose, duplicate and reorder nothing and catch up in every
 scenario, and be caught up within about a second wherever nothing but the network stood in the way.
+
+Issue 18: the background scenario (`background`, 60 s in the quick run) runs a column per background
+policy and foreground preset on each Tether wire, beside PubNub's own catch-up recipe on the threaded
+Python SDK: each app is told it goes to the background, frozen with SIGSTOP, thawed and told it is in
+the foreground (docs/chaos.md, docs/resilience.md).
 """
 
 from __future__ import annotations
@@ -53,17 +58,23 @@ def suite(tmp_path_factory):
 
 
 def rows(results, sdk):
-    return {r["scenario"]: r for r in results if r["sdk"] == sdk}
+    """One row per scenario for `sdk` (the background scenario has a row per column: `columns`)."""
+    return {r["scenario"]: r for r in results if r["sdk"] == sdk and r.get("lifecycle") is None}
+
+
+def columns(results):
+    """The background scenario's rows by column id (`ws-suspend-everything`, `pubnub-recipe`…)."""
+    return {r["lifecycle"]["column"]: r for r in results if r.get("lifecycle") is not None}
 
 
 def test_every_scenario_ran_for_every_sdk(suite):
     _, results, table = suite
     scenarios = {r["scenario"] for r in results}
     assert scenarios == {"tunnel", "wifi-to-cellular", "server-restart", "server-down", "captive-portal", "grant-revoked",
-                         "overload", "slow-link", "outage-backlog", "reconnection-storm", "publisher-flapping"}
+                         "overload", "slow-link", "outage-backlog", "reconnection-storm", "publisher-flapping", "background"}
     for sdk in ALL_SDKS:
         mine = rows(results, sdk)
-        assert set(mine) == scenarios, sdk
+        assert set(mine) == scenarios - {"background"}, sdk
         for name, row in mine.items():
             note = row.get("note")
             if name == "wifi-to-cellular" and note and note.startswith("skipped"):
@@ -161,3 +172,87 @@ def test_publisher_side_counts_can_fail(suite):
     counts = rows(results, "pubnub-threaded")["publisher-flapping"]["publishing"]
     assert counts["published"] >= 30
     assert counts["duplicated"] + counts["failedVisibly"] + counts["lostSilently"] > 0, counts
+
+
+# The background scenario (issue 18): one column per policy x preset on each Tether wire, and
+# PubNub's own recipe on the threaded Python SDK. --quick freezes the probes for 60 s.
+EVERYTHING_COLUMNS = ["ws-disconnect-everything", "ws-keep-everything", "ws-suspend-everything", "ws-suspend-30s-everything",
+                      "lp-disconnect-everything", "lp-keep-everything", "lp-suspend-everything"]
+SKIP_COLUMNS = ["ws-disconnect-unread-counts", "ws-disconnect-latest-only", "lp-disconnect-unread-counts",
+                "lp-disconnect-latest-only"]
+
+
+def test_background_every_column_ran(suite):
+    _, results, table = suite
+    by_column = columns(results)
+    assert set(EVERYTHING_COLUMNS + SKIP_COLUMNS + ["pubnub-recipe"]) <= set(by_column), sorted(by_column)
+    for name in EVERYTHING_COLUMNS + SKIP_COLUMNS + ["pubnub-recipe"]:
+        row = by_column[name]
+        assert row.get("note") is None, f"{name}: {row['note']}"
+        assert row["notConnected"] == 0, f"{name}: never connected"
+        assert row["lifecycle"]["backgroundSeconds"] == 60
+        assert row["lifecycle"]["publishedAway"] >= 250, row  # 5/s for 60 s and the 2 s before the freeze
+    # PubNub's asyncio SDK has no row of its own: the recipe runs on the threaded SDK.
+    asyncio = [r for r in results if r["scenario"] == "background" and r["sdk"] == "pubnub-asyncio"]
+    assert len(asyncio) == 1 and asyncio[0]["note"].startswith("skipped"), asyncio
+    assert "Background 60.0 s (SIGSTOP), then foreground:" in table
+    assert "| PubNub Python (threaded) | unsubscribe (PubNub's recipe) |" in table
+
+
+@pytest.mark.parametrize("column", EVERYTHING_COLUMNS)
+def test_background_everything_loses_duplicates_and_reorders_nothing(suite, column):
+    """Scenario 1 under every policy: after a 60 s freeze, every message published while away
+    arrives once, in order, and the app is caught up within a few seconds of the foreground."""
+    _, results, _ = suite
+    row = columns(results)[column]
+    assert (row["lost"], row["duplicated"], row["outOfOrder"]) == (0, 0, 0), row
+    assert row["caughtUpClients"] == 1, row
+    assert row["caughtUpMax"] <= 10.0, row
+
+
+@pytest.mark.parametrize("column", SKIP_COLUMNS)
+def test_background_skip_presets_report_what_they_skipped(suite, column):
+    """unreadCounts and latestOnly skip what was published while away on purpose: the client
+    reports one `skipped` outcome whose range holds every message published while away (and
+    those published between the foreground and the resubscribe), delivers none of them, and
+    loses nothing outside it. unreadCounts counts them (message-counts) and the count matches
+    the range; latestOnly does not count."""
+    _, results, _ = suite
+    row = columns(results)[column]
+    counts = row["lifecycle"]
+    assert counts["skipsByDesign"]
+    assert counts["skippedOutcomes"] == 1, counts
+    assert (row["lost"], row["duplicated"], row["outOfOrder"]) == (0, 0, 0), row
+    assert counts["deliveredInSkippedRange"] == 0, counts
+    # A message in flight when the app went to the background may have been delivered before it.
+    assert counts["skippedInRange"] >= counts["publishedAway"] - 1, counts
+    if column.endswith("unread-counts"):
+        # The count (message-counts) is taken by the foreground probe; the range closes at the
+        # resubscribe just after it, so a message published in between is in the range and may
+        # be left out of the count. Everything published while away is counted, and no more than
+        # the range holds.
+        assert counts["skippedInRangeBeforeForeground"] <= counts["skippedReported"] <= counts["skippedInRange"], counts
+        assert counts["countMatches"], counts
+    else:
+        assert counts.get("skippedReported") is None, counts
+    assert row["caughtUpClients"] == 1, row
+
+
+def test_background_pubnub_recipe_ran(suite):
+    """PubNub's recipe (unsubscribe, history since the last timetoken + 1 paged, live messages
+    cached) ran beside Tether's columns: it reconnected and delivered messages published while
+    away; its numbers are the table's, whatever they are."""
+    _, results, _ = suite
+    row = columns(results)["pubnub-recipe"]
+    assert row.get("note") is None, row
+    assert "PNConnectedCategory" in row["statuses"], row
+    assert row["lost"] < row["lifecycle"]["publishedAway"], row  # history delivered at least part of the time away
+
+
+def test_background_measurement_can_fail(suite):
+    """The counters see undelivered messages: latestOnly delivers none of the messages in its
+    skipped range, so without the range they would all count as lost."""
+    _, results, _ = suite
+    for column in ("ws-disconnect-latest-only", "lp-disconnect-latest-only"):
+        counts = columns(results)[column]["lifecycle"]
+        assert counts["skippedInRange"] > 0 and counts["deliveredInSkippedRange"] == 0, counts
