@@ -317,7 +317,10 @@ struct ChaosScenarioRunner: Sendable {
                 reconnectCategories: ["reconnected", "connected", "PNReconnectedCategory", "PNConnectedCategory"])
             if result.notConnected == probe.clients, !probe.isRunning {
                 result.note = "the probe exited: \(probe.errorTail)"
-            } else if expected.count < 10 {
+            } else if expected.count < 5 {
+                // Few enough to say the publishing itself broke. (The storm in `--quick` publishes
+                // about 20 at 2 a second, and those sent while the server is down for 5 s fail:
+                // 9 or 10 acknowledged is a normal run, which a bound of 10 made flaky.)
                 result.note = "the run itself failed: only \(expected.count) publishes were acknowledged"
             }
             results.append(result)
