@@ -95,8 +95,9 @@ struct PublishRequest {
                 throw target.refuse(.contentTooLarge, "Message Too Large")
             }
         }
-        // `meta=null` is what PubNub SDKs send for no meta on publish-file (PubNub accepts it).
-        if let text = wire.query["meta"], !text.isEmpty, text != "null" {
+        // `meta=null` is what PubNub SDKs send for no meta on publish-file (PubNub accepts it);
+        // on a plain publish it stays a bad meta (docs/protocol.md).
+        if let text = wire.query["meta"], !text.isEmpty, !(text == "null" && target.kind == .file) {
             guard (try? JSONText.validate(text)) == .object else {
                 throw target.refuse(.badRequest, "Invalid meta: must be a JSON object")
             }
