@@ -99,7 +99,35 @@ struct MobileScenarioTests {
         #expect(app.payloads == (0..<8).map { JSONValue.int($0) })
         #expect(app.events.contains { if case .sessionResumed = $0 { true } else { false } }, "the kept session was resumed")
         #expect(!app.events.contains { if case .sessionExpired = $0 { true } else { false } })
+        // The replay ends with a frame at the server's cursor: the outcome counts what it recovered.
+        #expect(await eventually { app.continuity.contains { $0.channel == channel && $0.outcome == .recovered(count: 5) } },
+                "\(app.continuity)")
 
+        await app.client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+    }
+
+    @Test("Suspend with latest only: the kept session resumes at the server's cursor, nothing replayed, the skip reported")
+    func suspendWithLatestOnly() async throws {
+        let server = try await InProcessServer.start()
+        let channel = unique("susl")
+        let user = unique("u")
+        let app = try await MobileApp.start(origin: server.origin, channel: channel, userId: user, wire: .webSocket,
+                                            lifecycle: LifecycleOptions(backgroundPolicy: .suspend(keepAlive: .seconds(600)),
+                                                                        foregroundCatchUp: .latestOnly))
+        let publisher = try makeClient(origin: server.origin)
+        try await publish(publisher, channel, 0..<2)
+        #expect(await app.waitForMessages(2))
+        app.client.enterBackground()
+        #expect(await eventually { app.client.connectionState == .background && !app.client.isSessionOpen })
+        try await publish(publisher, channel, 2..<6)
+        #expect(await occupants(publisher, channel).contains(user), "presence kept while suspended")
+        app.client.enterForeground()
+        #expect(await eventually { app.continuity.contains { if case .skipped = $0.outcome { true } else { false } } })
+        try await publish(publisher, channel, 6..<7)
+        #expect(await app.waitForMessages(3))
+        #expect(app.payloads == [.int(0), .int(1), .int(6)], "nothing of the time away replayed")
         await app.client.shutdown()
         await publisher.shutdown()
         await server.stop()

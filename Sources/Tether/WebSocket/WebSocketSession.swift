@@ -155,7 +155,10 @@ final class WebSocketSession: Sendable {
                 // `reconnected` and failing the next poll.
                 try await awaitSubscribeAnswer(added: added, channels: channels, groups: groups, generation: generation)
             }
-            let start = (subscribed ? expected : nil) ?? welcome ?? Timetoken(0)
+            // A resumed session's welcome carries the server's cursor: the engine catches up from
+            // its own cursor to there (the replay ends with a frame at or past it), so the
+            // continuity outcome counts what was replayed.
+            let start = subscribed ? max(expected ?? Timetoken(0), welcome ?? Timetoken(0)) : welcome ?? Timetoken(0)
             return (SubscribeResponse(timetoken: start, region: 1, events: []), [])
         }
         let (subscribed, expected) = state.withLock { ($0.subscribed, $0.expected) }

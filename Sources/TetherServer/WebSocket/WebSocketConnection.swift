@@ -17,6 +17,9 @@ final class WebSocketConnection: Sendable {
 
     private struct Locked: Sendable {
         var session: Table.SessionID?
+        /// Set by a resume: the replay of what the session missed ends with a `messages` frame
+        /// (empty if need be) at the server's cursor, so the client knows it has caught up.
+        var markReplayEnd = false
     }
 
     let id: Table.ConnectionID
@@ -210,7 +213,10 @@ final class WebSocketConnection: Sendable {
             }
             switch result {
             case .resumed(let session, let kept, _):
-                locked.withLock { $0.session = session }
+                locked.withLock {
+                    $0.session = session
+                    $0.markReplayEnd = true
+                }
                 let resumed = sessions.update(session) { s in
                     if let cursor = hello.resumeCursor, s.hasSubscribed { s.cursor = min(cursor, current) }
                     s.auth = hello.auth
@@ -445,18 +451,23 @@ final class WebSocketConnection: Sendable {
                 check = now
             }
             let after = min(current.cursor, state.hub.currentCursor)
+            // After a resume, pages are read without waiting until one is not full: that one —
+            // empty or not — is sent at the cursor it reached (docs/websocket-protocol.md).
+            let marking = locked.withLock { $0.markReplayEnd }
             do {
                 let page = try await state.hub.receive(
-                    current.spec, after: after, limit: limits.maxEnvelopesPerResponse, timeout: state.subscribeTimeout,
+                    current.spec, after: after, limit: limits.maxEnvelopesPerResponse, timeout: marking ? .zero : state.subscribeTimeout,
                     channel: channel, access: check, recheck: recheck, filter: filter)
                 if Task.isCancelled { return }
-                guard page.cursor > after || !page.envelopes.isEmpty else {
+                let endsReplay = marking && page.envelopes.count < limits.maxEnvelopesPerResponse
+                if endsReplay { locked.withLock { $0.markReplayEnd = false } }
+                guard page.cursor > after || !page.envelopes.isEmpty || endsReplay else {
                     if sessions.isDraining { return }  // the hub answers at once while shutting down
                     continue
                 }
                 sessions.update(session) { $0.cursor = max($0.cursor, page.cursor) }
                 state.console?.sessionDelivered(uuid: current.uuid, page: page)
-                if page.envelopes.isEmpty && page.gaps.isEmpty { continue }
+                if page.envelopes.isEmpty && page.gaps.isEmpty && !endsReplay { continue }
                 send(WebSocketServerFrame.messages(cursor: page.cursor, envelopes: page.envelopes,
                                                    gaps: page.gaps.map { ($0.channel, $0.from, $0.through) }))
             } catch let error as AccessDeniedError {
