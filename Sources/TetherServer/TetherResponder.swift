@@ -57,7 +57,11 @@ public struct TetherResponder: HTTPResponder {
 
     /// Answers one request; never throws (every failure becomes a JSON error response).
     public func respond(to request: Request, context: TetherRequestContext) async throws -> Response {
-        let (endpoint, response) = await route(request, context: context)
+        var (endpoint, response) = await route(request, context: context)
+        // Shutting down: every answer closes its connection, so a client that polls in a tight
+        // loop over keep-alive (a long-poll answered at once from now on) cannot hold the
+        // server's graceful shutdown open.
+        if state.hub.isShuttingDown { response.headers[.connection] = "close" }
         state.metrics.recordRequest(endpoint: endpoint, status: response.status.code)
         if response.status.code >= 500 {
             state.logger.error("request failed", metadata: ["endpoint": "\(endpoint)", "status": "\(response.status.code)"])
