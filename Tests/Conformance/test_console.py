@@ -138,7 +138,9 @@ def test_the_console_shows_a_clients_drop_and_resume_and_publishes_to_a_subscrib
             publish(origin, channel, {"n": i})
         sub.wait_for(lambda line: line.endswith('{"n":2}'))
 
-        wait = WebDriverWait(browser, 30)
+        from selenium.common.exceptions import StaleElementReferenceException
+        # The live views redraw every second: an element read mid-redraw is stale; wait on.
+        wait = WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,))
         browser.get(f"http://{origin}/console")
         browser.find_element(By.ID, "secret").send_keys("not the secret")
         browser.find_element(By.ID, "login").click()
@@ -158,7 +160,14 @@ def test_the_console_shows_a_clients_drop_and_resume_and_publishes_to_a_subscrib
         sub.wait_for(lambda line: line.endswith('{"n":4}'), timeout=60)
 
         def timeline(b):
-            return [li.get_attribute("data-type") for li in b.find_elements(By.CSS_SELECTOR, "#timeline li")]
+            # The page redraws the timeline every second: an item can go stale while it is read.
+            from selenium.common.exceptions import StaleElementReferenceException
+            for _ in range(20):
+                try:
+                    return [li.get_attribute("data-type") for li in b.find_elements(By.CSS_SELECTOR, "#timeline li")]
+                except StaleElementReferenceException:
+                    time.sleep(0.05)
+            return []
         wait.until(lambda b: "resumed" in timeline(b) and "catch-up" in timeline(b))
         events = list(reversed(timeline(browser)))  # the page lists the newest first
         assert events.index("dropped") < events.index("resumed") < events.index("catch-up"), events
