@@ -22,6 +22,34 @@ struct BenchBitset: Sendable {
     /// Number of members.
     var count: Int { words.reduce(0) { $0 + $1.nonzeroBitCount } }
 
+    /// Number of members `i` with `i mod modulus == r`, for each residue `r`.
+    func countsByResidue(_ modulus: Int) -> [Int] {
+        guard modulus > 1 else { return [count] }
+        var counts = [Int](repeating: 0, count: modulus)
+        for (w, word) in words.enumerated() where word != 0 {
+            var bits = word
+            while bits != 0 {
+                counts[((w << 6) + bits.trailingZeroBitCount) % modulus] += 1
+                bits &= bits - 1
+            }
+        }
+        return counts
+    }
+
+    /// Number of members `i` of `self` with `i mod modulus == residue` that are not in `other`.
+    func countMissing(from other: BenchBitset, residue: Int, modulus: Int) -> Int {
+        guard modulus > 1 else { return countMissing(from: other) }
+        var missing = 0
+        for (w, word) in words.enumerated() {
+            var bits = word & ~(w < other.words.count ? other.words[w] : 0)
+            while bits != 0 {
+                if ((w << 6) + bits.trailingZeroBitCount) % modulus == residue { missing += 1 }
+                bits &= bits - 1
+            }
+        }
+        return missing
+    }
+
     /// Number of members of `self` that are not in `other`.
     func countMissing(from other: BenchBitset) -> Int {
         var missing = 0
@@ -235,9 +263,10 @@ final class PublishLedger: Sendable {
     }
 }
 
-/// Builds GET publish requests for one channel.
+/// Builds GET publish requests for one channel, or round-robin over several (message `id` to
+/// channel `id mod count`).
 struct PublishRequest: Sendable {
-    private let head: String
+    private let heads: [String]
     private let query: String
     /// With request ids: `&requestid=` and a per-run prefix, followed by the message id.
     private let requestIDPrefix: String?
@@ -246,7 +275,12 @@ struct PublishRequest: Sendable {
     /// Creates the request builder for `channel` on the `demo` keyset. With `requestIDs`, every
     /// publish carries a unique `requestid` of a UUID's length (36 bytes), as the SDK's do.
     init(channel: String, target: BenchTarget, store: Bool, requestIDs: Bool = false) {
-        head = "GET /publish/demo/demo/0/\(channel)/0/"
+        self.init(channels: [channel], target: target, store: store, requestIDs: requestIDs)
+    }
+
+    /// Creates the request builder for `channels`, round-robin by message id.
+    init(channels: [String], target: BenchTarget, store: Bool, requestIDs: Bool = false) {
+        heads = channels.map { "GET /publish/demo/demo/0/\($0)/0/" }
         query = "?uuid=bench-publisher" + (store ? "" : "&store=0")
         // 23 characters of a fresh UUID, a dash, and the message id padded to 12 digits.
         requestIDPrefix = requestIDs ? "&requestid=" + UUID().uuidString.prefix(23) + "-" : nil
@@ -255,6 +289,7 @@ struct PublishRequest: Sendable {
 
     /// Writes a publish of message `id` sent at `sentAt`.
     func write(id: Int, sentAt: UInt64, context: ChannelHandlerContext) {
+        let head = heads[heads.count == 1 ? 0 : id % heads.count]
         var buffer = context.channel.allocator.buffer(capacity: head.utf8.count + query.utf8.count + trailer.utf8.count + 128)
         buffer.writeString(head)
         BenchMessage.write(id: id, sentAt: sentAt, into: &buffer)

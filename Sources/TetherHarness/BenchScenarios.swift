@@ -88,6 +88,11 @@ struct FanoutResult: Codable, Sendable {
     /// every message, divided by the deliveries (µs; spawned servers only). It includes the
     /// publishes' own cost.
     var serverMicrosPerDelivery: Double?
+    /// The same server CPU time divided by the requests it answered: publishes plus subscribe
+    /// responses (long-poll cycles, or WebSocket frames) (µs; spawned servers only).
+    var serverMicrosPerRequest: Double?
+    /// Channels the subscribers were spread over and the publishes went round-robin to.
+    var channels: Int = 1
     /// Deliveries in each second of the run.
     var deliveriesPerSecondSeries: [Int]
     /// Server CPU while publishing, in percent of one CPU (spawned servers only).
@@ -276,17 +281,25 @@ struct BenchRunner {
     func openSubscribers(
         _ count: Int, channel: String, target: BenchTarget, recordLatencyFrom: Int?, transport: BenchTransport
     ) async throws -> ([SubscriberProgress], [any Channel]) {
+        try await openSubscribers(count, channels: [channel], target: target, recordLatencyFrom: recordLatencyFrom, transport: transport)
+    }
+
+    /// Opens subscribers, subscriber `i` on `channels[i % channels.count]`, and waits until each
+    /// has its handshake cursor (long-poll) or its `subscribed` answer (WebSocket).
+    func openSubscribers(
+        _ count: Int, channels names: [String], target: BenchTarget, recordLatencyFrom: Int?, transport: BenchTransport
+    ) async throws -> ([SubscriberProgress], [any Channel]) {
         let progress = (0..<count).map { _ in SubscriberProgress() }
         let channels: [any Channel]
         switch transport {
         case .longPoll:
             channels = try await BenchConnector.connectMany(count, to: target, group: group) { index in
-                BenchSubscriber(channel: channel, uuid: "bench-sub-\(index)", target: target, progress: progress[index],
+                BenchSubscriber(channel: names[index % names.count], uuid: "bench-sub-\(index)", target: target, progress: progress[index],
                                 recordLatencyFrom: recordLatencyFrom)
             }
         case .websocket:
             channels = try await BenchConnector.connectManyWebSockets(count, to: target, group: group) { index in
-                BenchWebSocketSubscriber(mode: .subscribe(channel: channel), uuid: "bench-sub-\(index)", target: target,
+                BenchWebSocketSubscriber(mode: .subscribe(channel: names[index % names.count]), uuid: "bench-sub-\(index)", target: target,
                                          progress: progress[index], recordLatencyFrom: recordLatencyFrom)
             }
         }
@@ -316,9 +329,14 @@ struct BenchRunner {
 
     /// Waits until every subscriber has `expected` distinct messages (or closed), up to `timeout`.
     func waitForDelivery(_ progress: [SubscriberProgress], expected: Int, timeout: Duration) async throws -> Bool {
+        try await waitForDelivery(progress, expected: { _ in expected }, timeout: timeout)
+    }
+
+    /// Waits until every subscriber `i` has `expected(i)` distinct messages (or closed), up to `timeout`.
+    func waitForDelivery(_ progress: [SubscriberProgress], expected: (Int) -> Int, timeout: Duration) async throws -> Bool {
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
-            if progress.allSatisfy({ $0.unique.load(ordering: .acquiring) >= expected || $0.closed.load(ordering: .acquiring) }) {
+            if progress.indices.allSatisfy({ progress[$0].unique.load(ordering: .acquiring) >= expected($0) || progress[$0].closed.load(ordering: .acquiring) }) {
                 return progress.allSatisfy { !$0.closed.load(ordering: .acquiring) }
             }
             try await Task.sleep(for: .milliseconds(5))
@@ -331,20 +349,23 @@ struct BenchRunner {
         progress.map { $0.report.withLock { $0 } ?? SubscriberReport() }
     }
 
-    /// Fan-out: closed-loop publishers (or, with `rate`, a paced publisher) on one channel,
-    /// `subscribers` long-polls receiving; checks every delivery.
+    /// Fan-out: closed-loop publishers (or, with `rate`, a paced publisher) on `channels`
+    /// channels (message `i` on channel `i mod channels`), `subscribers` long-polls receiving
+    /// (subscriber `i` on channel `i mod channels`); checks every delivery.
     func fanout(
-        target: BenchTarget, serverPID: Int32?, subscribers: Int, publishers: Int, rate: Int?, duration: Double, store: Bool,
-        requestIDs: Bool = false,
+        target: BenchTarget, serverPID: Int32?, subscribers: Int, channels channelCount: Int = 1, publishers: Int, rate: Int?,
+        duration: Double, store: Bool, requestIDs: Bool = false,
         transport: BenchTransport
     ) async throws -> FanoutResult {
-        let channel = freshChannel("fanout")
-        benchLog("fan-out: opening \(subscribers) \(transport.rawValue) subscribers on \(channel)")
-        let (progress, subscriberChannels) = try await openSubscribers(subscribers, channel: channel, target: target,
+        let prefix = freshChannel("fanout")
+        let names = channelCount == 1 ? [prefix] : (0..<channelCount).map { "\(prefix)-\($0)" }
+        benchLog("fan-out: opening \(subscribers) \(transport.rawValue) subscribers on "
+                 + (channelCount == 1 ? prefix : "\(channelCount) channels \(prefix)-*"))
+        let (progress, subscriberChannels) = try await openSubscribers(subscribers, channels: names, target: target,
                                                                        recordLatencyFrom: nil, transport: transport)
         let ledger = PublishLedger()
         let control = FloodControl()
-        let request = PublishRequest(channel: channel, target: target, store: store, requestIDs: requestIDs)
+        let request = PublishRequest(channels: names, target: target, store: store, requestIDs: requestIDs)
         let loop = group.next()
         var paced: NIOLoopBound<PacedPublisher>?
         if let rate {
@@ -417,7 +438,10 @@ struct BenchRunner {
         let published = ledger.ackedCount.load(ordering: .acquiring)
         let publishSeconds = seconds(start, stoppedAt)
         benchLog("fan-out: \(published) publishes acknowledged; waiting for subscribers to catch up")
-        let complete = try await waitForDelivery(progress, expected: published, timeout: .seconds(max(30, duration * 3)))
+        let ackedSoFar = ledger.acked.withLock { $0 }
+        let expectedPerChannel = ackedSoFar.countsByResidue(channelCount)
+        let complete = try await waitForDelivery(progress, expected: { expectedPerChannel[$0 % channelCount] },
+                                                 timeout: .seconds(max(30, duration * 3)))
         let caughtUp = benchNow()
         let serverSeconds = meter.serverSeconds()
         let dropped = progress.filter { $0.closed.load(ordering: .acquiring) }
@@ -436,9 +460,10 @@ struct BenchRunner {
             lost: 0, subscribersWithLoss: 0, duplicates: 0, outOfOrder: 0, subscribeErrors: 0, subscribeResponses: 0,
             deliveriesPerSecondSeries: series, serverCPUPercent: cpu.server, clientCPUPercent: cpu.client,
             interruptCPUPercent: cpu.interrupts, otherCPUPercent: cpu.other)
-        for report in reports {
+        result.channels = channelCount
+        for (index, report) in reports.enumerated() {
             result.deliveries += report.deliveries
-            let lost = acked.countMissing(from: report.received)
+            let lost = acked.countMissing(from: report.received, residue: index % channelCount, modulus: channelCount)
             result.lost += lost
             if lost > 0 { result.subscribersWithLoss += 1 }
             result.duplicates += report.duplicates
@@ -453,6 +478,7 @@ struct BenchRunner {
         }
         if let serverSeconds, result.deliveries > 0 {
             result.serverMicrosPerDelivery = serverSeconds * 1e6 / Double(result.deliveries)
+            result.serverMicrosPerRequest = serverSeconds * 1e6 / Double(result.published + result.publishErrors + result.subscribeResponses)
         }
         return result
     }

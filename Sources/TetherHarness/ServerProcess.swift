@@ -23,8 +23,10 @@ final class ServerProcess: Sendable {
     /// Where the server's standard error goes (appended).
     let logPath: String
 
-    /// The executable of this process (the same `tether` binary serves).
+    /// The executable of this process (the same `tether` binary serves), or the one named by
+    /// `TETHER_SERVER_BINARY` (to measure another build's server with this build's bench client).
     static var executablePath: String {
+        if let path = ProcessInfo.processInfo.environment["TETHER_SERVER_BINARY"], !path.isEmpty { return path }
         if let path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") { return path }
         return URL(fileURLWithPath: CommandLine.arguments[0]).standardizedFileURL.path
     }
