@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import NIOCore
 import NIOPosix
 import TetherHarness
 
