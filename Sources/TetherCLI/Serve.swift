@@ -205,7 +205,7 @@ struct Serve: AsyncParsableCommand {
         guard let level = Logger.Level(rawValue: levelText) else {
             throw ValidationError("TETHER_LOG_LEVEL must be one of trace, debug, info, notice, warning, error, critical")
         }
-        var logger = Logger(label: "tether") { StreamLogHandler.standardError(label: $0) }
+        var logger = Logger(label: "tether") { ServerLogHandler(label: $0) }
         logger.logLevel = level
 
         var file = ConfigurationFile()

@@ -4,6 +4,50 @@ package enum PercentCoding {
     /// Decodes `%XX` escapes. Returns `nil` for a malformed escape or bytes that are not UTF-8,
     /// so a server can answer with 400 instead of guessing.
     package static func decode(_ text: some StringProtocol) -> String? {
+        decodeGeneric(text)
+    }
+
+    /// ``decode(_:)`` for the request path's pieces: not generic (so it is specialised across
+    /// the module boundary), reading the UTF-8 bytes in place, and returning the text itself when
+    /// it has no `%` (it is valid UTF-8 already).
+    package static func decode(_ text: Substring) -> String? {
+        if let decoded = text.utf8.withContiguousStorageIfAvailable({ decodeContiguous($0) }) {
+            return decoded ?? String(text)
+        }
+        return decodeGeneric(text)
+    }
+
+    /// ``decode(_:)`` for a whole string; see the `Substring` overload.
+    package static func decode(_ text: String) -> String? {
+        if let decoded = text.utf8.withContiguousStorageIfAvailable({ decodeContiguous($0) }) {
+            return decoded ?? text
+        }
+        return decodeGeneric(text)
+    }
+
+    /// Decodes contiguous UTF-8: `.none` when there is no `%` (the caller keeps its text),
+    /// `.some(nil)` when malformed, `.some(decoded)` otherwise.
+    private static func decodeContiguous(_ raw: UnsafeBufferPointer<UInt8>) -> String?? {
+        guard let first = raw.firstIndex(of: 0x25) else { return .none }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(raw.count)
+        bytes.append(contentsOf: raw[..<first])
+        var i = first
+        while i < raw.count {
+            let byte = raw[i]
+            if byte == 0x25 {
+                guard i + 2 < raw.count, let high = hexValue(raw[i + 1]), let low = hexValue(raw[i + 2]) else { return .some(nil) }
+                bytes.append(high << 4 | low)
+                i += 3
+            } else {
+                bytes.append(byte)
+                i += 1
+            }
+        }
+        return .some(String(validating: bytes, as: UTF8.self))
+    }
+
+    private static func decodeGeneric(_ text: some StringProtocol) -> String? {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(text.utf8.count)
         var iterator = text.utf8.makeIterator()
