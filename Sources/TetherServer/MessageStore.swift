@@ -361,26 +361,32 @@ public final class MessageStore: Sendable {
     }
 
     private func waitForWrite(id: UInt64, _ write: StoreWrite, timeout: Duration) async throws {
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask {
-                try await Task.sleep(for: timeout)
-                self.expire(id)
-            }
-            defer { group.cancelAll() }
-            try await withCheckedThrowingContinuation { (continuation: Waiter) in
-                let accepted = queue.withLock { $0.enqueue(id: id, write, waiter: continuation) }
-                if accepted {
-                    doorbellContinuation.yield()
-                } else {
-                    continuation.resume(throwing: StoreError(.queueFull, "store write queue is full"))
-                }
+        // The deadline is kept with the write and enforced by the writer's sweeper
+        // (``runDeadlines()``): one timer for all writes, not a sleeping task per publish.
+        let deadline = ContinuousClock.now + timeout
+        try await withCheckedThrowingContinuation { (continuation: Waiter) in
+            let accepted = queue.withLock { $0.enqueue(id: id, write, waiter: continuation, deadline: deadline) }
+            if accepted {
+                doorbellContinuation.yield()
+            } else {
+                continuation.resume(throwing: StoreError(.queueFull, "store write queue is full"))
             }
         }
     }
 
+    /// Answers writes whose deadline passed, checking every tenth of the write timeout (at
+    /// most every 100 ms, at least every millisecond) while the writer runs.
+    private func runDeadlines() async {
+        let tick = min(max(options.writeTimeout / 10, .milliseconds(1)), .milliseconds(100))
+        while !Task.isCancelled {
+            do { try await Task.sleep(for: tick) } catch { return }
+            let expired = queue.withLock { queue in queue.hasDeadlines ? queue.expireDue(now: .now) : [] }
+            for expiry in expired { answer(expiry) }
+        }
+    }
+
     /// The deadline of write `id` passed: answers its publisher unless it was already answered.
-    private func expire(_ id: UInt64) {
-        let expiry = queue.withLock { $0.expire(id) }
+    private func answer(_ expiry: StoreWriteQueue<Waiter>.Expiry) {
         switch expiry {
         case .withdrawn(let waiter):
             observe(.stalled)
@@ -397,6 +403,14 @@ public final class MessageStore: Sendable {
 
     /// Runs the group-commit writer until `doorbell` finishes (see ``finish()``).
     public func runWriter() async {
+        await withDiscardingTaskGroup { group in
+            group.addTask { await self.runDeadlines() }
+            await runBatches()
+            group.cancelAll()
+        }
+    }
+
+    private func runBatches() async {
         for await _ in doorbell {
             while true {
                 let batch = queue.withLock { $0.takeBatch() }

@@ -51,6 +51,8 @@ struct StoreWriteQueue<Waiter> {
     private var claimed: [UInt64: Waiter] = [:]
     /// Claimed writes whose waiter was already answered "outcome unknown".
     private var orphaned: Set<UInt64> = []
+    /// When each write not yet answered times out (queued, taken or claimed writes only).
+    private var deadlines: [UInt64: ContinuousClock.Instant] = [:]
 
     init(limit: Int) { self.limit = limit }
 
@@ -64,10 +66,20 @@ struct StoreWriteQueue<Waiter> {
     }
 
     /// Queues write `id`. Returns `false` when the queue is full.
-    mutating func enqueue(id: UInt64, _ write: StoreWrite, waiter: Waiter) -> Bool {
+    mutating func enqueue(id: UInt64, _ write: StoreWrite, waiter: Waiter, deadline: ContinuousClock.Instant? = nil) -> Bool {
         guard queued.count < limit else { return false }
         queued.append(Entry(id: id, write: write, waiter: waiter))
+        if let deadline { deadlines[id] = deadline }
         return true
+    }
+
+    /// Whether any write has a deadline still to pass.
+    var hasDeadlines: Bool { !deadlines.isEmpty }
+
+    /// Expires every write whose deadline is at or before `now` (see ``expire(_:)``).
+    mutating func expireDue(now: ContinuousClock.Instant) -> [Expiry] {
+        let due = deadlines.filter { $0.value <= now }.keys.sorted()
+        return due.map { expire($0) }
     }
 
     /// Queues a message (``enqueue(id:_:waiter:)`` with no publish record).
@@ -98,6 +110,7 @@ struct StoreWriteQueue<Waiter> {
 
     /// The deadline of write `id` passed.
     mutating func expire(_ id: UInt64) -> Expiry {
+        deadlines.removeValue(forKey: id)
         if let index = queued.firstIndex(where: { $0.id == id }) {
             return .withdrawn(queued.remove(at: index).waiter)
         }
@@ -113,6 +126,7 @@ struct StoreWriteQueue<Waiter> {
     mutating func finish(_ ids: [UInt64]) -> Completion {
         var completion = Completion(waiters: [], late: [])
         for id in ids {
+            deadlines.removeValue(forKey: id)
             if let waiter = claimed.removeValue(forKey: id) ?? taken.removeValue(forKey: id) {
                 completion.waiters.append(waiter)
             } else if orphaned.remove(id) != nil {

@@ -93,6 +93,39 @@ import TetherTesting
         guard case .alreadyDone = queue.expire(e) else { Issue.record("e answered twice"); return }
     }
 
+    @Test func deadlinesExpireOnlyUnansweredWritesThatAreDue() {
+        var queue = StoreWriteQueue<String>(limit: 10)
+        let message = StoredMessage(subscribeKey: "k", channel: "c", timetoken: Timetoken(1), publisher: nil, payload: "1",
+                                    meta: nil, customMessageType: nil, sequence: nil, expiresAt: nil)
+        let start = ContinuousClock.now
+        let a = queue.makeID(), b = queue.makeID(), c = queue.makeID()
+        let accepted = [queue.enqueue(id: a, StoreWrite(message: message), waiter: "a", deadline: start + .seconds(1)),
+                        queue.enqueue(id: b, StoreWrite(message: message), waiter: "b", deadline: start + .seconds(1)),
+                        queue.enqueue(id: c, StoreWrite(message: message), waiter: "c", deadline: start + .seconds(5))]
+        #expect(accepted == [true, true, true])
+        #expect(queue.hasDeadlines)
+        // All three are taken; `b` is claimed and commits (answered: its deadline is gone).
+        _ = queue.takeBatch()
+        let claimedB = queue.claim([b])
+        #expect(claimedB == [b])
+        let committed = queue.finish([b]).waiters
+        #expect(committed == ["b"])
+        let early = queue.expireDue(now: start + .milliseconds(999))
+        #expect(early.isEmpty)
+        // At one second only `a` is due (withdrawn: taken, never claimed); `b` was answered.
+        let due = queue.expireDue(now: start + .seconds(1))
+        #expect(due.count == 1)
+        guard case .withdrawn("a") = due.first else { Issue.record("a not withdrawn: \(due)"); return }
+        let again = queue.expireDue(now: start + .seconds(2))
+        #expect(again.isEmpty)
+        // `c`, taken and claimed, passes its deadline inside its transaction: outcome unknown.
+        let claimedC = queue.claim([c])
+        #expect(claimedC == [c])
+        let late = queue.expireDue(now: start + .seconds(5))
+        guard case .outcomeUnknown("c") = late.first else { Issue.record("c not unknown: \(late)"); return }
+        #expect(!queue.hasDeadlines)
+    }
+
     // MARK: - Disk full
 
     @Test func aFullStoreFailsStoredPublishesClearlyWhileRealtimeFlowsAndRecovers() async throws {
