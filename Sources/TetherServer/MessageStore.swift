@@ -446,10 +446,11 @@ public final class MessageStore: Sendable {
                         // In the same transaction as the messages: a publish is remembered
                         // exactly when it is stored (issue #15).
                         if !records.isEmpty { try Self.insert(records, into: db) }
-                        try db.execute(sql: """
+                        // A cached statement: parsed (and authorised by GRDB) once, not every batch.
+                        try db.cachedStatement(sql: """
                             INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
                             ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
-                            """, arguments: [highest])
+                            """).execute(arguments: [highest])
                         return claimed.count
                     })
                 } catch {
