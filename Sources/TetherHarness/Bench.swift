@@ -52,6 +52,19 @@ package struct Bench: AsyncParsableCommand {
             they resume with their token and cursor. Reports hello → last replayed message and checks \
             that every missed message arrives exactly once, in order.
 
+            requests (only when named): for each of --request-kinds (time, publish-realtime = \
+            store=0, publish-stored), --publishers closed-loop keep-alive connections repeat that \
+            request for --duration seconds on a fresh spawned server, --request-rounds times; reports \
+            requests/s and the server's CPU per request (medians). A spawned server inherits the \
+            environment, so TETHER_DURABILITY=normal measures stored publishes without fsync.
+
+            --fanout-channels N spreads the fan-out subscribers over N channels (subscriber i on \
+            channel i mod N) and publishes round-robin (message i to channel i mod N): with as many \
+            subscribers as channels every delivery is one subscribe cycle carrying one message.
+
+            TETHER_SERVER_BINARY=<path> makes spawned servers run another build's `tether` (to compare \
+            builds with the same client).
+
             The client and a spawned server share the machine's CPUs; see docs/benchmarks.md.
 
             `tether bench soak` runs mixed legitimate and hostile load for minutes and reports the \
@@ -67,10 +80,12 @@ package struct Bench: AsyncParsableCommand {
         case fanout, latency, memory, presence, resume, all
         /// Fan-out publish throughput without and with request ids (not part of `all`).
         case publishDedup = "publish-dedup"
+        /// The server's CPU per request of each kind, closed loop (not part of `all`).
+        case requests
     }
 
     /// Which runs to do.
-    @Option(help: "fanout, latency, memory, presence, all (those four), resume or publish-dedup.")
+    @Option(help: "fanout, latency, memory, presence, all (those four), resume, publish-dedup or requests.")
     var scenario: Scenario = .all
 
     /// The subscribers' wire.
@@ -80,6 +95,14 @@ package struct Bench: AsyncParsableCommand {
     /// Every fan-out publish carries a unique request id.
     @Flag(name: .customLong("request-ids"), help: "Fan-out: every publish carries a unique requestid (the server's deduplication check).")
     var requestIDs = false
+
+    /// Request kinds of the requests scenario.
+    @Option(name: .customLong("request-kinds"), help: "requests: comma-separated kinds: time, publish-realtime, publish-stored.")
+    var requestKinds: String = "time,publish-realtime,publish-stored"
+
+    /// Rounds of the requests scenario.
+    @Option(name: .customLong("request-rounds"), help: "requests: rounds (each kind once per round, a fresh server per run); medians are reported.")
+    var requestRounds: Int = 3
 
     /// Runs of each variant in the publish-dedup scenario.
     @Option(name: .customLong("dedup-rounds"), help: "publish-dedup: alternating runs of each variant (without, with request ids).")
@@ -187,6 +210,11 @@ package struct Bench: AsyncParsableCommand {
     @Flag(name: .customLong("console"), help: "Spawned servers run with the live console on (an admin secret), to measure the flight recorder's cost.")
     var console = false
 
+    /// Parsed `--request-kinds`.
+    private var parsedRequestKinds: [RequestCostKind] {
+        requestKinds.split(separator: ",").compactMap { RequestCostKind(rawValue: $0.trimmingCharacters(in: .whitespaces)) }
+    }
+
     /// Parsed `--subscribers`.
     private var subscriberCounts: [Int] {
         subscribers.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
@@ -201,6 +229,10 @@ package struct Bench: AsyncParsableCommand {
         }
         guard publishers > 0 else { throw ValidationError("--publishers must be positive") }
         guard (1...100_000).contains(fanoutChannels) else { throw ValidationError("--fanout-channels must be between 1 and 100000") }
+        guard !parsedRequestKinds.isEmpty, parsedRequestKinds.count == requestKinds.split(separator: ",").count else {
+            throw ValidationError("--request-kinds must list some of: \(RequestCostKind.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        guard (1...50).contains(requestRounds) else { throw ValidationError("--request-rounds must be between 1 and 50") }
         guard (1...100).contains(dedupRounds) else { throw ValidationError("--dedup-rounds must be between 1 and 100") }
         if let fanoutRate, !(1...100_000).contains(fanoutRate) { throw ValidationError("--fanout-rate must be between 1 and 100000") }
         guard rate > 0 && rate <= 100_000 else { throw ValidationError("--rate must be between 1 and 100000") }
@@ -242,6 +274,8 @@ package struct Bench: AsyncParsableCommand {
         var publishDedup: PublishDedupResult?
         /// WebSocket resume run.
         var resume: ResumeResult?
+        /// Requests scenario runs, in the order they ran.
+        var requests: [RequestCostResult] = []
         /// Things the reader should know (skipped runs, limits).
         var notes: [String] = []
     }
@@ -259,10 +293,12 @@ package struct Bench: AsyncParsableCommand {
         let runPresence = scenario == .presence || scenario == .all
         let runPublishDedup = scenario == .publishDedup
         let runResume = scenario == .resume
+        let runRequests = scenario == .requests
         var report = Report(machine: .current(), server: external?.url ?? "spawned", clientThreads: threads)
 
         // Every connection is a file descriptor on both sides; children inherit the limit.
         var needed = 1024
+        if runRequests { needed = max(needed, publishers + 256) }
         if runFanout || runPublishDedup { needed = max(needed, (subscriberCounts.max() ?? 0) + publishers + 256) }
         if runMemory && external == nil { needed = max(needed, longPolls + 512) }
         let limit = BenchMachine.raiseOpenFileLimit(to: needed)
@@ -286,6 +322,20 @@ package struct Bench: AsyncParsableCommand {
                     }
                     report.fanout.append(result)
                     if !json { benchLog(Self.describe(result)) }
+                }
+            }
+            if runRequests {
+                for _ in 0..<requestRounds {
+                    for kind in parsedRequestKinds {
+                        let result = try await withServer(external) { target, pid in
+                            try await runner.requestCost(kind: kind, target: target, serverPID: pid, connections: publishers, duration: duration)
+                        }
+                        report.requests.append(result)
+                        if !json {
+                            benchLog("\(kind.rawValue): \(Self.grouped(result.requestsPerSecond)) requests/s, "
+                                     + (result.serverMicrosPerRequest.map { "\(Self.fixed($0)) µs of server CPU per request" } ?? "server CPU unknown"))
+                        }
+                    }
                 }
             }
             if runPublishDedup {
@@ -512,6 +562,31 @@ package struct Bench: AsyncParsableCommand {
                                      + "\(fixed(micros)) µs with \(grouped(Double(r.subscribers))) subscriber(s), \(micros <= 15 ? "met" : "NOT met")")
                     }
                 }
+            }
+        }
+        if !report.requests.isEmpty {
+            lines.append("Request cost — closed loop, one request in flight per keep-alive connection, a fresh server per run")
+            let header = ["kind", "connections", "runs", "requests/s (median)", "server µs/request (median)", "all runs (µs)", "errors"]
+            let widths = [17, 11, 5, 20, 27, 30, 7]
+            lines.append(zip(header, widths).map { pad($0, $1) }.joined(separator: " "))
+            for kind in RequestCostKind.allCases {
+                let runs = report.requests.filter { $0.kind == kind.rawValue }
+                guard !runs.isEmpty else { continue }
+                let micros = runs.compactMap(\.serverMicrosPerRequest).sorted()
+                let rates = runs.map(\.requestsPerSecond).sorted()
+                let row = [kind.rawValue, grouped(Double(runs[0].connections)), String(runs.count), grouped(rates[rates.count / 2]),
+                           micros.isEmpty ? "-" : fixed(micros[micros.count / 2], 1), micros.map { fixed($0, 1) }.joined(separator: " "),
+                           grouped(Double(runs.reduce(0) { $0 + $1.errors }))]
+                lines.append(zip(row, widths).map { pad($0, $1) }.joined(separator: " "))
+            }
+            lines.append("  server µs/request: the server's CPU time (user + system, /proc) over the run ÷ requests answered with 200")
+            if let other = report.requests.compactMap(\.otherCPUPercent).max(), other > 10 {
+                lines.append("  ! other processes used up to \(percent(other)) of a CPU during these runs: figures are noisy")
+            }
+            let stored = report.requests.filter { $0.kind == RequestCostKind.publishStored.rawValue }.compactMap(\.serverMicrosPerRequest).sorted()
+            if !stored.isEmpty {
+                let median = stored[stored.count / 2]
+                lines.append("  goal (#16): a stored publish ≤ 15 µs of server CPU — \(fixed(median, 1)) µs, \(median <= 15 ? "met" : "NOT met")")
             }
         }
         if let r = report.latency {

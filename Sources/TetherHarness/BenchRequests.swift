@@ -1,0 +1,131 @@
+import Foundation
+import NIOCore
+import Synchronization
+
+/// Result of the `requests` scenario: the server's CPU per request of one kind, closed loop.
+struct RequestCostResult: Codable, Sendable {
+    /// `time`, `publish-realtime` (store=0) or `publish-stored`.
+    var kind: String
+    /// Keep-alive connections, one request in flight each.
+    var connections: Int
+    /// Seconds measured.
+    var seconds: Double
+    /// Requests answered with 200.
+    var answered: Int
+    /// Requests answered otherwise.
+    var errors: Int
+    /// Answered requests per second.
+    var requestsPerSecond: Double
+    /// The server's CPU time (user + system) over the run ÷ answered requests (µs; spawned servers only).
+    var serverMicrosPerRequest: Double?
+    /// Server, client, softirq and other processes' CPU, in percent of one CPU.
+    var serverCPUPercent: Double?
+    var clientCPUPercent: Double?
+    var interruptCPUPercent: Double?
+    var otherCPUPercent: Double?
+}
+
+/// Which request the `requests` scenario repeats.
+enum RequestCostKind: String, CaseIterable, Sendable {
+    /// `GET /time/0`: the floor (HTTP, routing, the response), no keyset and no store.
+    case time
+    /// A publish with `store=0`: validated, reserved, delivered to nobody, not stored.
+    case publishRealtime = "publish-realtime"
+    /// A stored publish: acknowledged after its group commit (the server's `--durability`).
+    case publishStored = "publish-stored"
+}
+
+/// A closed-loop connection that repeats one kind of request.
+final class RequestFlood: BenchConnectionLogic {
+    private let kind: RequestCostKind
+    private let request: PublishRequest
+    private let timeRequest: String
+    private let ledger: PublishLedger
+    private let control: FloodControl
+    private var inFlight = false
+    private var done = false
+
+    init(kind: RequestCostKind, channel: String, target: BenchTarget, ledger: PublishLedger, control: FloodControl) {
+        self.kind = kind
+        self.request = PublishRequest(channel: channel, target: target, store: kind == .publishStored)
+        self.timeRequest = "GET /time/0" + target.requestTrailer
+        self.ledger = ledger
+        self.control = control
+    }
+
+    func connectionActive(_ context: ChannelHandlerContext) { sendNext(context) }
+
+    private func sendNext(_ context: ChannelHandlerContext) {
+        guard !control.stop.load(ordering: .acquiring) else {
+            finish()
+            return
+        }
+        inFlight = true
+        switch kind {
+        case .time:
+            var buffer = context.channel.allocator.buffer(capacity: timeRequest.utf8.count)
+            buffer.writeString(timeRequest)
+            context.writeAndFlush(NIOAny(buffer), promise: nil)
+        case .publishRealtime, .publishStored:
+            let id = ledger.nextID.wrappingAdd(1, ordering: .relaxed).oldValue
+            request.write(id: id, sentAt: benchNow(), context: context)
+        }
+    }
+
+    func received(_ response: BenchResponse, context: ChannelHandlerContext) {
+        if response.status == 200 {
+            ledger.ackedCount.add(1, ordering: .relaxed)
+        } else {
+            ledger.errors.add(1, ordering: .relaxed)
+        }
+        inFlight = false
+        sendNext(context)
+    }
+
+    private func finish() {
+        guard !done else { return }
+        done = true
+        control.finished.add(1, ordering: .releasing)
+    }
+
+    func connectionClosed() {
+        if inFlight { ledger.errors.add(1, ordering: .relaxed) }
+        finish()
+    }
+}
+
+extension BenchRunner {
+    /// `requests`: `connections` closed-loop keep-alive connections repeat one kind of request for
+    /// `duration` seconds; the server's CPU per answered request.
+    func requestCost(kind: RequestCostKind, target: BenchTarget, serverPID: Int32?, connections: Int, duration: Double) async throws
+        -> RequestCostResult
+    {
+        let ledger = PublishLedger()
+        let control = FloodControl()
+        let channel = freshChannel("requests")
+        benchLog("requests: \(kind.rawValue) over \(connections) keep-alive connections for \(duration) s")
+        let meter = CPUMeter(serverPID: serverPID)
+        let start = benchNow()
+        let countAtStart = ledger.ackedCount.load(ordering: .relaxed)
+        let channels = try await BenchConnector.connectMany(connections, to: target, group: group) { _ in
+            RequestFlood(kind: kind, channel: channel, target: target, ledger: ledger, control: control)
+        }
+        try await Task.sleep(for: .seconds(duration))
+        let answered = ledger.ackedCount.load(ordering: .acquiring) - countAtStart
+        let stoppedAt = benchNow()
+        let cpu = meter.read()
+        let serverSeconds = meter.serverSeconds()
+        control.stop.store(true, ordering: .releasing)
+        let deadline = ContinuousClock.now + .seconds(30)
+        while control.finished.load(ordering: .acquiring) < connections && ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        await close(channels)
+        let elapsed = seconds(start, stoppedAt)
+        return RequestCostResult(
+            kind: kind.rawValue, connections: connections, seconds: elapsed, answered: answered,
+            errors: ledger.errors.load(ordering: .relaxed), requestsPerSecond: Double(answered) / elapsed,
+            serverMicrosPerRequest: serverSeconds.flatMap { answered > 0 ? $0 * 1e6 / Double(answered) : nil },
+            serverCPUPercent: cpu.server, clientCPUPercent: cpu.client, interruptCPUPercent: cpu.interrupts, otherCPUPercent: cpu.other)
+    }
+}
