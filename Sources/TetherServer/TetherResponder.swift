@@ -118,6 +118,9 @@ public struct TetherResponder: HTTPResponder {
         do {
             let response: Response
             // Exhaustive: a new route is dispatched here and needs a row in AccessTableTests.
+            // Every handler is `@inline(never)`: inlined here, their locals made this function's
+            // async frame ~10 KiB, allocated for every request and held for a long-poll's whole
+            // wait (docs/benchmarks.md, "Where a request's CPU and memory go").
             switch route {
             case .options: response = Reply.json(.ok, "{}")
             case .time: response = time()

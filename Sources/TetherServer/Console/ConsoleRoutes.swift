@@ -14,7 +14,7 @@ extension TetherResponder {
     static let consoleCookie = "tether_console"
 
     /// The console's answer, or `nil` when the path is not the console's.
-    func console(_ console: AdminConsole, _ request: Request, context: TetherRequestContext) async -> Response? {
+    @inline(never) func console(_ console: AdminConsole, _ request: Request, context: TetherRequestContext) async -> Response? {
         let path = request.uri.path
         let isPage = path == "/console" || path.hasPrefix("/console/")
         guard isPage || path.hasPrefix("/admin/v1/") else { return nil }

@@ -191,7 +191,7 @@ extension TetherResponder {
     // MARK: - Objects (user and channel metadata)
 
     /// `GET /v2/objects/{sub}/{uuids|channels}/{id}`.
-    func getAppContextObject(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func getAppContextObject(_ wire: WireRequest) async throws -> Response {
         let target = try AppContextRequest(wire, keysets: state.keysets)
         guard let id = target.id else { throw RequestError(response: Reply.objectsError(.notFound, "Requested resource not found.")) }
         try authorizeAppContext(target.keyset, wire, kind: target.kind, id: id, permission: .get)
@@ -209,7 +209,7 @@ extension TetherResponder {
     /// `PATCH /v2/objects/{sub}/{uuids|channels}/{id}`: a partial update (members present
     /// replace, `null` clears), `If-Match` checked; the object's event is published on the
     /// channel named by its id.
-    func setAppContextObject(_ request: Request, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func setAppContextObject(_ request: Request, _ wire: WireRequest) async throws -> Response {
         let target = try AppContextRequest(wire, keysets: state.keysets)
         guard let id = target.id else { throw RequestError(response: Reply.objectsError(.notFound, "Requested resource not found.")) }
         guard let body = try? await request.body.collect(upTo: AppContextBounds.bodyBytes) else {
@@ -241,7 +241,7 @@ extension TetherResponder {
     }
 
     /// `DELETE /v2/objects/{sub}/{uuids|channels}/{id}`: removes the object and its memberships.
-    func removeAppContextObject(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func removeAppContextObject(_ wire: WireRequest) async throws -> Response {
         let target = try AppContextRequest(wire, keysets: state.keysets)
         guard let id = target.id else { throw RequestError(response: Reply.objectsError(.notFound, "Requested resource not found.")) }
         try authorizeAppContext(target.keyset, wire, kind: target.kind, id: id, permission: .delete, method: "DELETE")
@@ -254,7 +254,7 @@ extension TetherResponder {
     }
 
     /// `GET /v2/objects/{sub}/{uuids|channels}`: filter, sort, limit, page cursors, count.
-    func getAllAppContextObjects(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func getAllAppContextObjects(_ wire: WireRequest) async throws -> Response {
         let target = try AppContextRequest(wire, keysets: state.keysets)
         try authorizeAppContext(target.keyset, wire, kind: target.kind, id: nil, permission: .get)
         let includes = try AppContextIncludes(wire, other: nil)
@@ -279,7 +279,7 @@ extension TetherResponder {
 
     /// `GET /v2/objects/{sub}/uuids/{uuid}/channels` (a user's memberships) and
     /// `GET /v2/objects/{sub}/channels/{ch}/uuids` (a channel's members).
-    func getAppContextMemberships(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func getAppContextMemberships(_ wire: WireRequest) async throws -> Response {
         let target = try AppContextRequest(wire, keysets: state.keysets)
         guard let id = target.id else { throw RequestError(response: Reply.objectsError(.notFound, "Requested resource not found.")) }
         try authorizeAppContext(target.keyset, wire, kind: target.kind, id: id, permission: .get)
@@ -289,7 +289,7 @@ extension TetherResponder {
     /// `PATCH …/uuids/{uuid}/channels` and `PATCH …/channels/{ch}/uuids`: `{"set":[…],"delete":[…]}`,
     /// answered with the page of memberships after the change; each change publishes a
     /// membership event on the channel and on the user's channel.
-    func manageAppContextMemberships(_ request: Request, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func manageAppContextMemberships(_ request: Request, _ wire: WireRequest) async throws -> Response {
         let target = try AppContextRequest(wire, keysets: state.keysets)
         guard let id = target.id else { throw RequestError(response: Reply.objectsError(.notFound, "Requested resource not found.")) }
         guard let body = try? await request.body.collect(upTo: AppContextBounds.bodyBytes) else {

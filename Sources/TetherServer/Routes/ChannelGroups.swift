@@ -35,7 +35,7 @@ struct ChannelGroupChange {
 /// Channel groups (pubnub-wire §16).
 extension TetherResponder {
     /// List groups, list or change a group's channels, delete a group.
-    func channelGroups(_ route: Route, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func channelGroups(_ route: Route, _ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         // /v1/channel-registration/sub-key/{sub}/channel-group[/{cg}[/remove]]
         guard s.count >= 5, s[2] == "sub-key", s[4] == "channel-group" else {

@@ -88,7 +88,7 @@ extension TetherResponder {
 
     /// `POST /v1/files/{sub}/channels/{ch}/generate-upload-url` with `{"name":"…"}`: a file id
     /// and a signed form for one upload of it to Tether's own upload endpoint.
-    func generateUploadURL(_ request: Request, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func generateUploadURL(_ request: Request, _ wire: WireRequest) async throws -> Response {
         let target = try FileRequest(wire, keysets: state.keysets)
         guard let body = try? await request.body.collect(upTo: FileBounds.generateBodyBytes) else {
             throw Refusal(response: Reply.filesError(.contentTooLarge, "Request body too large"))
@@ -138,7 +138,7 @@ extension TetherResponder {
 
     /// `GET /v1/files/{sub}/channels/{ch}/files?limit=&next=`: the channel's files, oldest
     /// first, `next` an opaque cursor (null on the last page).
-    func listFiles(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func listFiles(_ wire: WireRequest) async throws -> Response {
         let target = try FileRequest(wire, keysets: state.keysets)
         try authorize(target.keyset, wire, channels: [target.channel], groups: [], permission: .read)
         let limit = min(try wire.integer("limit", in: ParameterBounds.actionsLimit) ?? FileBounds.listLimit, FileBounds.listLimit)
@@ -193,7 +193,7 @@ extension TetherResponder {
 
     /// `GET /v1/files/{sub}/channels/{ch}/files/{id}/{name}`: 307 to a signed URL on this
     /// server that serves the bytes (as PubNub redirects to a presigned storage URL).
-    func getFile(_ request: Request, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func getFile(_ request: Request, _ wire: WireRequest) async throws -> Response {
         let target = try FileRequest(wire, keysets: state.keysets)
         try authorize(target.keyset, wire, channels: [target.channel], groups: [], permission: .read)
         let file = try await existingFile(target, id: wire.segments[6], name: wire.segments[7])
@@ -218,7 +218,7 @@ extension TetherResponder {
 
     /// `DELETE /v1/files/{sub}/channels/{ch}/files/{id}/{name}`: removes the metadata and the
     /// bytes; the message that announced the file stays in history.
-    func deleteFile(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func deleteFile(_ wire: WireRequest) async throws -> Response {
         let target = try FileRequest(wire, keysets: state.keysets)
         try authorize(target.keyset, wire, method: "DELETE", channels: [target.channel], groups: [], permission: .delete)
         let file = try await existingFile(target, id: wire.segments[6], name: wire.segments[7])
@@ -239,7 +239,7 @@ extension TetherResponder {
 
     /// `GET /v1/files/publish-file/{pub}/{sub}/0/{ch}/0/{message}`: a publish of message type 4,
     /// stored in history like a message; the same checks and answers as publish.
-    func publishFileMessage(_ request: Request, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func publishFileMessage(_ request: Request, _ wire: WireRequest) async throws -> Response {
         var publishWire = wire
         publishWire.segments = ["publish"] + wire.segments[3...]
         publishWire.rawSegments = ["publish"] + wire.rawSegments[3...]

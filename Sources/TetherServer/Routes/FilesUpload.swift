@@ -32,7 +32,7 @@ extension TetherResponder {
     /// arrives and the file streamed to a temporary object, so memory stays bounded; the object
     /// is committed only when the whole body was read and is within the size limit. Errors are
     /// S3's: 400 `EntityTooLarge`, 400 `MalformedPOSTRequest`, 403 `AccessDenied`.
-    func uploadFile(_ request: Request, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func uploadFile(_ request: Request, _ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         guard NameRules.validateKey(s[3]), let keyset = state.keysets.keyset(subscribeKey: s[3]) else {
             return Reply.storageError(.notFound, code: "NoSuchBucket", "The specified bucket does not exist")
@@ -90,7 +90,7 @@ extension TetherResponder {
 
     /// `GET /v1/files/download/{sub}/{ch}/{id}/{name}?expires=&signature=` — the signed URL the
     /// get-file redirect names: the bytes, with the content type given at upload.
-    func downloadFile(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func downloadFile(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         guard NameRules.validateKey(s[3]), let keyset = state.keysets.keyset(subscribeKey: s[3]) else {
             return Reply.storageError(.notFound, code: "NoSuchBucket", "The specified bucket does not exist")

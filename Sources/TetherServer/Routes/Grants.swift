@@ -46,7 +46,7 @@ extension TetherResponder {
     // MARK: - v2 grant / audit (§11.1)
 
     /// v2 grant, or audit of what is granted.
-    func grantV2(_ wire: WireRequest, audit: Bool) async throws -> Response {
+    @inline(never) func grantV2(_ wire: WireRequest, audit: Bool) async throws -> Response {
         let s = wire.segments
         guard s.count == 5, s[3] == "sub-key" else {
             return Reply.error(.notFound, service: "Access Manager", "Not found: '\(wire.rawPath)'")
@@ -170,7 +170,7 @@ extension TetherResponder {
     // MARK: - v3 tokens (§11.2, §11.3)
 
     /// Issues a token for the grant in the body.
-    func grantToken(_ request: Request, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func grantToken(_ request: Request, _ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         let keyset = try state.keysets.keyset(subscribeKey: s[2], service: "Access Manager", uriLength: wire.uriLength)
         guard let buffer = try? await request.body.collect(upTo: 64 * 1024) else {
@@ -197,7 +197,7 @@ extension TetherResponder {
     }
 
     /// Revokes a token.
-    func revokeToken(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func revokeToken(_ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         let keyset = try state.keysets.keyset(subscribeKey: s[2], service: "Access Manager", uriLength: wire.uriLength)
         try requireAdmin(keyset, wire, method: "DELETE")

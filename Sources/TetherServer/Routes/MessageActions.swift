@@ -107,7 +107,7 @@ struct ActionBody {
 extension TetherResponder {
     // MARK: - Add
 
-    func addMessageAction(_ request: Request, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func addMessageAction(_ request: Request, _ wire: WireRequest) async throws -> Response {
         let target = try MessageActionRequest(wire, keysets: state.keysets)
         guard let messageTimetoken = target.messageTimetoken else { throw RequestError(response: Reply.actionsError(.badRequest, "Missing message timetoken")) }
         let uuid = try target.uuid(wire)
@@ -148,7 +148,7 @@ extension TetherResponder {
 
     // MARK: - Remove
 
-    func removeMessageAction(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func removeMessageAction(_ wire: WireRequest) async throws -> Response {
         let target = try MessageActionRequest(wire, keysets: state.keysets)
         guard let messageTimetoken = target.messageTimetoken, let actionTimetoken = target.actionTimetoken else {
             throw RequestError(response: Reply.actionsError(.badRequest, "Missing timetoken"))
@@ -186,7 +186,7 @@ extension TetherResponder {
 
     // MARK: - Get
 
-    func getMessageActions(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func getMessageActions(_ wire: WireRequest) async throws -> Response {
         let target = try MessageActionRequest(wire, keysets: state.keysets)
         try authorize(target.keyset, wire, channels: [target.channel], groups: [], permission: .read)
         let start = try wire.timetoken("start")

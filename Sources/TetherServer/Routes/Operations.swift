@@ -12,7 +12,7 @@ extension TetherResponder {
     }
 
     /// `/health`: the store's condition, uptime, waiting long-polls, the visible cursor.
-    func health() async -> Response {
+    @inline(never) func health() async -> Response {
         // Cheap: the last write's outcome, or a tiny probe at most once a second (never a scan).
         let condition = await state.store.condition()
         let healthy = condition == .writable

@@ -53,7 +53,7 @@ struct HereNowOptions {
 
 extension TetherResponder {
     /// Here-now, where-now, heartbeat, leave, and presence state.
-    func presence(_ route: Route, _ wire: WireRequest) async throws -> Response {
+    @inline(never) func presence(_ route: Route, _ wire: WireRequest) async throws -> Response {
         let s = wire.segments
         // /v2/presence/sub-key/{sub}[/channel/{chs}[/heartbeat|/leave|/uuid/{uuid}[/data]]] or /uuid/{uuid}
         let request = try PresenceRequest(wire, keysets: state.keysets)

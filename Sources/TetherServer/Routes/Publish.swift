@@ -136,7 +136,7 @@ struct PublishRequest {
 
 extension TetherResponder {
     /// Publish and signal: target, body, access, message, then the hub (which stores it).
-    func publish(_ request: Request, _ wire: WireRequest, kind: EventKind) async throws -> Response {
+    @inline(never) func publish(_ request: Request, _ wire: WireRequest, kind: EventKind) async throws -> Response {
         let target = try PublishRequest.Target(wire, kind: kind, keysets: state.keysets, now: state.hub.currentCursor)
         let limits = target.limits
         // The message: GET carries it in the path, POST in the (possibly compressed) body.

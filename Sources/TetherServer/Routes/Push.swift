@@ -101,7 +101,7 @@ struct PushRequest {
 extension TetherResponder {
     /// Adds and/or removes channels of a device (`add=`, `remove=`; removals first, as PubNub
     /// documents): `[1,"Modified Channels"]`.
-    func modifyPushChannels(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func modifyPushChannels(_ wire: WireRequest) async throws -> Response {
         let target = try PushRequest(wire, keysets: state.keysets, validatingToken: !(wire.query["add"] ?? "").isEmpty)
         let add = try PushRequest.channels(wire, "add")
         let remove = try PushRequest.channels(wire, "remove")
@@ -120,7 +120,7 @@ extension TetherResponder {
     }
 
     /// The device's channels (`start` after which, `count` at most): a JSON array.
-    func listPushChannels(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func listPushChannels(_ wire: WireRequest) async throws -> Response {
         let target = try PushRequest(wire, keysets: state.keysets, validatingToken: false)
         try authorize(target.keyset, wire, channels: [], groups: [], permission: .read)
         let count = try wire.integer("count", in: PushRegistrationBounds.listCount) ?? PushRegistrationBounds.defaultListCount
@@ -137,7 +137,7 @@ extension TetherResponder {
     }
 
     /// Unregisters the device from every channel: `[1,"Removed Device"]`.
-    func removePushDevice(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func removePushDevice(_ wire: WireRequest) async throws -> Response {
         let target = try PushRequest(wire, keysets: state.keysets, validatingToken: false)
         try authorize(target.keyset, wire, channels: [], groups: [], permission: .read)
         try await state.store.removePushDevice(target.device)

@@ -110,7 +110,7 @@ struct MessageCountCursors {
 extension TetherResponder {
     // MARK: - History v2
 
-    func historyV2(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func historyV2(_ wire: WireRequest) async throws -> Response {
         let request = try StorageRequest(wire, keysets: state.keysets, errors: .service)
         try request.requireOneChannel(Reply.error(.badRequest, service: "Storage", "History v2 takes exactly one channel"))
         try authorize(request.keyset, wire, channels: request.channels, groups: [], permission: .read)
@@ -149,7 +149,7 @@ extension TetherResponder {
 
     // MARK: - Fetch v3 and history with actions
 
-    func fetchV3(_ wire: WireRequest, withActions: Bool) async throws -> Response {
+    @inline(never) func fetchV3(_ wire: WireRequest, withActions: Bool) async throws -> Response {
         let request = try StorageRequest(wire, keysets: state.keysets, errors: .history)
         let channels = request.channels
         if withActions {
@@ -281,7 +281,7 @@ extension TetherResponder {
 
     // MARK: - Delete
 
-    func deleteMessages(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func deleteMessages(_ wire: WireRequest) async throws -> Response {
         let request = try StorageRequest(wire, keysets: state.keysets, errors: .history)
         try request.requireOneChannel(Reply.historyError(.badRequest, "Delete takes exactly one channel"))
         try authorize(request.keyset, wire, method: "DELETE", channels: request.channels, groups: [], permission: .delete)
@@ -293,7 +293,7 @@ extension TetherResponder {
 
     // MARK: - Message counts
 
-    func messageCounts(_ wire: WireRequest) async throws -> Response {
+    @inline(never) func messageCounts(_ wire: WireRequest) async throws -> Response {
         let request = try StorageRequest(wire, keysets: state.keysets, errors: .history)
         let channels = request.channels
         if channels.count > 100 { throw Refusal(response: Reply.historyError(.badRequest, "Invalid Arguments")) }

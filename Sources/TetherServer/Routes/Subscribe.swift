@@ -72,7 +72,7 @@ struct SubscribeRequest {
 
 extension TetherResponder {
     /// Subscribe: a heartbeat for its uuid, then the handshake cursor or a long-poll on the hub.
-    func subscribe(_ wire: WireRequest, context: TetherRequestContext) async throws -> Response {
+    @inline(never) func subscribe(_ wire: WireRequest, context: TetherRequestContext) async throws -> Response {
         let request = try SubscribeRequest(wire, keysets: state.keysets, filters: state.filters)
         let keyset = request.keyset
         let names = request.channels
