@@ -116,52 +116,55 @@ public struct TetherResponder: HTTPResponder {
         }
         if let limited = rateLimit(route, wire, context: context) { return ("rate-limited", limited) }
         do {
-            let response: Response
             // Exhaustive: a new route is dispatched here and needs a row in AccessTableTests.
-            // Every handler is `@inline(never)`: inlined here, their locals made this function's
-            // async frame ~10 KiB, allocated for every request and held for a long-poll's whole
-            // wait (docs/benchmarks.md, "Where a request's CPU and memory go").
+            // The switch only picks the handler; the one `await` below calls it. With an `await`
+            // in every case (and the handlers inlined), this function's async frame held a slot
+            // for each: ~10 KiB allocated for every request and held for a long-poll's whole wait
+            // (docs/benchmarks.md, "Where a request's CPU and memory go").
+            let wire = wire
+            let handler: () async throws -> Response
             switch route {
-            case .options: response = Reply.json(.ok, "{}")
-            case .time: response = time()
-            case .publish: response = try await publish(request, wire, kind: .message)
-            case .signal: response = try await publish(request, wire, kind: .signal)
-            case .subscribe: response = try await subscribe(wire, context: context)
-            case .history: response = try await historyV2(wire)
-            case .fetch: response = try await fetchV3(wire, withActions: false)
-            case .historyWithActions: response = try await fetchV3(wire, withActions: true)
-            case .deleteMessages: response = try await deleteMessages(wire)
-            case .messageCounts: response = try await messageCounts(wire)
+            case .options: handler = { Reply.json(.ok, "{}") }
+            case .time: handler = { self.time() }
+            case .publish: handler = { try await self.publish(request, wire, kind: .message) }
+            case .signal: handler = { try await self.publish(request, wire, kind: .signal) }
+            case .subscribe: handler = { try await self.subscribe(wire, context: context) }
+            case .history: handler = { try await self.historyV2(wire) }
+            case .fetch: handler = { try await self.fetchV3(wire, withActions: false) }
+            case .historyWithActions: handler = { try await self.fetchV3(wire, withActions: true) }
+            case .deleteMessages: handler = { try await self.deleteMessages(wire) }
+            case .messageCounts: handler = { try await self.messageCounts(wire) }
             case .hereNowGlobal, .hereNow, .whereNow, .heartbeat, .leave, .getState, .setState:
-                response = try await presence(route, wire)
+                handler = { try await self.presence(route, wire) }
             case .groupList, .groupChannels, .groupUpdate, .groupDelete:
-                response = try await channelGroups(route, wire)
-            case .grant: response = try await grantV2(wire, audit: false)
-            case .audit: response = try await grantV2(wire, audit: true)
-            case .grantToken: response = try await grantToken(request, wire)
-            case .revokeToken: response = try await revokeToken(wire)
-            case .addMessageAction: response = try await addMessageAction(request, wire)
-            case .removeMessageAction: response = try await removeMessageAction(wire)
-            case .getMessageActions: response = try await getMessageActions(wire)
-            case .getUserMetadata, .getChannelMetadata: response = try await getAppContextObject(wire)
-            case .setUserMetadata, .setChannelMetadata: response = try await setAppContextObject(request, wire)
-            case .removeUserMetadata, .removeChannelMetadata: response = try await removeAppContextObject(wire)
-            case .getAllUserMetadata, .getAllChannelMetadata: response = try await getAllAppContextObjects(wire)
-            case .getMemberships, .getChannelMembers: response = try await getAppContextMemberships(wire)
-            case .manageMemberships, .manageChannelMembers: response = try await manageAppContextMemberships(request, wire)
-            case .pushModify: response = try await modifyPushChannels(wire)
-            case .pushList: response = try await listPushChannels(wire)
-            case .pushRemoveDevice: response = try await removePushDevice(wire)
-            case .generateFileUploadURL: response = try await generateUploadURL(request, wire)
-            case .uploadFile: response = try await uploadFile(request, wire)
-            case .publishFileMessage: response = try await publishFileMessage(request, wire)
-            case .listFiles: response = try await listFiles(wire)
-            case .getFile: response = try await getFile(request, wire)
-            case .downloadFile: response = try await downloadFile(wire)
-            case .deleteFile: response = try await deleteFile(wire)
-            case .health: response = await health()
-            case .metrics: response = metrics()
+                handler = { try await self.channelGroups(route, wire) }
+            case .grant: handler = { try await self.grantV2(wire, audit: false) }
+            case .audit: handler = { try await self.grantV2(wire, audit: true) }
+            case .grantToken: handler = { try await self.grantToken(request, wire) }
+            case .revokeToken: handler = { try await self.revokeToken(wire) }
+            case .addMessageAction: handler = { try await self.addMessageAction(request, wire) }
+            case .removeMessageAction: handler = { try await self.removeMessageAction(wire) }
+            case .getMessageActions: handler = { try await self.getMessageActions(wire) }
+            case .getUserMetadata, .getChannelMetadata: handler = { try await self.getAppContextObject(wire) }
+            case .setUserMetadata, .setChannelMetadata: handler = { try await self.setAppContextObject(request, wire) }
+            case .removeUserMetadata, .removeChannelMetadata: handler = { try await self.removeAppContextObject(wire) }
+            case .getAllUserMetadata, .getAllChannelMetadata: handler = { try await self.getAllAppContextObjects(wire) }
+            case .getMemberships, .getChannelMembers: handler = { try await self.getAppContextMemberships(wire) }
+            case .manageMemberships, .manageChannelMembers: handler = { try await self.manageAppContextMemberships(request, wire) }
+            case .pushModify: handler = { try await self.modifyPushChannels(wire) }
+            case .pushList: handler = { try await self.listPushChannels(wire) }
+            case .pushRemoveDevice: handler = { try await self.removePushDevice(wire) }
+            case .generateFileUploadURL: handler = { try await self.generateUploadURL(request, wire) }
+            case .uploadFile: handler = { try await self.uploadFile(request, wire) }
+            case .publishFileMessage: handler = { try await self.publishFileMessage(request, wire) }
+            case .listFiles: handler = { try await self.listFiles(wire) }
+            case .getFile: handler = { try await self.getFile(request, wire) }
+            case .downloadFile: handler = { try await self.downloadFile(wire) }
+            case .deleteFile: handler = { try await self.deleteFile(wire) }
+            case .health: handler = { await self.health() }
+            case .metrics: handler = { self.metrics() }
             }
+            let response = try await handler()
             return (route.rawValue, response)
         } catch let refusal as Refusal {
             return (route.rawValue, refusal.response)
