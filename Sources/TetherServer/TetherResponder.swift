@@ -71,23 +71,51 @@ public struct TetherResponder: HTTPResponder {
         return response
     }
 
+    /// What ``dispatch(_:context:)`` decided: an answer already, or the handler to await.
+    private enum Dispatch {
+        case answered(String, Response)
+        case handler(Route, () async throws -> Response)
+    }
+
+    /// The request's endpoint label and response. The only async part of routing: everything
+    /// else is in the synchronous ``dispatch(_:context:)`` and ``failure(_:route:)``, so this
+    /// function's async frame — allocated for every request and held for a long-poll's whole
+    /// wait — stays small (docs/benchmarks.md, "Where a request's CPU and memory go").
     private func route(_ request: Request, context: TetherRequestContext) async -> (String, Response) {
-        let uriLength = request.uri.string.utf8.count
-        if uriLength > state.keysets.largestURILimit {
-            return ("uri", Reply.uriTooLong)
-        }
-        if let console = state.console, let response = await self.console(console, request, context: context) {
+        if request.uri.string.utf8.count <= state.keysets.largestURILimit, let console = state.console,
+           let response = await self.console(console, request, context: context) {
             return ("console", response)
         }
-        if request.method == .options {
-            return (Route.options.rawValue, Reply.json(.ok, "{}"))
+        switch dispatch(request, context: context) {
+        case .answered(let endpoint, let response):
+            return (endpoint, response)
+        case .handler(let route, let handler):
+            do {
+                return (route.rawValue, try await handler())
+            } catch {
+                return failure(error, route: route)
+            }
         }
-        var wire: WireRequest
+    }
+
+    /// Classifies the request and picks its handler, or answers it (bad URI, unknown route,
+    /// rate-limited, preflight).
+    @inline(never)
+    private func dispatch(_ request: Request, context: TetherRequestContext) -> Dispatch {
+        let uriLength = request.uri.string.utf8.count
+        if uriLength > state.keysets.largestURILimit {
+            return .answered("uri", Reply.uriTooLong)
+        }
+        if request.method == .options {
+            return .answered(Route.options.rawValue, Reply.json(.ok, "{}"))
+        }
+        let wire: WireRequest
         do {
-            wire = try WireRequest(rawPath: request.uri.path, rawQuery: request.uri.query)
-            wire.uriLength = uriLength
+            var parsed = try WireRequest(rawPath: request.uri.path, rawQuery: request.uri.query)
+            parsed.uriLength = uriLength
+            wire = parsed
         } catch {
-            return ("invalid", Reply.error(.badRequest, service: "Balancer", "Could Not Parse Request"))
+            return .answered("invalid", Reply.error(.badRequest, service: "Balancer", "Could Not Parse Request"))
         }
         let s = wire.segments
         guard let route = Route.classify(request.method, s, wire) else {
@@ -96,7 +124,7 @@ public struct TetherResponder: HTTPResponder {
                 // A message-actions path with a method it does not take (or a shape it does not
                 // have): PubNub's actions error object.
                 let known = s.count == 5 || (s.count == 7 && s[5] == "message") || (s.count == 9 && s[5] == "message" && s[7] == "action")
-                return ("unknown", known ? Reply.actionsError(.methodNotAllowed, "Method Not Allowed")
+                return .answered("unknown", known ? Reply.actionsError(.methodNotAllowed, "Method Not Allowed")
                                          : Reply.actionsError(.notFound, "Not found: '\(request.uri.path)'"))
             }
             if family == "objects", s.first == "v2" {
@@ -104,68 +132,71 @@ public struct TetherResponder: HTTPResponder {
                 let users = s.count > 3 && s[3] == "uuids", channels = s.count > 3 && s[3] == "channels"
                 let known = ((s.count == 4 || s.count == 5) && (users || channels))
                     || (s.count == 6 && ((users && s[5] == "channels") || (channels && s[5] == "uuids")))
-                return ("unknown", known ? Reply.objectsError(.methodNotAllowed, "Method Not Allowed")
+                return .answered("unknown", known ? Reply.objectsError(.methodNotAllowed, "Method Not Allowed")
                                          : Reply.objectsError(.notFound, "Requested resource not found."))
             }
             if family == "files", s.first == "v1" {
                 // A files path with a method it does not take: the files error object.
-                return ("unknown", Reply.filesError(Self.isFilesPath(s) ? .methodNotAllowed : .notFound, Self.isFilesPath(s) ? "Method Not Allowed" : "Not found: '\(request.uri.path)'"))
+                return .answered("unknown", Reply.filesError(Self.isFilesPath(s) ? .methodNotAllowed : .notFound, Self.isFilesPath(s) ? "Method Not Allowed" : "Not found: '\(request.uri.path)'"))
             }
             let service = family == "presence" ? "Presence" : family == "channel-registration" ? "channel-registry" : "Tether"
-            return ("unknown", Reply.error(.notFound, service: service, "Not found: '\(request.uri.path)'"))
+            return .answered("unknown", Reply.error(.notFound, service: service, "Not found: '\(request.uri.path)'"))
         }
-        if let limited = rateLimit(route, wire, context: context) { return ("rate-limited", limited) }
+        if let limited = rateLimit(route, wire, context: context) { return .answered("rate-limited", limited) }
+        // Exhaustive: a new route is dispatched here and needs a row in AccessTableTests.
+        // The switch only picks the handler; ``route(_:context:)`` awaits it. With an `await`
+        // in every case, the routing function's async frame held a slot for each: ~10 KiB
+        // allocated for every request and held for a long-poll's whole wait (docs/benchmarks.md).
+        let handler: () async throws -> Response
+        switch route {
+        case .options: handler = { Reply.json(.ok, "{}") }
+        case .time: handler = { self.time() }
+        case .publish: handler = { try await self.publish(request, wire, kind: .message) }
+        case .signal: handler = { try await self.publish(request, wire, kind: .signal) }
+        case .subscribe: handler = { try await self.subscribe(wire, context: context) }
+        case .history: handler = { try await self.historyV2(wire) }
+        case .fetch: handler = { try await self.fetchV3(wire, withActions: false) }
+        case .historyWithActions: handler = { try await self.fetchV3(wire, withActions: true) }
+        case .deleteMessages: handler = { try await self.deleteMessages(wire) }
+        case .messageCounts: handler = { try await self.messageCounts(wire) }
+        case .hereNowGlobal, .hereNow, .whereNow, .heartbeat, .leave, .getState, .setState:
+            handler = { try await self.presence(route, wire) }
+        case .groupList, .groupChannels, .groupUpdate, .groupDelete:
+            handler = { try await self.channelGroups(route, wire) }
+        case .grant: handler = { try await self.grantV2(wire, audit: false) }
+        case .audit: handler = { try await self.grantV2(wire, audit: true) }
+        case .grantToken: handler = { try await self.grantToken(request, wire) }
+        case .revokeToken: handler = { try await self.revokeToken(wire) }
+        case .addMessageAction: handler = { try await self.addMessageAction(request, wire) }
+        case .removeMessageAction: handler = { try await self.removeMessageAction(wire) }
+        case .getMessageActions: handler = { try await self.getMessageActions(wire) }
+        case .getUserMetadata, .getChannelMetadata: handler = { try await self.getAppContextObject(wire) }
+        case .setUserMetadata, .setChannelMetadata: handler = { try await self.setAppContextObject(request, wire) }
+        case .removeUserMetadata, .removeChannelMetadata: handler = { try await self.removeAppContextObject(wire) }
+        case .getAllUserMetadata, .getAllChannelMetadata: handler = { try await self.getAllAppContextObjects(wire) }
+        case .getMemberships, .getChannelMembers: handler = { try await self.getAppContextMemberships(wire) }
+        case .manageMemberships, .manageChannelMembers: handler = { try await self.manageAppContextMemberships(request, wire) }
+        case .pushModify: handler = { try await self.modifyPushChannels(wire) }
+        case .pushList: handler = { try await self.listPushChannels(wire) }
+        case .pushRemoveDevice: handler = { try await self.removePushDevice(wire) }
+        case .generateFileUploadURL: handler = { try await self.generateUploadURL(request, wire) }
+        case .uploadFile: handler = { try await self.uploadFile(request, wire) }
+        case .publishFileMessage: handler = { try await self.publishFileMessage(request, wire) }
+        case .listFiles: handler = { try await self.listFiles(wire) }
+        case .getFile: handler = { try await self.getFile(request, wire) }
+        case .downloadFile: handler = { try await self.downloadFile(wire) }
+        case .deleteFile: handler = { try await self.deleteFile(wire) }
+        case .health: handler = { await self.health() }
+        case .metrics: handler = { self.metrics() }
+        }
+        return .handler(route, handler)
+    }
+
+    /// The answer to what a handler threw.
+    @inline(never)
+    private func failure(_ error: any Error, route: Route) -> (String, Response) {
         do {
-            // Exhaustive: a new route is dispatched here and needs a row in AccessTableTests.
-            // The switch only picks the handler; the one `await` below calls it. With an `await`
-            // in every case (and the handlers inlined), this function's async frame held a slot
-            // for each: ~10 KiB allocated for every request and held for a long-poll's whole wait
-            // (docs/benchmarks.md, "Where a request's CPU and memory go").
-            let wire = wire
-            let handler: () async throws -> Response
-            switch route {
-            case .options: handler = { Reply.json(.ok, "{}") }
-            case .time: handler = { self.time() }
-            case .publish: handler = { try await self.publish(request, wire, kind: .message) }
-            case .signal: handler = { try await self.publish(request, wire, kind: .signal) }
-            case .subscribe: handler = { try await self.subscribe(wire, context: context) }
-            case .history: handler = { try await self.historyV2(wire) }
-            case .fetch: handler = { try await self.fetchV3(wire, withActions: false) }
-            case .historyWithActions: handler = { try await self.fetchV3(wire, withActions: true) }
-            case .deleteMessages: handler = { try await self.deleteMessages(wire) }
-            case .messageCounts: handler = { try await self.messageCounts(wire) }
-            case .hereNowGlobal, .hereNow, .whereNow, .heartbeat, .leave, .getState, .setState:
-                handler = { try await self.presence(route, wire) }
-            case .groupList, .groupChannels, .groupUpdate, .groupDelete:
-                handler = { try await self.channelGroups(route, wire) }
-            case .grant: handler = { try await self.grantV2(wire, audit: false) }
-            case .audit: handler = { try await self.grantV2(wire, audit: true) }
-            case .grantToken: handler = { try await self.grantToken(request, wire) }
-            case .revokeToken: handler = { try await self.revokeToken(wire) }
-            case .addMessageAction: handler = { try await self.addMessageAction(request, wire) }
-            case .removeMessageAction: handler = { try await self.removeMessageAction(wire) }
-            case .getMessageActions: handler = { try await self.getMessageActions(wire) }
-            case .getUserMetadata, .getChannelMetadata: handler = { try await self.getAppContextObject(wire) }
-            case .setUserMetadata, .setChannelMetadata: handler = { try await self.setAppContextObject(request, wire) }
-            case .removeUserMetadata, .removeChannelMetadata: handler = { try await self.removeAppContextObject(wire) }
-            case .getAllUserMetadata, .getAllChannelMetadata: handler = { try await self.getAllAppContextObjects(wire) }
-            case .getMemberships, .getChannelMembers: handler = { try await self.getAppContextMemberships(wire) }
-            case .manageMemberships, .manageChannelMembers: handler = { try await self.manageAppContextMemberships(request, wire) }
-            case .pushModify: handler = { try await self.modifyPushChannels(wire) }
-            case .pushList: handler = { try await self.listPushChannels(wire) }
-            case .pushRemoveDevice: handler = { try await self.removePushDevice(wire) }
-            case .generateFileUploadURL: handler = { try await self.generateUploadURL(request, wire) }
-            case .uploadFile: handler = { try await self.uploadFile(request, wire) }
-            case .publishFileMessage: handler = { try await self.publishFileMessage(request, wire) }
-            case .listFiles: handler = { try await self.listFiles(wire) }
-            case .getFile: handler = { try await self.getFile(request, wire) }
-            case .downloadFile: handler = { try await self.downloadFile(wire) }
-            case .deleteFile: handler = { try await self.deleteFile(wire) }
-            case .health: handler = { await self.health() }
-            case .metrics: handler = { self.metrics() }
-            }
-            let response = try await handler()
-            return (route.rawValue, response)
+            throw error
         } catch let refusal as Refusal {
             return (route.rawValue, refusal.response)
         } catch let error as RequestError {
