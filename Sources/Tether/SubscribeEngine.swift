@@ -94,6 +94,8 @@ final class SubscribeEngine: Sendable {
             let token = slots.replace(.subscribe)
             group.addTask { [self] in
                 await slots.race(.subscribe, token: token) { [self] in
+                    let origins = owner.client?.origins
+                    let mark = origins?.mark ?? 0
                     do throws(TetherError) {
                         let (response, gaps) = try await TetherClient.receive(owner: owner, session: session, channels: channels,
                                                                               groups: groups, cursor: cursor)
@@ -102,7 +104,12 @@ final class SubscribeEngine: Sendable {
                         let status = error.status
                         logger.debug("subscribe failed", metadata: ["category": "\(status.category)",
                                                                     "error": "\(status.error.map { String(describing: $0) } ?? "-")"])
-                        send { [self] machine, now in machine.subscribeFailed(id, status: status, now: now, randomness: random()) }
+                        // A failure (or a drain) that moved the client to a fallback origin not yet
+                        // tried: the next attempt goes there at once.
+                        let destination: RetryMachine.Destination = origins?.failedOver(since: mark) == true ? .anotherOrigin : .sameOrigin
+                        send { [self] machine, now in
+                            machine.subscribeFailed(id, status: status, now: now, randomness: random(), destination: destination)
+                        }
                     }
                 }
             }
