@@ -290,10 +290,19 @@ public final class TetherClient: Sendable {
         _ spec: RequestSpec, channels: [String], groups: [String],
         decode: @escaping @Sendable (JSONValue) throws(DecodingFailure) -> Result
     ) async throws(TetherError) -> Result {
+        try await executeWithHeadersFailingOver(spec, channels: channels, groups: groups, decode: decode).result
+    }
+
+    /// ``executeFailingOver(_:channels:groups:decode:)`` that also returns the header fields
+    /// (the outbox's sends: a publish keeps its request id on every origin).
+    func executeWithHeadersFailingOver<Result: Sendable>(
+        _ spec: RequestSpec, channels: [String], groups: [String],
+        decode: @escaping @Sendable (JSONValue) throws(DecodingFailure) -> Result
+    ) async throws(TetherError) -> (result: Result, headers: [String: String]) {
         var hops = 0
         while true {
             let mark = origins.mark
-            do { return try await execute(spec, channels: channels, groups: groups, decode: decode) } catch {
+            do { return try await executeWithHeaders(spec, channels: channels, groups: groups, decode: decode) } catch {
                 guard hops < configuration.fallbackOrigins.count, origins.failedOver(since: mark) else { throw error }
                 hops += 1
                 logger.debug("sending again to the next origin", metadata: ["operation": "\(spec.operation)", "origin": "\(origins.current)"])

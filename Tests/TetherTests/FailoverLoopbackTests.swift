@@ -138,8 +138,8 @@ struct FailoverLoopbackTests {
         try await proxy.apply(.refuse)
         let client = try makeClient(origin: proxy.origin) { try? $0.setFallbackOrigins([fallback.origin]) }
         let channel = unique("rest")
-        // The publish goes through the outbox, whose retry reaches the fallback; history is one
-        // call that fails over within itself.
+        // Both the outbox's send and the history call fail over within the call: the refused
+        // primary, then the fallback at once.
         let published = try await client.publish(channel: channel, message: .string("hello"))
         #expect(client.currentOrigin == fallback.origin)
         let history = try await client.history(channel: channel)

@@ -97,6 +97,20 @@ struct FailoverStepTests {
         await client.shutdown()
     }
 
+    @Test func anOutboxSendGoesToTheFallbackAtOnceWithTheSameRequestId() async throws {
+        let (client, transport, _) = try makeClient()
+        let publish = Task { try await client.publish(channel: "a", message: .string("hi")) }
+        let first = try #require(await transport.next(path: "/publish"))
+        #expect(first.request.url.hasPrefix("http://\(Self.primary)/"))
+        first.fail(.connectionRefused)
+        let second = try #require(await transport.next(path: "/publish"))
+        #expect(second.request.url.hasPrefix("http://\(Self.fallback)/"))
+        #expect(second.query["requestid"] != nil && second.query["requestid"] == first.query["requestid"])
+        second.respond(json: #"[1,"Sent","17953281264739664"]"#)
+        #expect(try await publish.value.timetoken == Timetoken(17953281264739664))
+        await client.shutdown()
+    }
+
     @Test(arguments: [400, 403, 404, 414])
     func anApplicationErrorDoesNotFailOver(code: Int) async throws {
         let (client, transport, _) = try makeClient()
