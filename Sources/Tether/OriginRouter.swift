@@ -77,6 +77,16 @@ final class OriginRouter: Sendable {
         if let change { moved(change) }
     }
 
+    /// The network monitor reported the network back, or a new path.
+    func networkChanged() {
+        let change = state.withLock { state -> OriginSelector.Change? in
+            let change = state.selector.networkChanged()
+            if let change { state.record(change) }
+            return change
+        }
+        if let change { moved(change) }
+    }
+
     /// A mark to compare with ``failedOver(since:)``.
     var mark: Int { state.withLock { $0.moves } }
 

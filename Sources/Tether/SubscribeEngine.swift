@@ -70,9 +70,14 @@ final class SubscribeEngine: Sendable {
                 group.addTask { [self] in
                     for await path in monitor.pathUpdates() {
                         switch path {
-                        case .up: send { machine, now in machine.networkUp(now: now) }
+                        case .up:
+                            // Failures while the device had no network said nothing about the nodes.
+                            owner.client?.origins.networkChanged()
+                            send { machine, now in machine.networkUp(now: now) }
                         case .down: send { machine, now in machine.networkDown(now: now) }
-                        case .changed: send { machine, now in machine.networkChanged(now: now) }
+                        case .changed:
+                            owner.client?.origins.networkChanged()
+                            send { machine, now in machine.networkChanged(now: now) }
                         }
                     }
                 }

@@ -303,7 +303,8 @@ public final class TetherClient: Sendable {
         while true {
             let mark = origins.mark
             do { return try await executeWithHeaders(spec, channels: channels, groups: groups, decode: decode) } catch {
-                guard hops < configuration.fallbackOrigins.count, origins.failedOver(since: mark) else { throw error }
+                guard hops < configuration.fallbackOrigins.count, OriginSelector.qualifiesForFailover(error.status),
+                      origins.failedOver(since: mark) else { throw error }
                 hops += 1
                 logger.debug("sending again to the next origin", metadata: ["operation": "\(spec.operation)", "origin": "\(origins.current)"])
             }

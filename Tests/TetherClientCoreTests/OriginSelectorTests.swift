@@ -130,6 +130,14 @@ struct OriginSelectorTests {
         #expect(origins.origin(now: .seconds(100_000)).origin == "a:1")
     }
 
+    @Test func aNetworkThatCameBackSendsTheClientToThePrimary() {
+        var origins = selector()
+        #expect(origins.networkChanged() == nil)
+        let moved = origins.failed(at: "a:1", status: Self.refused, now: .zero, randomness: 9)
+        #expect(origins.networkChanged() == .primaryRetried(from: moved?.to ?? "", to: "a:1"))
+        #expect(origins.current == "a:1")
+    }
+
     @Test func thePrimaryAndRepeatsAreDroppedFromTheFallbacks() {
         #expect(OriginSelector(primary: "a:1", fallbacks: ["a:1", "b:1", "b:1"], fallbackRetryTimeout: .zero).fallbacks == ["b:1"])
     }

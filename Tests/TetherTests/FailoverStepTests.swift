@@ -145,6 +145,27 @@ struct FailoverStepTests {
         #expect(!seen.contains(.unexpectedDisconnect))
     }
 
+    @Test func failuresWhileTheDeviceHadNoNetworkAreForgottenWhenItComesBack() async throws {
+        let monitor = ScriptedNetworkMonitor()
+        let (client, transport, _) = try makeStepClient(monitor: monitor) { configuration in
+            try? configuration.setOrigin(Self.primary)
+            try? configuration.setFallbackOrigins([Self.fallback])
+        }
+        var statuses = client.statuses().makeAsyncIterator()
+        var events = client.connectionEvents().makeAsyncIterator()
+        let (poll, _) = try await connect(client, transport, &statuses, channels: ["a"])
+        // The tunnel: the request fails before the monitor notices, and moves the client…
+        poll.fail(.unreachable("no route to host"))
+        #expect(await nextOriginChange(&events) == .originChanged(from: Self.primary, to: Self.fallback))
+        monitor.send(.down)
+        monitor.send(.up)
+        // …and the network's return sends it back to the primary, from its cursor.
+        #expect(await nextOriginChange(&events) == .originChanged(from: Self.fallback, to: Self.primary))
+        let again = try #require(await transport.next(path: "/v2/subscribe"))
+        #expect(again.request.url.hasPrefix("http://\(Self.primary)/"))
+        await client.shutdown()
+    }
+
     @Test func whenEveryOriginFailsTheCycleEndsOnThePrimaryAndTheBackOffApplies() async throws {
         let (client, transport, clock) = try makeClient()
         var statuses = client.statuses().makeAsyncIterator()

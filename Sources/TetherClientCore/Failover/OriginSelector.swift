@@ -20,6 +20,8 @@
 ///   connection-level failure on it before then moves on to the next fallback of the cycle.
 /// - A failure reported for an origin that is no longer the current one changes nothing: many
 ///   requests in flight to a dead node move the client one step, not one step each.
+/// - When the device's network comes back or changes (``networkChanged()``), the failures seen
+///   before say nothing about the nodes: requests go to the primary again.
 ///
 /// With no fallback origins every input is a no-op and ``current`` is always the primary.
 package struct OriginSelector: Sendable, Hashable {
@@ -32,7 +34,8 @@ package struct OriginSelector: Sendable, Hashable {
         /// Every fallback of the cycle failed too: back to the primary, and the retry policy's
         /// back-off applies (every node was just tried).
         case cycleRestarted(from: String, to: String)
-        /// A fallback was used for ``OriginSelector/fallbackRetryTimeout``: the primary is tried again.
+        /// A fallback was used for ``OriginSelector/fallbackRetryTimeout``, or the device's network
+        /// came back or changed: the primary is tried again.
         case primaryRetried(from: String, to: String)
 
         /// The origin left.
@@ -99,6 +102,18 @@ package struct OriginSelector: Sendable, Hashable {
     package mutating func answered(at origin: String, now: Duration) {
         guard case .trying(let order, let index) = state, order[index] == origin else { return }
         state = .kept(order: order, index: index, until: now + fallbackRetryTimeout)
+    }
+
+    /// The device's network came back or changed (the client's network monitor): failures seen
+    /// before said nothing about the nodes (a tunnel, a Wi-Fi switch), so requests go to the
+    /// primary again and a new cycle starts from it if it fails.
+    package mutating func networkChanged() -> Change? {
+        guard case .primary = state else {
+            let left = current
+            state = .primary
+            return .primaryRetried(from: left, to: primary)
+        }
+        return nil
     }
 
     /// A request to `origin` failed with `status`. Moves on when the failure is connection-level
