@@ -8,12 +8,10 @@ import TetherClientCore
 final class OriginRouter: Sendable {
     private struct State {
         var selector: OriginSelector
-        /// Moves so far, and the last one (the subscribe engine asks whether a failure moved it).
-        var moves = 0
+        /// The last move (the subscribe engine asks whether a failure moved the client).
         var last: OriginSelector.Change?
 
         mutating func record(_ change: OriginSelector.Change) {
-            moves += 1
             last = change
         }
     }
@@ -87,14 +85,13 @@ final class OriginRouter: Sendable {
         if let change { moved(change) }
     }
 
-    /// A mark to compare with ``failedOver(since:)``.
-    var mark: Int { state.withLock { $0.moves } }
-
-    /// Whether the client failed over to an origin not yet tried in this cycle since `mark`
-    /// (a failure there is followed by an attempt at once, not the policy's back-off).
-    func failedOver(since mark: Int) -> Bool {
-        state.withLock { state in
-            guard state.moves != mark, case .failedOver? = state.last else { return false }
+    /// Whether a request that went to `origin` and failed is followed by one to a fallback not
+    /// yet tried in this cycle (the client has left `origin` by a failover, not by the end of a
+    /// cycle): that attempt goes at once instead of after the retry policy's back-off.
+    func failedOver(from origin: String?) -> Bool {
+        guard let origin else { return false }
+        return state.withLock { state in
+            guard state.selector.current != origin, case .failedOver? = state.last else { return false }
             return true
         }
     }

@@ -99,8 +99,6 @@ final class SubscribeEngine: Sendable {
             let token = slots.replace(.subscribe)
             group.addTask { [self] in
                 await slots.race(.subscribe, token: token) { [self] in
-                    let origins = owner.client?.origins
-                    let mark = origins?.mark ?? 0
                     do throws(TetherError) {
                         let (response, gaps) = try await TetherClient.receive(owner: owner, session: session, channels: channels,
                                                                               groups: groups, cursor: cursor)
@@ -111,7 +109,8 @@ final class SubscribeEngine: Sendable {
                                                                     "error": "\(status.error.map { String(describing: $0) } ?? "-")"])
                         // A failure (or a drain) that moved the client to a fallback origin not yet
                         // tried: the next attempt goes there at once.
-                        let destination: RetryMachine.Destination = origins?.failedOver(since: mark) == true ? .anotherOrigin : .sameOrigin
+                        let moved = owner.client?.origins.failedOver(from: status.origin) == true
+                        let destination: RetryMachine.Destination = moved ? .anotherOrigin : .sameOrigin
                         send { [self] machine, now in
                             machine.subscribeFailed(id, status: status, now: now, randomness: random(), destination: destination)
                         }

@@ -301,10 +301,9 @@ public final class TetherClient: Sendable {
     ) async throws(TetherError) -> (result: Result, headers: [String: String]) {
         var hops = 0
         while true {
-            let mark = origins.mark
             do { return try await executeWithHeaders(spec, channels: channels, groups: groups, decode: decode) } catch {
                 guard hops < configuration.fallbackOrigins.count, OriginSelector.qualifiesForFailover(error.status),
-                      origins.failedOver(since: mark) else { throw error }
+                      origins.failedOver(from: error.status.origin) else { throw error }
                 hops += 1
                 logger.debug("sending again to the next origin", metadata: ["operation": "\(spec.operation)", "origin": "\(origins.current)"])
             }
@@ -336,6 +335,7 @@ public final class TetherClient: Sendable {
             }
             return try await self.execute(spec, channels: channels, groups: groups, decode: decode)
         }
+        let origin = origins.next()
         func failure(_ category: StatusCategory, code: Int? = nil, error: (any Error)? = nil, details: ServerErrorDetails? = nil,
                      retryAfter: Duration? = nil) -> TetherError
         {
@@ -344,6 +344,7 @@ public final class TetherClient: Sendable {
                                 deniedChannels: details?.deniedChannels ?? [], deniedGroups: details?.deniedGroups ?? [],
                                 retry: retry)
             status.retryAfter = retryAfter
+            status.origin = origin
             logger.debug("request failed", metadata: ["operation": "\(operation)", "category": "\(category)",
                                                       "status": "\(code ?? details?.statusCode ?? 0)"])
             return TetherError(status)
@@ -359,7 +360,6 @@ public final class TetherClient: Sendable {
         if signed.body != nil { headers["Content-Type"] = "application/json" }
         headers.merge(signed.headers) { _, extra in extra }
         let timeout = spec.timeout ?? (operation.isSubscribe ? configuration.subscribeTimeout : configuration.nonSubscribeTimeout)
-        let origin = origins.next()
         let request = TransportRequest(url: configuration.baseURL(of: origin) + signed.target, method: signed.method, headers: headers,
                                        body: signed.body, timeout: timeout, isLongPoll: operation.isSubscribe)
         logger.trace("request", metadata: ["operation": "\(operation)", "method": "\(signed.method.rawValue)", "path": "\(signed.path)"])

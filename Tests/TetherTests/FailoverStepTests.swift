@@ -184,6 +184,60 @@ struct FailoverStepTests {
     }
 }
 
+/// The WebSocket wire's failover, step by step: ``InMemoryWebSocket`` plays both nodes.
+@Suite("Failover of a WebSocket session step by step (in-memory socket, manual clock)", .timeLimit(.minutes(1)))
+struct WebSocketFailoverStepTests {
+    @Test func aDrainWithAFallbackReconnectsThereAtOnceAndResubscribesFromTheCursor() async throws {
+        let (client, socket, clock) = try makeSocketClient { configuration in
+            try? configuration.setFallbackOrigins(["fallback.invalid"])
+            configuration.retry.fastReconnect = RetryConfiguration.FastReconnect()
+        }
+        var events = client.connectionEvents().makeAsyncIterator()
+        let subscription = client.subscribe(to: ["a"])[0]
+        var messages = subscription.messages.makeAsyncIterator()
+        let peer = try await openSession(socket, token: "tok-a", cursor: 100)
+        peer.send(server: messagesFrame(cursor: 101, envelopes: [envelope("a", 101, #""one""#)]))
+        #expect(await messages.next()?.payload == "one")
+
+        // The node drains and asks its clients to come back in 8 s.
+        peer.send(server: #"{"type":"notice","notice":"drain","reconnectAfterMs":8000,"jitterMs":0}"#)
+        peer.close(server: 1012, reason: "drain")
+        #expect(await nextOriginChange(&events) == .originChanged(from: "tether.invalid", to: "fallback.invalid"))
+        // Not after 8 s: within the quick-attempt interval, at the fallback.
+        let waited = await clock.advanceToSleeper(within: .milliseconds(500) ... .seconds(1))
+        #expect(waited <= .seconds(1))
+        let attempt = try #require(await socket.nextAttempt())
+        #expect(attempt.url == "ws://fallback.invalid/v2/ws")
+        let second = attempt.accept()
+        // The session is resumed if the new node holds it; this one does not.
+        let hello = try frame(await second.receive())
+        #expect(hello["resume"]?["token"] == "tok-a" && hello["resume"]?["cursor"] == "101")
+        second.send(server: #"{"type":"notice","notice":"sessionExpired","message":"unknown session"}"#)
+        second.send(server: welcome(token: "tok-b", resumed: false, cursor: 200))
+        let subscribe = try frame(await second.receive())
+        #expect(subscribe["type"] == "subscribe" && subscribe["cursor"] == "101")
+        second.send(server: #"{"type":"subscribed","channels":["a"],"groups":[],"cursor":"101"}"#)
+        second.send(server: messagesFrame(cursor: 102, envelopes: [envelope("a", 102, #""two""#)]))
+        #expect(await messages.next()?.payload == "two")
+        #expect(client.currentOrigin == "fallback.invalid")
+        await client.shutdown()
+    }
+
+    @Test func aRefusedUpgradeMovesTheNextOpeningToTheFallback() async throws {
+        let (client, socket, clock) = try makeSocketClient { configuration in
+            try? configuration.setFallbackOrigins(["fallback.invalid"])
+        }
+        client.subscribe(to: ["a"])
+        // The primary is draining: it refuses upgrades with 503 and a Retry-After for itself.
+        try #require(await socket.nextAttempt()).refuse(status: 503, headers: ["retry-after": "30"])
+        // With quick attempts off (this client's policy), the policy's delay (2 s), not the 30 s.
+        let waited = await clock.advanceToSleeper(within: .seconds(2) ... .seconds(2))
+        #expect(waited == .seconds(2))
+        #expect(try #require(await socket.nextAttempt()).url == "ws://fallback.invalid/v2/ws")
+        await client.shutdown()
+    }
+}
+
 /// The next ``ConnectionEvent/originChanged(from:to:)``, skipping the other events.
 func nextOriginChange(_ events: inout AsyncStream<ConnectionEvent>.Iterator) async -> ConnectionEvent? {
     while let event = await events.next() {

@@ -381,13 +381,16 @@ final class WebSocketSession: Sendable {
             link = try await connector.connect(url: url(of: origin), subprotocol: WebSocketProtocol.jsonSubprotocol,
                                                timeout: configuration.connectTimeout)
         } catch {
-            let failure = Self.failure(error)
+            var failure = Self.failure(error)
+            failure.error.status.origin = origin
             // A node that does not accept the socket (refused, unreachable, timed out, TLS, a
             // 503 while it drains) sends the next opening to the next origin; the resume token
             // goes along (a node that does not hold the session answers `sessionExpired`).
             origins.failed(at: origin, status: failure.error.status)
             throw failure
         }
+        // The node accepted the socket: a fallback being tried is kept (until the primary's turn).
+        origins.answered(at: origin)
         let generation = state.withLock { state -> Int in
             state.generation += 1
             state.unnoticedLoss = nil
@@ -622,7 +625,9 @@ final class WebSocketSession: Sendable {
     /// Why socket `generation` is gone, as the engine's failure: a drain's delay becomes
     /// `retryAfter`; a close code names its cause.
     private func closedFailure(generation: Int) -> SessionFailure {
-        let (closure, drain) = state.withLock { ($0.generation == generation ? $0.closure : nil, $0.drainDelay) }
+        let (closure, drain, origin) = state.withLock {
+            ($0.generation == generation ? $0.closure : nil, $0.drainDelay, $0.generation == generation ? $0.origin : nil)
+        }
         var status: Status
         switch closure?.code {
         case WebSocketCloseCode.forbidden?:
@@ -636,6 +641,7 @@ final class WebSocketSession: Sendable {
             status = Status(category: failure.category, operation: .subscribe, error: failure)
         }
         status.retryAfter = drain
+        status.origin = origin
         return SessionFailure(error: TetherError(status))
     }
 

@@ -153,7 +153,7 @@ package struct RetryMachine: Sendable, Hashable {
             }
             // The `Retry-After` of a node the client is leaving is for clients coming back to it.
             var status = status
-            if destination == .anotherOrigin && quick != nil { status.retryAfter = nil }
+            if destination == .anotherOrigin { status.retryAfter = nil }
             // A server shedding load (429/503) that says when to come back is taken at its word:
             // exactly its `Retry-After` plus up to 1 s of jitter (so its clients do not return in
             // the same instant) — never sooner, and not later than it asked either. These waits do
