@@ -70,9 +70,14 @@ final class SubscribeEngine: Sendable {
                 group.addTask { [self] in
                     for await path in monitor.pathUpdates() {
                         switch path {
-                        case .up: send { machine, now in machine.networkUp(now: now) }
+                        case .up:
+                            // Failures while the device had no network said nothing about the nodes.
+                            owner.client?.origins.networkChanged()
+                            send { machine, now in machine.networkUp(now: now) }
                         case .down: send { machine, now in machine.networkDown(now: now) }
-                        case .changed: send { machine, now in machine.networkChanged(now: now) }
+                        case .changed:
+                            owner.client?.origins.networkChanged()
+                            send { machine, now in machine.networkChanged(now: now) }
                         }
                     }
                 }
@@ -102,7 +107,13 @@ final class SubscribeEngine: Sendable {
                         let status = error.status
                         logger.debug("subscribe failed", metadata: ["category": "\(status.category)",
                                                                     "error": "\(status.error.map { String(describing: $0) } ?? "-")"])
-                        send { [self] machine, now in machine.subscribeFailed(id, status: status, now: now, randomness: random()) }
+                        // A failure (or a drain) that moved the client to a fallback origin not yet
+                        // tried: the next attempt goes there at once.
+                        let moved = owner.client?.origins.failedOver(from: status.origin) == true
+                        let destination: RetryMachine.Destination = moved ? .anotherOrigin : .sameOrigin
+                        send { [self] machine, now in
+                            machine.subscribeFailed(id, status: status, now: now, randomness: random(), destination: destination)
+                        }
                     }
                 }
             }

@@ -53,6 +53,12 @@ public enum ConnectionEvent: Sendable, Hashable, CustomStringConvertible {
     /// The engine now receives on this wire (``TransportPreference/webSocket`` or
     /// ``TransportPreference/longPoll``).
     case transportChanged(TransportPreference)
+    /// Requests go to another origin from now on (``TetherConfiguration/fallbackOrigins``): a
+    /// connection-level failure or a node's drain moved the client to a fallback, every
+    /// fallback failed and the cycle is back on the primary, or a fallback was used for
+    /// ``TetherConfiguration/fallbackRetryTimeout`` and the primary is tried again. The
+    /// subscription continues there from its cursor (``TetherClient/currentOrigin``).
+    case originChanged(from: String, to: String)
 
     /// A short description for logs and CLIs.
     public var description: String {
@@ -65,6 +71,7 @@ public enum ConnectionEvent: Sendable, Hashable, CustomStringConvertible {
         case .transportChanged(.longPoll): return "transport long-poll"
         case .transportChanged(.webSocket): return "transport websocket"
         case .transportChanged(.automatic): return "transport automatic"
+        case .originChanged(let from, let to): return "origin \(from) -> \(to)"
         }
     }
 }

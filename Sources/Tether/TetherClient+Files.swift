@@ -125,7 +125,7 @@ extension TetherClient {
                                      affectedChannels: [channel]))
         }
         let wait = timeout ?? configuration.nonSubscribeTimeout
-        let redirect = try await sendFileRequest(TransportRequest(url: configuration.baseURL + signedTarget(spec), method: .get,
+        let redirect = try await sendFileRequest(TransportRequest(url: configuration.baseURL(of: origins.next()) + signedTarget(spec), method: .get,
                                                                   headers: ["User-Agent": "Tether-Swift/0.1"], timeout: wait),
                                                  operation: .downloadFile, channel: channel)
         guard (300..<400).contains(redirect.statusCode),

@@ -125,8 +125,10 @@ extension TetherClient {
                                                affectedChannels: [message.channel])))
         }
         do {
-            let (result, headers) = try await executeWithHeaders(spec, channels: [message.channel], groups: [],
-                                                                 decode: ResponseDecoding.publish)
+            // A send that fails at the connection level goes at once to the next origin (same
+            // request id), inside this one attempt of the outbox.
+            let (result, headers) = try await executeWithHeadersFailingOver(spec, channels: [message.channel], groups: [],
+                                                                            decode: ResponseDecoding.publish)
             return .success(PublishResult(timetoken: result.timetoken, requestId: message.requestID, isRepeat: Self.isRepeat(headers)))
         } catch {
             return .failure(error)

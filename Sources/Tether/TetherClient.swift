@@ -34,6 +34,8 @@ public final class TetherClient: Sendable {
     let hasWebSocketWire: Bool
     let wire = Mutex(WireChoice())
     let elapsedClock: ElapsedClock
+    /// Which origin requests go to: the primary or a fallback (``TetherConfiguration/fallbackOrigins``).
+    let origins: OriginRouter
     /// The device a suspended session's deliveries are pushed to (``setBackgroundPushDevice(_:pushType:environment:topic:)``).
     let backgroundPushDevice = Mutex<BackgroundPushDevice?>(nil)
     /// Whether ``shutdown()`` ran (so `deinit` has nothing left to stop).
@@ -105,10 +107,15 @@ public final class TetherClient: Sendable {
                                       monitor: networkMonitor, logger: configuration.logger)
         self.networkMonitor = networkMonitor
         self.elapsedClock = elapsed
+        let listeners = engine.listeners
+        let origins = OriginRouter(configuration: configuration, clock: elapsed) { change in
+            listeners.emit(event: .originChanged(from: change.from, to: change.to))
+        }
+        self.origins = origins
         self.webSocketConnector = webSocketConnector ?? UnavailableWebSocketConnector()
         self.hasWebSocketWire = webSocketConnector != nil
-        let listeners = engine.listeners
-        self.session = WebSocketSession(connector: self.webSocketConnector, configuration: configuration, clock: elapsed) { report in
+        self.session = WebSocketSession(connector: self.webSocketConnector, configuration: configuration, clock: elapsed,
+                                        origins: origins) { report in
             switch report {
             case .resumed(let sessionId): listeners.emit(event: .sessionResumed(sessionId: sessionId))
             case .expired(let message): listeners.emit(event: .sessionExpired(message: message))
@@ -127,6 +134,11 @@ public final class TetherClient: Sendable {
             applicationObserver.withLock { $0 = observer }
         }
     }
+
+    /// The origin (`host` or `host:port`) requests go to now: ``TetherConfiguration/origin``, or
+    /// the fallback origin the client failed over to (``ConnectionEvent/originChanged(from:to:)``
+    /// announces every move).
+    public var currentOrigin: String { origins.current }
 
     /// The outbox every publish and signal goes through: list, resend or cancel its messages,
     /// follow their states, or hand it a message without awaiting the send (see ``Outbox``).
@@ -245,16 +257,20 @@ public final class TetherClient: Sendable {
         }
         let endpoint = RetryConfiguration.Endpoint(operation)
         // Publishes retry in the outbox; the subscribe engine's own calls (probes, leaves,
-        // backfill) follow the engine's policy, not this one.
-        guard endpoint != .messageSend, endpoint != .subscribe, !Self.isEngineCall, configuration.retry.retries(endpoint) else {
+        // backfill) follow the engine's policy, not this one. Both reach the next origin on
+        // their next attempt.
+        guard endpoint != .messageSend, endpoint != .subscribe, !Self.isEngineCall else {
             return try await execute(spec, channels: channels, groups: groups, decode: decode)
+        }
+        guard configuration.retry.retries(endpoint) else {
+            return try await executeFailingOver(spec, channels: channels, groups: groups, decode: decode)
         }
         // The endpoint is not in `excludedEndpoints`: transient failures are retried with the
         // policy's delays (and never sooner than a `Retry-After`), then the last failure is thrown.
         let start = elapsedClock.now()
         var attempt = 0
         while true {
-            do { return try await execute(spec, channels: channels, groups: groups, decode: decode) } catch {
+            do { return try await executeFailingOver(spec, channels: channels, groups: groups, decode: decode) } catch {
                 attempt += 1
                 guard RetryConfiguration.isTransient(error.status),
                       let delay = configuration.retry.delay(beforeRetry: attempt, elapsed: elapsedClock.now() - start,
@@ -263,6 +279,33 @@ public final class TetherClient: Sendable {
                 do { try await elapsedClock.sleep(max(delay, error.status.retryAfter ?? .zero)) } catch {
                     throw TetherError(Status(category: .cancelled, operation: operation, affectedChannels: channels, affectedGroups: groups))
                 }
+            }
+        }
+    }
+
+    /// ``execute(_:channels:groups:decode:)``, sent again at once to the next origin when a
+    /// connection-level failure moved the client to a fallback not yet tried (Ably's RSC15: the
+    /// fallbacks are part of one call, not a retry): each origin is tried at most once per call.
+    func executeFailingOver<Result: Sendable>(
+        _ spec: RequestSpec, channels: [String], groups: [String],
+        decode: @escaping @Sendable (JSONValue) throws(DecodingFailure) -> Result
+    ) async throws(TetherError) -> Result {
+        try await executeWithHeadersFailingOver(spec, channels: channels, groups: groups, decode: decode).result
+    }
+
+    /// ``executeFailingOver(_:channels:groups:decode:)`` that also returns the header fields
+    /// (the outbox's sends: a publish keeps its request id on every origin).
+    func executeWithHeadersFailingOver<Result: Sendable>(
+        _ spec: RequestSpec, channels: [String], groups: [String],
+        decode: @escaping @Sendable (JSONValue) throws(DecodingFailure) -> Result
+    ) async throws(TetherError) -> (result: Result, headers: [String: String]) {
+        var hops = 0
+        while true {
+            do { return try await executeWithHeaders(spec, channels: channels, groups: groups, decode: decode) } catch {
+                guard hops < configuration.fallbackOrigins.count, OriginSelector.qualifiesForFailover(error.status),
+                      origins.failedOver(from: error.status.origin) else { throw error }
+                hops += 1
+                logger.debug("sending again to the next origin", metadata: ["operation": "\(spec.operation)", "origin": "\(origins.current)"])
             }
         }
     }
@@ -292,6 +335,7 @@ public final class TetherClient: Sendable {
             }
             return try await self.execute(spec, channels: channels, groups: groups, decode: decode)
         }
+        let origin = origins.next()
         func failure(_ category: StatusCategory, code: Int? = nil, error: (any Error)? = nil, details: ServerErrorDetails? = nil,
                      retryAfter: Duration? = nil) -> TetherError
         {
@@ -300,6 +344,7 @@ public final class TetherClient: Sendable {
                                 deniedChannels: details?.deniedChannels ?? [], deniedGroups: details?.deniedGroups ?? [],
                                 retry: retry)
             status.retryAfter = retryAfter
+            status.origin = origin
             logger.debug("request failed", metadata: ["operation": "\(operation)", "category": "\(category)",
                                                       "status": "\(code ?? details?.statusCode ?? 0)"])
             return TetherError(status)
@@ -315,7 +360,7 @@ public final class TetherClient: Sendable {
         if signed.body != nil { headers["Content-Type"] = "application/json" }
         headers.merge(signed.headers) { _, extra in extra }
         let timeout = spec.timeout ?? (operation.isSubscribe ? configuration.subscribeTimeout : configuration.nonSubscribeTimeout)
-        let request = TransportRequest(url: configuration.baseURL + signed.target, method: signed.method, headers: headers,
+        let request = TransportRequest(url: configuration.baseURL(of: origin) + signed.target, method: signed.method, headers: headers,
                                        body: signed.body, timeout: timeout, isLongPoll: operation.isSubscribe)
         logger.trace("request", metadata: ["operation": "\(operation)", "method": "\(signed.method.rawValue)", "path": "\(signed.path)"])
 
@@ -323,19 +368,40 @@ public final class TetherClient: Sendable {
         do {
             response = try await transport.send(request)
         } catch {
-            throw failure(error.category, error: error)
+            let failed = failure(error.category, error: error)
+            if error != .cancelled { origins.failed(at: origin, status: failed.status) }
+            throw failed
         }
+        let outcome: Swift.Result<(result: Result, headers: [String: String]), TetherError>
         switch ResponseClassifier.classify(statusCode: response.statusCode, body: response.body) {
         case .success(let json):
-            do { return (try decode(json), response.headers) } catch {
-                throw failure(.malformedResponse, code: response.statusCode, error: error,
-                              details: ServerErrorDetails(statusCode: response.statusCode, message: error.description))
+            do { outcome = .success((try decode(json), response.headers)) } catch {
+                outcome = .failure(failure(.malformedResponse, code: response.statusCode, error: error,
+                                           details: ServerErrorDetails(statusCode: response.statusCode, message: error.description)))
             }
         case .failure(let category, let details):
-            throw failure(category, code: response.statusCode, details: details,
-                          retryAfter: Self.retryAfter(statusCode: response.statusCode, headers: response.headers))
+            outcome = .failure(failure(category, code: response.statusCode, details: details,
+                                       retryAfter: Self.retryAfter(statusCode: response.statusCode, headers: response.headers)))
         }
+        // The node answered: a fallback being tried is kept, unless the answer is a 5xx (then
+        // the next request goes elsewhere). A node shutting down says so on every answer
+        // (`Tether-Draining`): the next request goes to the next origin, with the same cursor.
+        switch outcome {
+        case .success: origins.answered(at: origin)
+        case .failure(let error):
+            if OriginSelector.qualifiesForFailover(error.status) {
+                origins.failed(at: origin, status: error.status)
+            } else {
+                origins.answered(at: origin)
+            }
+        }
+        if response.headers[Self.drainingHeader] != nil { origins.drained(at: origin) }
+        return try outcome.get()
     }
+
+    /// The header (lower-cased, as transports deliver them) a node sets on every answer once its
+    /// graceful shutdown has started.
+    static let drainingHeader = "tether-draining"
 
     /// The `Retry-After` of a 429 or 503, in delay-seconds form (the HTTP-date form is not used
     /// by realtime servers and is ignored); capped at one hour so a hostile value cannot park

@@ -24,6 +24,21 @@ public struct TetherConfiguration: Sendable {
     public var authKey: String?
     /// The server, as `host` or `host:port` (no scheme), for example `"tether.example.com"` or `"127.0.0.1:8080"`.
     public private(set) var origin: String
+    /// Other nodes serving the same keys (Ably's fallback hosts), as `host` or `host:port` like
+    /// ``origin``; empty (the default) uses ``origin`` alone. Set with ``setFallbackOrigins(_:)``.
+    ///
+    /// ``origin`` stays preferred. When a request to the node in use fails at the connection
+    /// level (connection refused, host unreachable, a timeout, a TLS failure, a 500–504), or the
+    /// node announces a graceful shutdown (the WebSocket `drain` notice, a long-poll's
+    /// `Tether-Draining` header), the next request goes to the next fallback, in a random order
+    /// drawn once per cycle; a fallback that answers is kept for ``fallbackRetryTimeout``, then
+    /// ``origin`` is tried again. Refusals of a request (400, 403, 404, 429…) never move the
+    /// client. The subscription carries its cursor to the new node (docs/connection-lifecycle.md,
+    /// "Failover"); ``TetherClient/currentOrigin`` is the node in use.
+    public private(set) var fallbackOrigins: [String]
+    /// How long a fallback origin that answered is used before ``origin`` is tried again
+    /// (default 10 minutes, Ably's `fallbackRetryTimeout`).
+    public var fallbackRetryTimeout: Duration
     /// Use HTTPS (default) or plain HTTP.
     public var useTLS: Bool
     /// PEM certificates of the certificate authorities to trust instead of the system's (for
@@ -107,6 +122,8 @@ public struct TetherConfiguration: Sendable {
         self.userId = ""
         self.authKey = authKey
         self.origin = ""
+        self.fallbackOrigins = []
+        self.fallbackRetryTimeout = .seconds(600)
         self.useTLS = useTLS
         self.trustedCertificateAuthoritiesPEM = nil
         self.nonSubscribeTimeout = .seconds(15)
@@ -148,13 +165,25 @@ public struct TetherConfiguration: Sendable {
         self.origin = origin
     }
 
+    /// Changes the fallback origins (each `host` or `host:port`, validated like ``origin``).
+    /// Repeats, and the primary ``origin`` itself, are dropped; the order does not matter (a
+    /// cycle tries them in a random order).
+    public mutating func setFallbackOrigins(_ origins: [String]) throws(ConfigurationError) {
+        for origin in origins where Self.parseOrigin(origin) == nil { throw .invalidOrigin(origin) }
+        var seen: Set<String> = []
+        self.fallbackOrigins = origins.filter { seen.insert($0).inserted }
+    }
+
     /// The origin's host and optional port.
     package var originHostAndPort: (host: String, port: Int?) {
         Self.parseOrigin(origin) ?? (origin, nil)
     }
 
     /// The base URL requests go to, for example `https://tether.example.com`.
-    package var baseURL: String { (useTLS ? "https://" : "http://") + origin }
+    package var baseURL: String { baseURL(of: origin) }
+
+    /// The base URL of one origin (the primary or a fallback).
+    package func baseURL(of origin: String) -> String { (useTLS ? "https://" : "http://") + origin }
 
     static func parseOrigin(_ origin: String) -> (host: String, port: Int?)? {
         guard !origin.isEmpty, !origin.contains("/"), !origin.contains("://"), !origin.contains(where: \.isWhitespace) else { return nil }

@@ -8,6 +8,10 @@ struct ClientOptions: ParsableArguments {
     @Option(help: "Server as host[:port]. [env: TETHER_ORIGIN] (default: 127.0.0.1:8090)")
     var origin: String?
 
+    @Option(name: .customLong("fallback-origin"),
+            help: "Another node serving the same keys, as host[:port]; repeat for more. The client fails over to them when the origin stops answering. [env: TETHER_FALLBACK_ORIGINS, comma-separated]")
+    var fallbackOrigins: [String] = []
+
     @Flag(name: .customLong("tls"), help: "Use HTTPS (default: plain HTTP, as `tether serve` listens).")
     var tls = false
 
@@ -53,6 +57,10 @@ struct ClientOptions: ParsableArguments {
         } catch {
             throw ValidationError(error.description)
         }
+        let fallbacks = fallbackOrigins.isEmpty
+            ? (env["TETHER_FALLBACK_ORIGINS"] ?? "").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            : fallbackOrigins
+        do { try configuration.setFallbackOrigins(fallbacks) } catch { throw ValidationError(error.description) }
         if let caFile {
             guard let data = FileManager.default.contents(atPath: caFile) else { throw ValidationError("cannot read --ca-file \(caFile)") }
             configuration.trustedCertificateAuthoritiesPEM = Array(data)

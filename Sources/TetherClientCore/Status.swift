@@ -75,6 +75,9 @@ public struct Status: Sendable, CustomStringConvertible {
     /// How long the server asked the client to wait before trying again (`Retry-After` on a 429
     /// or 503), when it said. The subscribe engine never retries sooner than this.
     public var retryAfter: Duration?
+    /// The origin (node) the failed request went to, when it got that far: the failover
+    /// decisions compare it with the origin in use (``OriginSelector``).
+    package var origin: String?
     let automaticRetryCancellation: AutomaticRetryCancellation?
     let retryAction: RetryAction?
 

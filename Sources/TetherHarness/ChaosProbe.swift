@@ -144,6 +144,7 @@ struct ChaosProbe: AsyncParsableCommand {
         case .sessionResumed: return "session resumed"
         case .sessionExpired: return "session expired"
         case .transportChanged(let wire): return wire == .webSocket ? "transport websocket" : "transport long-poll"
+        case .originChanged: return "origin changed"
         }
     }
 

@@ -54,4 +54,7 @@ extension HTTPField.Name {
     /// Tether extension: a publish repeated a request id within the dedup window; the
     /// timetoken is the original's and nothing new was stored or delivered.
     static let tetherDuplicate = HTTPField.Name("Tether-Duplicate")!
+    /// Set on every answer once graceful shutdown has started: a client with other origins
+    /// sends its next request elsewhere (docs/connection-lifecycle.md, "Failover").
+    static let tetherDraining = HTTPField.Name("Tether-Draining")!
 }

@@ -61,7 +61,11 @@ public struct TetherResponder: HTTPResponder {
         // Shutting down: every answer closes its connection, so a client that polls in a tight
         // loop over keep-alive (a long-poll answered at once from now on) cannot hold the
         // server's graceful shutdown open.
-        if state.hub.isShuttingDown { response.headers[.connection] = "close" }
+        // `Tether-Draining` tells an SDK with fallback origins to send its next request elsewhere.
+        if state.hub.isShuttingDown {
+            response.headers[.connection] = "close"
+            response.headers[.tetherDraining] = "1"
+        }
         state.metrics.recordRequest(endpoint: endpoint, status: response.status.code)
         if response.status.code >= 500 {
             state.logger.error("request failed", metadata: ["endpoint": "\(endpoint)", "status": "\(response.status.code)"])

@@ -65,6 +65,8 @@ final class WebSocketSession: Sendable {
         var closure: (code: UInt16?, reason: String)?
         var consumer: CheckedContinuation<Void, Never>?
         var drainDelay: Duration?
+        /// The origin the current socket was opened to.
+        var origin: String?
         var lastFrameAt: Duration = .zero
         var nextPing = 0
         var pings: [Int: Ping] = [:]
@@ -97,10 +99,14 @@ final class WebSocketSession: Sendable {
     private let linkSink: AsyncStream<(any WebSocketLink, Int)>.Continuation
     private let report: @Sendable (SessionReport) -> Void
     private let logger: Logger
+    /// Where sockets are opened (the primary or a fallback origin); told about failed openings
+    /// and drains.
+    private let origins: OriginRouter
 
-    init(connector: any WebSocketConnector, configuration: TetherConfiguration, clock: ElapsedClock,
+    init(connector: any WebSocketConnector, configuration: TetherConfiguration, clock: ElapsedClock, origins: OriginRouter,
          report: @escaping @Sendable (SessionReport) -> Void) {
         self.connector = connector
+        self.origins = origins
         self.configuration = configuration
         self.clock = clock
         self.report = report
@@ -108,8 +114,8 @@ final class WebSocketSession: Sendable {
         (links, linkSink) = AsyncStream.makeStream(of: (any WebSocketLink, Int).self)
     }
 
-    /// The URL of the session endpoint.
-    var url: String { (configuration.useTLS ? "wss://" : "ws://") + configuration.origin + WebSocketProtocol.path }
+    /// The URL of the session endpoint at `origin`.
+    func url(of origin: String) -> String { (configuration.useTLS ? "wss://" : "ws://") + origin + WebSocketProtocol.path }
 
     /// Whether a socket is open (after `welcome`).
     var isOpen: Bool { state.withLock { $0.link != nil && $0.welcomed } }
@@ -369,12 +375,22 @@ final class WebSocketSession: Sendable {
     /// Opens the socket and plays `hello` → `welcome` (with the resume token when there is one).
     private func openSocket(resumeCursor: Timetoken?) async throws(SessionFailure) -> Int {
         let token = state.withLock { $0.resumeToken }
+        let origin = origins.next()
         let link: any WebSocketLink
         do {
-            link = try await connector.connect(url: url, subprotocol: WebSocketProtocol.jsonSubprotocol, timeout: configuration.connectTimeout)
+            link = try await connector.connect(url: url(of: origin), subprotocol: WebSocketProtocol.jsonSubprotocol,
+                                               timeout: configuration.connectTimeout)
         } catch {
-            throw Self.failure(error)
+            var failure = Self.failure(error)
+            failure.error.status.origin = origin
+            // A node that does not accept the socket (refused, unreachable, timed out, TLS, a
+            // 503 while it drains) sends the next opening to the next origin; the resume token
+            // goes along (a node that does not hold the session answers `sessionExpired`).
+            origins.failed(at: origin, status: failure.error.status)
+            throw failure
         }
+        // The node accepted the socket: a fallback being tried is kept (until the primary's turn).
+        origins.answered(at: origin)
         let generation = state.withLock { state -> Int in
             state.generation += 1
             state.unnoticedLoss = nil
@@ -384,6 +400,7 @@ final class WebSocketSession: Sendable {
             state.closure = nil
             state.subscribed = false
             state.drainDelay = nil
+            state.origin = origin
             state.lastFrameAt = clock.now()
             return state.generation
         }
@@ -608,7 +625,9 @@ final class WebSocketSession: Sendable {
     /// Why socket `generation` is gone, as the engine's failure: a drain's delay becomes
     /// `retryAfter`; a close code names its cause.
     private func closedFailure(generation: Int) -> SessionFailure {
-        let (closure, drain) = state.withLock { ($0.generation == generation ? $0.closure : nil, $0.drainDelay) }
+        let (closure, drain, origin) = state.withLock {
+            ($0.generation == generation ? $0.closure : nil, $0.drainDelay, $0.generation == generation ? $0.origin : nil)
+        }
         var status: Status
         switch closure?.code {
         case WebSocketCloseCode.forbidden?:
@@ -622,6 +641,7 @@ final class WebSocketSession: Sendable {
             status = Status(category: failure.category, operation: .subscribe, error: failure)
         }
         status.retryAfter = drain
+        status.origin = origin
         return SessionFailure(error: TetherError(status))
     }
 
@@ -687,10 +707,15 @@ final class WebSocketSession: Sendable {
                     if let (reply, rtt) = answered { reply.resume(returning: rtt) }
                 case .notice(.drain(let after, let jitter)):
                     let delay = Duration.milliseconds(after) + .milliseconds(Int.random(in: 0...max(0, jitter)))
-                    state.withLock { state in
+                    let origin = state.withLock { state -> String? in
                         state.lastFrameAt = now
                         state.drainDelay = delay
+                        return state.generation == generation ? state.origin : nil
                     }
+                    // The node is going away: the next socket opens at the next origin (and the
+                    // subscribe engine, seeing the move, reconnects at once instead of waiting
+                    // out the drain's delay, which is for clients coming back to this node).
+                    if let origin { origins.drained(at: origin) }
                 default:
                     let consumer = state.withLock { state -> CheckedContinuation<Void, Never>? in
                         state.lastFrameAt = now

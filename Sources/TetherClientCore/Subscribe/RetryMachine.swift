@@ -31,6 +31,16 @@ package struct RetryMachine: Sendable, Hashable {
         case quiet
     }
 
+    /// Where the next attempt goes (``TetherConfiguration/fallbackOrigins``).
+    package enum Destination: Sendable, Hashable {
+        /// The origin that failed (the only one, or the cycle is back on the primary).
+        case sameOrigin
+        /// A fallback origin not yet tried in this failover cycle: the failure says nothing
+        /// about it, so it is tried at once (a quick attempt), and a `Retry-After` of the node
+        /// left behind does not apply.
+        case anotherOrigin
+    }
+
     /// Whether a stopped loop keeps re-checking on its own.
     package enum Recheck: Sendable, Hashable {
         /// Probe the Time API every `timeProbeInterval`, then try again.
@@ -91,8 +101,10 @@ package struct RetryMachine: Sendable, Hashable {
     ///   - recoveredAt: for the outage's first failure, when the loop last came back from an
     ///     outage: an outage that starts within 30 s of recovering waits the policy's first delay.
     ///   - randomness: a value in `0...1` choosing the jitter.
+    ///   - destination: where the next attempt goes; another origin is tried at once (within the
+    ///     quick-attempt interval) while ``RetryConfiguration/fastReconnect`` allows quick attempts.
     package mutating func failed(_ status: Status, retry: RetryConfiguration, now: Duration, randomness: Double,
-                                 recoveredAt: Duration?) -> Decision {
+                                 recoveredAt: Duration?, destination: Destination = .sameOrigin) -> Decision {
         let retriesSubscribe = retry.retries(.subscribe)
         switch status.category {
         case .malformedFilterExpression, .badRequest:
@@ -129,10 +141,19 @@ package struct RetryMachine: Sendable, Hashable {
             // first delay: a request that fails the same way after every reconnect (a middlebox
             // cutting one page) must not loop every second.
             let relapse = recoveredAt.map { now - $0 < .seconds(30) } == true
-            if let fast = retry.fastReconnect, retriesSubscribe, !retry.policy.isCustom, now - start < fast.window,
-               Self.neverReachedAServer(status), !relapse {
-                quick = fast.delay(randomness: randomness)
+            if let fast = retry.fastReconnect, retriesSubscribe, !retry.policy.isCustom, now - start < fast.window {
+                switch destination {
+                case .sameOrigin:
+                    if Self.neverReachedAServer(status) && !relapse { quick = fast.delay(randomness: randomness) }
+                case .anotherOrigin:
+                    // A failover cycle is bounded by the number of origins: after the last one
+                    // fails the cycle is back on the primary (`.sameOrigin`) and the back-off applies.
+                    quick = fast.delay(randomness: randomness)
+                }
             }
+            // The `Retry-After` of a node the client is leaving is for clients coming back to it.
+            var status = status
+            if destination == .anotherOrigin { status.retryAfter = nil }
             // A server shedding load (429/503) that says when to come back is taken at its word:
             // exactly its `Retry-After` plus up to 1 s of jitter (so its clients do not return in
             // the same instant) — never sooner, and not later than it asked either. These waits do

@@ -438,17 +438,22 @@ package struct SubscribeMachine: Sendable {
     }
 
     /// A subscribe request failed (already classified). `randomness` in `0...1` picks the jitter.
-    package mutating func subscribeFailed(_ id: RequestID, status: Status, now: Duration, randomness: Double) -> [Action] {
+    ///
+    /// - Parameter destination: where the next attempt goes: ``RetryMachine/Destination/anotherOrigin``
+    ///   when the failure moved the client to a fallback origin not yet tried (it goes at once).
+    package mutating func subscribeFailed(_ id: RequestID, status: Status, now: Duration, randomness: Double,
+                                          destination: RetryMachine.Destination = .sameOrigin) -> [Action] {
         if status.category == .cancelled { return [] }
         switch state {
         case .handshaking(var h):
             guard h.handshake.failed(id) else { return [] }
             return failure(status, cursor: h.handshake.cursor, connectedBefore: h.handshake.connectedBefore, outage: h.outage, now: now,
-                           randomness: randomness)
+                           randomness: randomness, destination: destination)
         case .receiving(let r):
             guard r.loop.pollRequest == id else { return [] }
             return [.cancelTimer(.liveness), .cancelTimer(.longPollWatchdog)]
-                + failure(status, cursor: r.loop.cursor, connectedBefore: true, outage: nil, now: now, randomness: randomness)
+                + failure(status, cursor: r.loop.cursor, connectedBefore: true, outage: nil, now: now, randomness: randomness,
+                          destination: destination)
         case .idle, .retrying, .waitingForNetwork, .stopped, .disconnected, .background, .resuming:
             return []
         }
@@ -802,13 +807,13 @@ package struct SubscribeMachine: Sendable {
 
     /// A subscribe request failed: the outage's ``RetryMachine`` decides, the parent moves.
     private mutating func failure(_ status: Status, cursor: Cursor?, connectedBefore: Bool, outage existing: RetryMachine?, now: Duration,
-                                  randomness: Double) -> [Action] {
+                                  randomness: Double, destination: RetryMachine.Destination = .sameOrigin) -> [Action] {
         let before = connectionState
         let isNewOutage = existing == nil
         var outage = existing ?? RetryMachine(episode: makeEpisode(), start: now)
         let last = cursor?.timetoken
         let decision = outage.failed(status, retry: configuration.retry, now: now, randomness: randomness,
-                                     recoveredAt: isNewOutage ? lastRecovery : nil)
+                                     recoveredAt: isNewOutage ? lastRecovery : nil, destination: destination)
         switch decision {
         case .stop:
             // Retrying cannot help (seed 002): report and stop.
