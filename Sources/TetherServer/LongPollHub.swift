@@ -468,14 +468,15 @@ public final class LongPollHub: Sendable {
     }
 
     /// Whether graceful shutdown started (responses then close their connection).
-    package var isShuttingDown: Bool { shuttingDown.withLock { $0 } }
-    private let shuttingDown = Mutex(false)
+    package var isShuttingDown: Bool { shuttingDown.load(ordering: .acquiring) }
+    /// Read by every response (an atomic load, not a lock).
+    private let shuttingDown = Atomic<Bool>(false)
 
     /// Answers every waiting long-poll (empty page, current cursor) and makes new ones answer
     /// at once. Called when graceful shutdown starts.
     public func shutdown() {
         let ids = state.withLock { $0.waiters.shutdown() }
-        shuttingDown.withLock { $0 = true }
+        shuttingDown.store(true, ordering: .releasing)
         logger.info("answering waiting long-polls for shutdown", metadata: ["count": "\(ids.count)"])
         wake(ids, reason: .shutdown)
     }
