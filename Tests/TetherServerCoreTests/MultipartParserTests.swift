@@ -1,4 +1,5 @@
 import Testing
+import TetherProtocol
 import TetherServerCore
 
 /// The multipart/form-data parser on its own: well-formed bodies fed in every split, and the
@@ -149,15 +150,3 @@ import TetherServerCore
     }
 }
 
-/// A small deterministic generator for the fuzz-style test.
-private struct SplitMix64 {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE5_E9B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}

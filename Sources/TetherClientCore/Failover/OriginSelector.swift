@@ -1,3 +1,5 @@
+import TetherProtocol
+
 /// Which origin (node) the client's next request goes to: the primary, or one of the fallback
 /// origins after the primary stopped answering. Pure: time and randomness come in as arguments,
 /// the changes go out as return values; the client shell holds it under a lock and every
@@ -177,18 +179,3 @@ package struct OriginSelector: Sendable, Hashable {
     }
 }
 
-/// A small deterministic generator (SplitMix64) so the fallbacks' order is a pure function of
-/// the randomness passed in.
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-
-    init(seed: UInt64) { state = seed }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
