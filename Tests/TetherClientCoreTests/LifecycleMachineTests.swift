@@ -20,6 +20,30 @@ struct LifecycleMachineTests {
     }
 
 
+    @Test("hostile lifecycle values are bounded whether given to init or set later", arguments: [
+        Duration.zero, .seconds(-5), .nanoseconds(1), .seconds(Int64.max), .seconds(86_401), .milliseconds(99),
+    ])
+    func hostileValuesAreBounded(_ value: Duration) {
+        func check(_ options: LifecycleOptions) {
+            #expect(options.foregroundProbeTimeout >= .milliseconds(100) && options.foregroundProbeTimeout <= .seconds(60))
+            guard case .suspend(let keepAlive, _) = options.backgroundPolicy else {
+                Issue.record("the policy changed kind: \(options.backgroundPolicy)")
+                return
+            }
+            #expect(keepAlive >= .seconds(1) && keepAlive <= .seconds(86_400))
+        }
+        check(LifecycleOptions(backgroundPolicy: .suspend(keepAlive: value), foregroundProbeTimeout: value))
+        var later = LifecycleOptions()
+        later.backgroundPolicy = .suspend(keepAlive: value, keepPresence: false)
+        later.foregroundProbeTimeout = value
+        check(later)
+        guard case .suspend(_, let keepPresence) = later.backgroundPolicy else { return }
+        #expect(!keepPresence, "bounding keeps the other settings")
+        // The other policies carry nothing to bound.
+        later.backgroundPolicy = .keep
+        #expect(later.backgroundPolicy == .keep)
+    }
+
     @Test("disconnect policy: the connection is let go with the cursor kept; foreground probes, then resumes from the cursor")
     func disconnectThenCatchUp() throws {
         var h = Self.receiving(.catchUpEverything(unsubscribeInBackground: true))

@@ -53,13 +53,19 @@ public enum ForegroundCatchUp: String, Sendable, Hashable, CustomStringConvertib
 /// ``TetherClient/enterBackground()`` and ``TetherClient/enterForeground()`` (docs/mobile.md).
 public struct LifecycleOptions: Sendable, Hashable {
     /// What happens to the connection in the background (default
-    /// ``BackgroundPolicy/suspend(keepAlive:keepPresence:)`` for 5 minutes).
-    public var backgroundPolicy: BackgroundPolicy
+    /// ``BackgroundPolicy/suspend(keepAlive:keepPresence:)`` for 5 minutes). A suspend
+    /// keep-alive is kept within 1 s–24 h, however it is set.
+    public var backgroundPolicy: BackgroundPolicy {
+        didSet { backgroundPolicy = Self.bounded(backgroundPolicy) }
+    }
     /// How the client catches up on foreground (default ``ForegroundCatchUp/everything``).
     public var foregroundCatchUp: ForegroundCatchUp
     /// How long the foreground probe may take before the client treats the link as down and
-    /// reconnects with a reset back-off (Diffusion's ping-on-foreground; default 3 s).
-    public var foregroundProbeTimeout: Duration
+    /// reconnects with a reset back-off (Diffusion's ping-on-foreground; default 3 s). Kept
+    /// within 100 ms–60 s, however it is set.
+    public var foregroundProbeTimeout: Duration {
+        didSet { foregroundProbeTimeout = Self.bounded(probe: foregroundProbeTimeout) }
+    }
     /// On Apple platforms with UIKit (AppKit: system sleep and wake), whether the client observes
     /// the application's notifications and calls ``TetherClient/enterBackground()`` /
     /// ``TetherClient/enterForeground()`` itself (default true). Elsewhere the app calls them.
@@ -69,15 +75,19 @@ public struct LifecycleOptions: Sendable, Hashable {
     /// within 1 s–24 h.
     public init(backgroundPolicy: BackgroundPolicy = .suspend(keepAlive: .seconds(300)), foregroundCatchUp: ForegroundCatchUp = .everything,
                 foregroundProbeTimeout: Duration = .seconds(3), observesApplicationState: Bool = true) {
-        switch backgroundPolicy {
-        case .suspend(let keepAlive, let keepPresence):
-            self.backgroundPolicy = .suspend(keepAlive: min(max(keepAlive, .seconds(1)), .seconds(86_400)), keepPresence: keepPresence)
-        case .disconnect, .keep:
-            self.backgroundPolicy = backgroundPolicy
-        }
+        self.backgroundPolicy = Self.bounded(backgroundPolicy)
         self.foregroundCatchUp = foregroundCatchUp
-        self.foregroundProbeTimeout = min(max(foregroundProbeTimeout, .milliseconds(100)), .seconds(60))
+        self.foregroundProbeTimeout = Self.bounded(probe: foregroundProbeTimeout)
         self.observesApplicationState = observesApplicationState
+    }
+
+    private static func bounded(_ policy: BackgroundPolicy) -> BackgroundPolicy {
+        guard case .suspend(let keepAlive, let keepPresence) = policy else { return policy }
+        return .suspend(keepAlive: min(max(keepAlive, .seconds(1)), .seconds(86_400)), keepPresence: keepPresence)
+    }
+
+    private static func bounded(probe: Duration) -> Duration {
+        min(max(probe, .milliseconds(100)), .seconds(60))
     }
 
     /// Scenario 1 (seed 000): catch up on everything after the background. With
