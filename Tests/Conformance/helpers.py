@@ -1076,3 +1076,26 @@ def https_get(origin: str, path: str, cafile: str | None = CA_PEM, timeout: floa
         conn.close()
 
 # ============================ end of the Access Manager / limits / TLS / filter block ========
+
+
+class RecordingListener:
+    """A PubNub SDK listener base that records status categories under a lock and ignores
+    messages and presence; subclasses record their own events with `_record`. (A plain class:
+    the test files mix it into `SubscribeCallback`, so this module does not import the SDK.)"""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.statuses = []
+
+    def _record(self, events, event):
+        with self.lock:
+            events.append(event)
+
+    def status(self, pubnub, status):
+        self._record(self.statuses, status.category)
+
+    def message(self, pubnub, message):
+        pass
+
+    def presence(self, pubnub, presence):
+        pass

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 
 import pytest
 from pubnub.callbacks import SubscribeCallback
@@ -24,7 +23,7 @@ from pubnub.models.consumer.objects_v2.memberships import PNChannelMembership
 from pubnub.models.consumer.objects_v2.page import Next, Previous
 from pubnub.models.consumer.objects_v2.sort import PNSortKey, PNSortKeyValue
 
-from helpers import (SECURE_KEYSET, SUB_KEY, TETHER_BIN, grant_token_raw, q, query, request, signed_request, threaded_clients,
+from helpers import (RecordingListener, SECURE_KEYSET, SUB_KEY, TETHER_BIN, grant_token_raw, q, query, request, signed_request, threaded_clients,
                      unique, wait_until, write_keysets_config)
 
 pytestmark = pytest.mark.timeout(60)
@@ -236,32 +235,19 @@ def test_memberships_and_members(make_pubnub):
 
 # ---------------------------------------------------------------------------------- events
 
-class ObjectsListener(SubscribeCallback):
+class ObjectsListener(RecordingListener, SubscribeCallback):
     def __init__(self):
-        self.lock = threading.Lock()
-        self.statuses, self.uuids, self.channels, self.memberships = [], [], [], []
-
-    def status(self, pubnub, status):
-        with self.lock:
-            self.statuses.append(status.category)
-
-    def message(self, pubnub, message):
-        pass
-
-    def presence(self, pubnub, presence):
-        pass
+        super().__init__()
+        self.uuids, self.channels, self.memberships = [], [], []
 
     def uuid(self, pubnub, uuid):
-        with self.lock:
-            self.uuids.append(uuid)
+        self._record(self.uuids, uuid)
 
     def channel(self, pubnub, channel):
-        with self.lock:
-            self.channels.append(channel)
+        self._record(self.channels, channel)
 
     def membership(self, pubnub, membership):
-        with self.lock:
-            self.memberships.append(membership)
+        self._record(self.memberships, membership)
 
 
 @pytest.fixture

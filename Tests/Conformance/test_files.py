@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import subprocess
-import threading
 import urllib.parse
 
 import pytest
@@ -23,7 +22,7 @@ from pubnub.callbacks import SubscribeCallback
 from pubnub.enums import PNStatusCategory
 from pubnub.exceptions import PubNubException
 
-from helpers import (SECURE_KEYSET, SUB_KEY, TETHER_BIN, q, query, request, signed_request, threaded_clients, unique,
+from helpers import (RecordingListener, SECURE_KEYSET, SUB_KEY, TETHER_BIN, q, query, request, signed_request, threaded_clients, unique,
                      wait_until, write_keysets_config)
 
 pytestmark = pytest.mark.timeout(90)
@@ -90,25 +89,13 @@ def assert_storage_error(r, status, code):
     assert f"<Code>{code}</Code>".encode() in r.body, r
 
 
-class FileListener(SubscribeCallback):
+class FileListener(RecordingListener, SubscribeCallback):
     def __init__(self):
-        self.lock = threading.Lock()
-        self.statuses = []
+        super().__init__()
         self.files = []
 
-    def status(self, pubnub, status):
-        with self.lock:
-            self.statuses.append(status.category)
-
-    def message(self, pubnub, message):
-        pass
-
-    def presence(self, pubnub, presence):
-        pass
-
     def file(self, pubnub, file_message):
-        with self.lock:
-            self.files.append(file_message)
+        self._record(self.files, file_message)
 
 
 # ------------------------------------------------------------------------------- the SDK's flow

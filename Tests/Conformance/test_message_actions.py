@@ -10,7 +10,6 @@ access manager's write / read / delete, and `fetch_messages(include_message_acti
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 from pubnub.callbacks import SubscribeCallback
@@ -18,7 +17,7 @@ from pubnub.enums import PNStatusCategory
 from pubnub.exceptions import PubNubException
 from pubnub.models.consumer.message_actions import PNMessageAction
 
-from helpers import (SECURE_KEYSET, SUB_KEY, publish, q, query, request, sdk_error_status, signed_request, status_body,
+from helpers import (RecordingListener, SECURE_KEYSET, SUB_KEY, publish, q, query, request, sdk_error_status, signed_request, status_body,
                      threaded_clients, unique, wait_until, write_keysets_config)
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,25 +53,13 @@ def assert_actions_error(r, status, message_part):
     assert message_part in body["error"]["message"], body
 
 
-class ActionListener(SubscribeCallback):
+class ActionListener(RecordingListener, SubscribeCallback):
     def __init__(self):
-        self.lock = threading.Lock()
-        self.statuses = []
+        super().__init__()
         self.actions = []
 
-    def status(self, pubnub, status):
-        with self.lock:
-            self.statuses.append(status.category)
-
-    def message(self, pubnub, message):
-        pass
-
-    def presence(self, pubnub, presence):
-        pass
-
     def message_action(self, pubnub, message_action):
-        with self.lock:
-            self.actions.append(message_action)
+        self._record(self.actions, message_action)
 
 
 # ------------------------------------------------------------------------------------- add / get
