@@ -233,10 +233,13 @@ final class SubscribeEngine: Sendable {
                     guard let client = owner.client else { return }
                     do throws(TetherError) {
                         var counts: [String: Int]?
+                        var countedThrough: Timetoken?
                         if !counting.isEmpty {
                             // The count is the probe; a server that cannot count (no storage, no
                             // grant) still answered, so a Time request decides about the link.
-                            do throws(TetherError) { counts = try await client.messageCounts(since: counting, timeout: timeout) } catch {
+                            do throws(TetherError) {
+                                (counts, countedThrough) = try await client.messageCountsThrough(since: counting, timeout: timeout)
+                            } catch {
                                 _ = try await client.time(timeout: timeout)
                             }
                         } else if client.session.isOpen && client.currentWire() == .webSocket {
@@ -247,8 +250,8 @@ final class SubscribeEngine: Sendable {
                         } else {
                             _ = try await client.time(timeout: timeout)
                         }
-                        let answered = counts
-                        send { machine, now in machine.foregroundProbeSucceeded(id, counts: answered, now: now) }
+                        let answered = counts, through = countedThrough
+                        send { machine, now in machine.foregroundProbeSucceeded(id, counts: answered, countedThrough: through, now: now) }
                     } catch {
                         let status = error.status
                         send { [self] machine, now in machine.foregroundProbeFailed(id, status: status, now: now, randomness: random()) }

@@ -167,6 +167,24 @@ extension TetherClient {
         }, decode: ResponseDecoding.messageCounts)
     }
 
+    /// ``messageCounts(since:timeout:)`` for the foreground probe (the engine's own call): also
+    /// the cursor the counts go through, when the server says (Tether's `Tether-Counted-Through`;
+    /// `nil` from a server without it). Resuming from that cursor neither misses nor repeats a
+    /// message the counts cover.
+    func messageCountsThrough(since timetokens: [String: Timetoken], timeout: Duration?) async throws(TetherError)
+        -> (counts: [String: Int], through: Timetoken?)
+    {
+        let pairs = timetokens.sorted { $0.key < $1.key }.map { (channel: $0.key, after: $0.value) }
+        let channels = pairs.map(\.channel)
+        let spec: RequestSpec
+        do { spec = try endpoints.messageCounts(pairs, timeout: timeout) } catch {
+            throw TetherError(Status(category: .badRequest, operation: .messageCounts, error: error, serverMessage: error.description,
+                                     affectedChannels: channels))
+        }
+        let (counts, headers) = try await executeWithHeaders(spec, channels: channels, groups: [], decode: ResponseDecoding.messageCounts)
+        return (counts, headers["tether-counted-through"].flatMap { UInt64($0) }.map { Timetoken($0) })
+    }
+
     /// Deletes stored messages of a channel: those older than `start` (exclusive) and at or after
     /// `end` (inclusive); both `nil` deletes everything.
     public func deleteMessages(channel: String, start: Timetoken? = nil, end: Timetoken? = nil, timeout: Duration? = nil)

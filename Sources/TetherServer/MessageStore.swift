@@ -672,14 +672,17 @@ public final class MessageStore: Sendable {
         }
     }
 
-    /// Counts stored messages newer than the given timetoken per channel, capped at 10,000.
-    public func messageCounts(subscribeKey: String, channels: [(String, Timetoken)]) async throws -> [String: Int] {
+    /// Counts stored messages newer than the given timetoken per channel (and at or before
+    /// `through`, when given), capped at 10,000.
+    public func messageCounts(subscribeKey: String, channels: [(String, Timetoken)], through: Timetoken? = nil) async throws -> [String: Int] {
         try await pool.read { db in
             var counts: [String: Int] = [:]
+            let upper = (through ?? Timetoken(UInt64(Int64.max))).storageValue
             for (channel, after) in channels {
                 counts[channel] = try Int.fetchOne(db, sql: """
-                    SELECT COUNT(*) FROM (SELECT 1 FROM message WHERE sub_key = ? AND channel = ? AND timetoken > ? LIMIT 10000)
-                    """, arguments: [subscribeKey, channel, after.storageValue]) ?? 0
+                    SELECT COUNT(*) FROM (SELECT 1 FROM message WHERE sub_key = ? AND channel = ? AND timetoken > ? AND timetoken <= ?
+                                          LIMIT 10000)
+                    """, arguments: [subscribeKey, channel, after.storageValue, upper]) ?? 0
             }
             return counts
         }

@@ -57,4 +57,8 @@ extension HTTPField.Name {
     /// Set on every answer once graceful shutdown has started: a client with other origins
     /// sends its next request elsewhere (docs/connection-lifecycle.md, "Failover").
     static let tetherDraining = HTTPField.Name("Tether-Draining")!
+    /// Tether extension on `message-counts`: the cursor the counts go through. Every stored
+    /// message up to it is counted, none after it, so a subscription resumed from it misses and
+    /// repeats nothing (the SDK's unread-counts foreground, docs/mobile.md).
+    static let tetherCountedThrough = HTTPField.Name("Tether-Counted-Through")!
 }

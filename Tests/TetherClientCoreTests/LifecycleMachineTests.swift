@@ -153,6 +153,25 @@ struct LifecycleMachineTests {
         #expect(h.categories.last == .reconnected)
     }
 
+    @Test("unread counts through the server's counted cursor: a message published between the count and the new subscription is delivered, not lost")
+    func unreadCountsResumeFromTheCountedCursor() throws {
+        var h = Self.receiving(.unreadCountsWithPush, channels: ["a", "b"])
+        h.record(h.machine.enterBackground(now: h.now))
+        h.record(h.machine.enterForeground(now: h.now))
+        let probe = try #require(h.foregroundProbes.last)
+        // The server counted (150, 600]; a message at 700 is published after the count.
+        h.record(h.machine.foregroundProbeSucceeded(probe.id, counts: ["a": 3, "b": 0], countedThrough: Timetoken(600), now: h.now))
+        h.succeed(900)
+        let outcomes = Dictionary(uniqueKeysWithValues: h.continuity.map { ($0.channel, $0) })
+        #expect(outcomes["a"]?.outcome == .skipped(through: Timetoken(600), count: 3), "skipped exactly what was counted")
+        #expect(outcomes["a"]?.resumedFrom == Timetoken(150))
+        #expect(outcomes["b"]?.outcome == .skipped(through: Timetoken(600), count: 0))
+        #expect(h.machine.cursor?.timetoken == Timetoken(600), "the subscription resumes where the counts end")
+        h.succeed(900, events: [event("a", 700)])
+        #expect(h.delivered.map(\.timetoken).contains(Timetoken(700)), "the message after the count arrives")
+        #expect(h.categories.last == .reconnected)
+    }
+
     @Test("latest only: no count; the range skipped is reported once connected; a failed probe keeps skipping")
     func latestOnly() throws {
         var h = Self.receiving(.latestOnly)

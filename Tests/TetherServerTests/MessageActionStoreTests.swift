@@ -44,6 +44,18 @@ import Testing
         try store.close()
     }
 
+    @Test func messageCountsStopAtTheCursorTheyAreCountedThrough() async throws {
+        try await Self.withStore { store in
+            for tt in [100, 200, 300, 400] as [UInt64] { try await store.append(Self.message(tt)) }
+            let all = try await store.messageCounts(subscribeKey: "k", channels: [("c", Timetoken(100))])
+            #expect(all == ["c": 3])
+            let through = try await store.messageCounts(subscribeKey: "k", channels: [("c", Timetoken(100))], through: Timetoken(300))
+            #expect(through == ["c": 2], "200 and 300; 400 is after the cursor")
+            let none = try await store.messageCounts(subscribeKey: "k", channels: [("c", Timetoken(300))], through: Timetoken(300))
+            #expect(none == ["c": 0])
+        }
+    }
+
     @Test func anActionNeedsItsMessageAndIsAddedOncePerUUID() async throws {
         try await Self.withStore { store in
             try await store.append(Self.message(100))

@@ -87,8 +87,12 @@ import TetherServer
         #expect(items[0]["uuid"] as? String == "tester")
         #expect(items[0]["message_type"] is NSNull)
 
-        let counts = try json(try await server.get("/v3/history/sub-key/demo/message-counts/h,empty?channelsTimetoken=\(tts[1].rawValue),1").body) as! [String: Any]
+        let countsResponse = try await server.get("/v3/history/sub-key/demo/message-counts/h,empty?channelsTimetoken=\(tts[1].rawValue),1")
+        let counts = try json(countsResponse.body) as! [String: Any]
         #expect(counts["channels"] as? [String: Int] == ["h": 3, "empty": 0])
+        // Tether's extension: the cursor the counts go through, at or after the last message counted.
+        let through = try #require(countsResponse.headers.first(name: "Tether-Counted-Through").flatMap { UInt64($0) })
+        #expect(through >= tts[4].rawValue)
 
         let deleted = try await server.send("/v3/history/sub-key/demo/channel/h?start=\(tts[1].rawValue)&end=\(tts[3].rawValue)", method: .DELETE, body: nil)
         #expect(deleted.status == 200)

@@ -61,6 +61,10 @@ package struct SubscribeMachine: Sendable {
     private struct PendingSkip: Sendable {
         var from: Timetoken
         var counts: [String: Int]?
+        /// The cursor the counts go through (Tether's `Tether-Counted-Through`): the new
+        /// subscription resumes from it, so nothing after it is skipped uncounted. `nil`: the
+        /// skip goes to the handshake's cursor.
+        var through: Timetoken?
     }
 
     /// What a stopped loop does on its own.
@@ -387,6 +391,17 @@ package struct SubscribeMachine: Sendable {
             let (heartbeat, startHeartbeat) = HeartbeatMachine.start(configuration)
             let loop: LongPollLoop
             let receive: [ReceiveAction]
+            let skipped = pendingSkip
+            if let skip = skipped {
+                // The foreground chose not to replay: say what was skipped, per channel — through
+                // the counted cursor (the subscription resumed there), else the handshake's.
+                pendingSkip = nil
+                actions.append(.continuity(channels.filter { !NameRules.isPresence($0) && !$0.hasSuffix(".*") }.map {
+                    ChannelContinuity(channel: $0, outcome: .skipped(through: skip.through ?? established.cursor.timetoken,
+                                                                     count: skip.counts?[$0]),
+                                      resumedFrom: skip.from)
+                }))
+            }
             switch established.continuation {
             case .catchUp(let resume, let server):
                 let plain = channels.filter { !NameRules.isPresence($0) && !$0.hasSuffix(".*") }
@@ -404,19 +419,13 @@ package struct SubscribeMachine: Sendable {
                     (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: planner, ids: &requestIDs)
                 }
             case .continuous(let resume):
-                actions.append(.continuity(channels.filter { !NameRules.isPresence($0) }.map {
-                    ChannelContinuity(channel: $0, outcome: .continuous, resumedFrom: resume)
-                }))
-                (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: nil, ids: &requestIDs)
-            case .live:
-                if let skip = pendingSkip {
-                    // The foreground chose not to replay: say what was skipped, per channel.
-                    pendingSkip = nil
-                    actions.append(.continuity(channels.filter { !NameRules.isPresence($0) && !$0.hasSuffix(".*") }.map {
-                        ChannelContinuity(channel: $0, outcome: .skipped(through: established.cursor.timetoken, count: skip.counts?[$0]),
-                                          resumedFrom: skip.from)
+                if skipped == nil {
+                    actions.append(.continuity(channels.filter { !NameRules.isPresence($0) }.map {
+                        ChannelContinuity(channel: $0, outcome: .continuous, resumedFrom: resume)
                     }))
                 }
+                (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: nil, ids: &requestIDs)
+            case .live:
                 (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: nil, ids: &requestIDs)
             }
             actions += perform(startHeartbeat, failure: nil)
@@ -628,13 +637,20 @@ package struct SubscribeMachine: Sendable {
         }
     }
 
-    /// The foreground probe answered (`counts`: the `message-counts` answer when it counted).
-    package mutating func foregroundProbeSucceeded(_ id: RequestID, counts: [String: Int]?, now: Duration) -> [Action] {
+    /// The foreground probe answered (`counts`: the `message-counts` answer when it counted;
+    /// `countedThrough`: the cursor those counts go through, when the server said).
+    package mutating func foregroundProbeSucceeded(_ id: RequestID, counts: [String: Int]?, countedThrough: Timetoken? = nil,
+                                                   now: Duration) -> [Action] {
         let before = connectionState
         switch state {
         case .resuming(let r) where r.probe == id:
-            if let counts { pendingSkip?.counts = counts }
-            let resume = pendingSkip == nil ? resumePoint(r.cursor, connectedBefore: r.connectedBefore) : nil
+            if let counts {
+                pendingSkip?.counts = counts
+                // Resume from where the counts end: a message published between the count and
+                // the new subscription is delivered, not lost between the two.
+                if let countedThrough, let from = pendingSkip?.from, countedThrough >= from { pendingSkip?.through = countedThrough }
+            }
+            let resume = pendingSkip.map(\.through) ?? resumePoint(r.cursor, connectedBefore: r.connectedBefore)
             return startHandshake(purpose: r.connectedBefore ? .restore : .connect, resume: resume, last: r.cursor, outage: nil)
                 + connectionChange(from: before)
         case .receiving where keptProbe == id:

@@ -299,7 +299,11 @@ extension TetherResponder {
         if channels.count > 100 { throw Refusal(response: Reply.historyError(.badRequest, "Invalid Arguments")) }
         try authorize(request.keyset, wire, channels: channels, groups: [], permission: .read)
         let cursors = try MessageCountCursors(wire, channels: channels)
-        let counts = try await state.store.messageCounts(subscribeKey: request.keyset.subscribeKey, channels: cursors.pairs)
+        // Counted through the hub's visible cursor, read first: every message at or below it is
+        // committed (so in the store), and one committed during the count is not counted.
+        let through = state.hub.currentCursor
+        let counts = try await state.store.messageCounts(subscribeKey: request.keyset.subscribeKey, channels: cursors.pairs,
+                                                         through: through)
         var w = JSONWriter()
         w.raw("{\"status\":200,\"error\":false,\"error_message\":\"\",\"channels\":{")
         for (i, channel) in channels.enumerated() {
@@ -309,6 +313,7 @@ extension TetherResponder {
             w.number(counts[channel] ?? 0)
         }
         w.raw("}}")
-        return Reply.json(.ok, w.bytes)
+        return Reply.json(.ok, w.bytes, extraHeaders: [.tetherCountedThrough: String(through.rawValue),
+                                                       .accessControlExposeHeaders: "Tether-Counted-Through"])
     }
 }
