@@ -43,3 +43,25 @@ def test_publish_dedup_scenario_reports_both_figures():
     assert re.search(r"without request ids: [\d,]+ publishes/s", out), out
     assert re.search(r"with request ids: +[\d,]+ publishes/s", out), out
     assert re.search(r"cost of the check: -?[\d.]+ % of publish throughput.*missing 0, duplicates 0, publish errors 0", out), out
+
+
+def test_fanout_over_many_channels_delivers_each_subscriber_its_channel_exactly_once():
+    # 6 subscribers on 3 channels, publishes round-robin: each subscriber must have exactly the
+    # messages of its own channel (missing, duplicates and out-of-order all 0).
+    out = bench("--scenario", "fanout", "--duration", "2", "--subscribers", "6", "--fanout-channels", "3", "--publishers", "2")
+    assert "3 channels (round-robin)" in out, out
+    row = next(line for line in out.splitlines() if re.match(r"^\s+6\s", line))
+    assert row.split()[6:10] == ["0", "0", "0", "0"], row
+    assert re.search(r"µs/request", out), out
+
+
+def test_requests_scenario_reports_the_server_cpu_per_request_of_each_kind():
+    out = bench("--scenario", "requests", "--duration", "1", "--publishers", "2", "--request-rounds", "1")
+    for kind in ("time", "publish-realtime", "publish-stored"):
+        row = next(line for line in out.splitlines() if line.strip().startswith(kind + " "))
+        fields = row.split()
+        # kind, connections, runs, requests/s, µs/request, the runs' µs, errors
+        assert fields[1] == "2" and fields[2] == "1", row
+        assert float(fields[4]) > 0, row
+        assert fields[-1] == "0", row
+    assert "goal (#16): a stored publish ≤ 15 µs of server CPU" in out
