@@ -36,6 +36,15 @@ package struct Bench: AsyncParsableCommand {
             publishes/s of each and the cost of the check. --request-ids adds request ids to the \
             fanout scenario's publishes instead.
 
+            recorder (only when named): the live console's flight recorder driven directly — its \
+            hooks in a loop on one thread, as one publish and a subscribe cycle per --subscribers \
+            (the first count) cause them, over --recorder-clients uuids — with and without the \
+            console; reports thread CPU ns per publish-equivalent (median of \
+            --recorder-repetitions). console-cost: that, plus --rounds alternating fan-out runs \
+            without and with the console (a fresh server each), reporting server CPU per publish \
+            with the mean, median and 95 % confidence interval of the difference, and the \
+            recorder's overhead in percent of the server's CPU per publish.
+
             presence: --uuids distinct uuids heartbeat (heartbeat=300) over --channels channels, \
             --here-now-occupancy of them on one channel, through --presence-connections \
             keep-alive connections, --heartbeat-rounds times. Reports heartbeats/s, the server's \
@@ -67,10 +76,14 @@ package struct Bench: AsyncParsableCommand {
         case fanout, latency, memory, presence, resume, all
         /// Fan-out publish throughput without and with request ids (not part of `all`).
         case publishDedup = "publish-dedup"
+        /// The console's flight recorder driven directly (not part of `all`).
+        case recorder
+        /// The recorder's direct cost plus alternating fan-out runs without and with the console.
+        case consoleCost = "console-cost"
     }
 
     /// Which runs to do.
-    @Option(help: "fanout, latency, memory, presence, all (those four), resume or publish-dedup.")
+    @Option(help: "fanout, latency, memory, presence, all (those four), resume, publish-dedup, recorder or console-cost.")
     var scenario: Scenario = .all
 
     /// The subscribers' wire.
@@ -81,9 +94,22 @@ package struct Bench: AsyncParsableCommand {
     @Flag(name: .customLong("request-ids"), help: "Fan-out: every publish carries a unique requestid (the server's deduplication check).")
     var requestIDs = false
 
-    /// Runs of each variant in the publish-dedup scenario.
-    @Option(name: .customLong("dedup-rounds"), help: "publish-dedup: alternating runs of each variant (without, with request ids).")
+    /// Runs of each variant in the publish-dedup and console-cost scenarios.
+    @Option(name: [.customLong("rounds"), .customLong("dedup-rounds")],
+            help: "publish-dedup, console-cost: alternating runs of each variant (without, with).")
     var dedupRounds: Int = 3
+
+    /// Distinct uuids the recorder scenario cycles through.
+    @Option(name: .customLong("recorder-clients"), help: "recorder, console-cost: distinct uuids the recorder loop cycles through.")
+    var recorderClients: Int = 1_000
+
+    /// Publish-equivalents per timed repetition of the recorder loop.
+    @Option(name: .customLong("recorder-iterations"), help: "recorder, console-cost: publish-equivalents per timed repetition.")
+    var recorderIterations: Int = 20_000
+
+    /// Timed repetitions of each recorder variant.
+    @Option(name: .customLong("recorder-repetitions"), help: "recorder, console-cost: timed repetitions per variant (median reported).")
+    var recorderRepetitions: Int = 9
 
     /// Sessions in the resume run.
     @Option(name: .customLong("resume-sessions"), help: "Resume run: WebSocket sessions that drop and resume.")
@@ -183,7 +209,7 @@ package struct Bench: AsyncParsableCommand {
     var console = false
 
     /// Parsed `--subscribers`.
-    private var subscriberCounts: [Int] {
+    var subscriberCounts: [Int] {
         subscribers.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
     }
 
@@ -195,7 +221,10 @@ package struct Bench: AsyncParsableCommand {
             throw ValidationError("--subscribers must be a comma-separated list of positive numbers")
         }
         guard publishers > 0 else { throw ValidationError("--publishers must be positive") }
-        guard (1...100).contains(dedupRounds) else { throw ValidationError("--dedup-rounds must be between 1 and 100") }
+        guard (1...100).contains(dedupRounds) else { throw ValidationError("--rounds must be between 1 and 100") }
+        guard recorderClients > 0, recorderIterations > 0, (1...101).contains(recorderRepetitions) else {
+            throw ValidationError("--recorder-clients and --recorder-iterations must be positive, --recorder-repetitions 1 to 101")
+        }
         if let fanoutRate, !(1...100_000).contains(fanoutRate) { throw ValidationError("--fanout-rate must be between 1 and 100000") }
         guard rate > 0 && rate <= 100_000 else { throw ValidationError("--rate must be between 1 and 100000") }
         guard latencySubscribers > 0 else { throw ValidationError("--latency-subscribers must be positive") }
@@ -236,6 +265,10 @@ package struct Bench: AsyncParsableCommand {
         var publishDedup: PublishDedupResult?
         /// WebSocket resume run.
         var resume: ResumeResult?
+        /// The flight recorder's direct cost (recorder scenario).
+        var recorder: RecorderCostResult?
+        /// Console off vs on (console-cost scenario).
+        var consoleCost: ConsoleCostResult?
         /// Things the reader should know (skipped runs, limits).
         var notes: [String] = []
     }
@@ -257,7 +290,7 @@ package struct Bench: AsyncParsableCommand {
 
         // Every connection is a file descriptor on both sides; children inherit the limit.
         var needed = 1024
-        if runFanout || runPublishDedup { needed = max(needed, (subscriberCounts.max() ?? 0) + publishers + 256) }
+        if runFanout || runPublishDedup || scenario == .consoleCost { needed = max(needed, (subscriberCounts.max() ?? 0) + publishers + 256) }
         if runMemory && external == nil { needed = max(needed, longPolls + 512) }
         let limit = BenchMachine.raiseOpenFileLimit(to: needed)
         var longPollCount = longPolls
@@ -299,6 +332,12 @@ package struct Bench: AsyncParsableCommand {
                     }
                 }
                 report.publishDedup = result
+            }
+            if scenario == .recorder {
+                report.recorder = measureRecorder(cyclesPerPublish: subscriberCounts[0])
+            }
+            if scenario == .consoleCost {
+                report.consoleCost = try await measureConsoleCost(runner: runner, external: external)
             }
             if runLatency {
                 report.latency = try await withServer(external) { target, pid in
@@ -368,9 +407,10 @@ package struct Bench: AsyncParsableCommand {
     }
 
     /// Runs `body` against the external server, or a freshly spawned one that is stopped afterwards.
-    private func withServer<T>(_ external: BenchTarget?, _ body: (BenchTarget, Int32?) async throws -> T) async throws -> T {
+    /// `console` overrides `--console` for a spawned server.
+    func withServer<T>(_ external: BenchTarget?, console: Bool? = nil, _ body: (BenchTarget, Int32?) async throws -> T) async throws -> T {
         if let external { return try await body(external, nil) }
-        let server = try await BenchServer(extraArguments: console ? ["--admin-secret", "bench-console-secret"] : [])
+        let server = try await BenchServer(extraArguments: console ?? self.console ? ["--admin-secret", "bench-console-secret"] : [])
         benchLog("spawned server pid \(server.pid) at \(server.target.url)")
         do {
             let result = try await body(server.target, server.pid)
@@ -384,7 +424,7 @@ package struct Bench: AsyncParsableCommand {
 
     // MARK: - Output
 
-    private static func describe(_ r: FanoutResult) -> String {
+    static func describe(_ r: FanoutResult) -> String {
         "fan-out \(r.subscribers) \(r.transport) subscribers: \(grouped(r.deliveriesPerSecond)) deliveries/s, \(grouped(r.publishesPerSecond)) publishes/s, "
             + "missing \(r.lost)\(r.complete ? "" : " (drain timed out)"), duplicates \(r.duplicates), out of order \(r.outOfOrder)"
     }
@@ -543,6 +583,12 @@ package struct Bench: AsyncParsableCommand {
         }
         if let r = report.resume {
             lines += renderResume(r)
+        }
+        if let r = report.recorder {
+            lines += renderRecorder(r)
+        }
+        if let r = report.consoleCost {
+            lines += renderConsoleCost(r)
         }
         for note in report.notes {
             lines.append("note: \(note)")

@@ -1,0 +1,68 @@
+package import TetherProtocol
+
+/// What the console's hooks write under its one lock (docs/console.md): the flight recorder,
+/// the open long-poll connections by uuid (for the kick action) and the delivery-latency
+/// histogram since the last sample. One call per hook; the shell (`AdminConsole`) reads the clock,
+/// takes the lock and calls one of these.
+///
+/// Generic over the connection handle so the server keeps its NIO channels here while
+/// `tether bench --scenario recorder` drives the very same code with a stand-in.
+package struct ConsoleRecording<Connection: Sendable>: Sendable {
+    /// Upper bounds (ms) of the delivery-latency histogram's buckets; the last is open-ended.
+    package static var latencyBuckets: [Int64] { [1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, .max] }
+
+    package var recorder: ConnectionRecorder
+    /// Open long-poll connections by uuid, for the kick action (bounded by open connections).
+    package var longPolls: [String: [ObjectIdentifier: Connection]] = [:]
+    /// Envelopes delivered per latency bucket since the last sample.
+    package var latencies: [Int]
+    private let bucketBounds: [Int64]
+
+    package init(recorder: ConnectionRecorder) {
+        self.recorder = recorder
+        bucketBounds = Self.latencyBuckets
+        latencies = [Int](repeating: 0, count: bucketBounds.count)
+    }
+
+    /// A subscribe request arrived; `connection` is its connection when it will wait (a
+    /// continuation), `nil` for a handshake.
+    package mutating func longPollBegan(uuid: String, subscribeKey: String, address: String, channels: [String], groups: [String],
+                                        cursor: Timetoken, connection: (id: ObjectIdentifier, handle: Connection)?, now: Int64) {
+        recorder.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
+                               cursor: cursor, now: now)
+        if let connection { longPolls[uuid, default: [:]][connection.id] = connection.handle }
+    }
+
+    /// A long-poll was answered with `delivered` envelopes up to `cursor` (or abandoned: `cursor` nil).
+    package mutating func longPollEnded(uuid: String?, connection: ObjectIdentifier, delivered: Int, gaps: Int, cursor: Timetoken?,
+                                        now: Int64) {
+        if let cursor { countLatency(delivered: delivered, cursor: cursor, now: now) }
+        guard let uuid else { return }
+        recorder.longPollEnded(uuid: uuid, delivered: delivered, gaps: gaps, cursor: cursor, now: now)
+        if longPolls[uuid]?.removeValue(forKey: connection) != nil, longPolls[uuid]?.isEmpty == true {
+            longPolls[uuid] = nil
+        }
+    }
+
+    /// A WebSocket session delivered a page.
+    package mutating func sessionDelivered(uuid: String, delivered: Int, gaps: Int, cursor: Timetoken, now: Int64) {
+        countLatency(delivered: delivered, cursor: cursor, now: now)
+        recorder.sessionDelivered(uuid: uuid, delivered: delivered, gaps: gaps, cursor: cursor, now: now)
+    }
+
+    /// The histogram since the last call, emptied.
+    package mutating func takeLatencies() -> [Int] {
+        defer { latencies = [Int](repeating: 0, count: latencies.count) }
+        return latencies
+    }
+
+    /// Counts a page into the latency histogram: its age (now minus its cursor, the newest
+    /// envelope's timetoken), once per envelope.
+    private mutating func countLatency(delivered: Int, cursor: Timetoken, now: Int64) {
+        guard delivered > 0 else { return }
+        let age = max(0, now - Int64(cursor.rawValue / 10_000))
+        var index = 0
+        while index < bucketBounds.count - 1 && age > bucketBounds[index] { index += 1 }
+        latencies[index] += delivered
+    }
+}
