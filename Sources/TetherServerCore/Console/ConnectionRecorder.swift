@@ -5,8 +5,9 @@ package import TetherProtocol
 /// plus a summary (transport, address, channels, cursor).
 ///
 /// Pure: every call takes `now` (wall-clock milliseconds since 1970) and returns nothing to do;
-/// the shell (`ConnectionLog`) holds it under a lock. Bounded twice: at most
-/// ``Configuration/maxClients`` uuids (the least recently active is forgotten first) and
+/// the shell (`AdminConsole`) holds it under a lock. Bounded twice: at most
+/// ``Configuration/maxClients`` uuids (the least recently active are forgotten first, an eighth
+/// of the bound at a time) and
 /// ``Configuration/eventsPerClient`` events per uuid (the oldest are overwritten). Recording
 /// writes into preallocated rings: no encoding happens until somebody reads.
 ///
@@ -287,9 +288,7 @@ package struct ConnectionRecorder: Sendable {
         if let existing = clients.removeValue(forKey: uuid) {
             client = existing
         } else {
-            if clients.count >= configuration.maxClients, let oldest = clients.min(by: { $0.value.touch < $1.value.touch })?.key {
-                clients[oldest] = nil
-            }
+            if clients.count >= configuration.maxClients { forgetLeastRecentlyActive() }
             client = Client(uuid: uuid, firstSeen: now, lastSeen: now, ring: EventRing(capacity: configuration.eventsPerClient), touch: touches)
         }
         var pending: [Event] = []
@@ -298,6 +297,19 @@ package struct ConnectionRecorder: Sendable {
         client.lastSeen = now
         client.touch = touches
         clients[uuid] = client
+    }
+}
+
+extension ConnectionRecorder {
+    /// At the bound: forgets the least recently active eighth of the uuids at once (at least
+    /// one), so that with more active uuids than the bound — every update then a new uuid — the
+    /// scan is paid once per `maxClients / 8` new uuids rather than on every one.
+    private mutating func forgetLeastRecentlyActive() {
+        let batch = max(1, configuration.maxClients / 8)
+        var touches = clients.values.map(\.touch)
+        touches.sort()
+        let threshold = touches[min(batch, touches.count) - 1]
+        clients = clients.filter { $0.value.touch > threshold }
     }
 }
 
