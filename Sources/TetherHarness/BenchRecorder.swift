@@ -156,7 +156,7 @@ private final class StandInConnection: Sendable {}
 /// around the shared ``ConsoleRecording`` call, and relaxed atomics for the counters. The
 /// recording, recorder, rings and histogram are the server's own code.
 private final class RecorderHooks: Sendable {
-    let recording: Mutex<ConsoleRecording<StandInConnection>>
+    let recording: Mutex<ConsoleRecording>
     let publishes = Atomic<Int>(0)
     let deliveries = Atomic<Int>(0)
 
@@ -172,7 +172,7 @@ private final class RecorderHooks: Sendable {
         let now = Self.now()
         recording.withLock {
             $0.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
-                             cursor: cursor, connection: connection.map { (ObjectIdentifier($0), $0) }, now: now)
+                             cursor: cursor, connection: connection, now: now)
         }
     }
 
@@ -180,7 +180,7 @@ private final class RecorderHooks: Sendable {
         if delivered > 0 { deliveries.add(delivered, ordering: .relaxed) }
         let now = Self.now()
         recording.withLock {
-            $0.longPollEnded(uuid: uuid, connection: ObjectIdentifier(connection), delivered: delivered, gaps: 0, cursor: cursor, now: now)
+            $0.longPollEnded(uuid: uuid, connection: connection, delivered: delivered, gaps: 0, cursor: cursor, now: now)
         }
     }
 

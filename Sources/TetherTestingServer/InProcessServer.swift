@@ -51,7 +51,7 @@ public struct InProcessServer: Sendable {
         logger.logLevel = logLevel
         var configuration = ServerConfiguration(host: "127.0.0.1", port: port, dataDirectory: directory, file: file, tls: tls)
         configuration.webSocket = webSocket
-        configuration.adminSecret = adminSecret
+        if let adminSecret { configuration.adminSecret = adminSecret }
         let server = try TetherServer(configuration: configuration, logger: logger, clock: clock)
         let (urls, continuation) = AsyncStream.makeStream(of: String.self)
         let task = Task {

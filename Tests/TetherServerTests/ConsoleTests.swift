@@ -31,6 +31,19 @@ import TetherTestingServer
         await server.stop()
     }
 
+    @Test func theConfigFilesAdminSecretIsReadValidatedAndNeverWrittenBack() throws {
+        let file = try JSONDecoder().decode(ConfigurationFile.self, from: Data(#"{"adminSecret": "from-the-config-file"}"#.utf8))
+        #expect(file.adminSecret == "from-the-config-file")
+        try file.validate()
+        #expect(ServerConfiguration(file: file).adminSecret == "from-the-config-file")
+        let encoded = String(decoding: try JSONEncoder().encode(file), as: UTF8.self)
+        #expect(!encoded.contains("from-the-config-file") && !encoded.contains("adminSecret"))
+        let short = try JSONDecoder().decode(ConfigurationFile.self, from: Data(#"{"adminSecret": "short"}"#.utf8))
+        let error = try #require(throws: ServerConfigurationError.self) { try short.validate() }
+        #expect(!"\(error)".contains("short\""))
+        #expect(ServerConfiguration(file: .init()).adminSecret == nil)
+    }
+
     @Test func theAdminAPIRefusesAMissingOrWrongSecret() async throws {
         let server = try await Self.start()
         #expect(try await server.get("/admin/v1/overview").status == 401)

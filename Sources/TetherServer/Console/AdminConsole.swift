@@ -30,7 +30,7 @@ final class AdminConsole: Sendable {
     }
 
     /// Upper bounds (ms) of the delivery-latency histogram's buckets; the last is open-ended.
-    static let latencyBuckets = ConsoleRecording<any Channel>.latencyBuckets
+    static let latencyBuckets = ConsoleRecording.latencyBuckets
     /// Points kept in the time series (one a second).
     static let seriesLength = 120
     /// Events a watcher of the live stream may have waiting; a slower watcher is dropped.
@@ -42,7 +42,7 @@ final class AdminConsole: Sendable {
     let usesTLS: Bool
     let logger: Logger
     /// What the hooks write, under one lock (one acquisition per hook).
-    private let recording: Mutex<ConsoleRecording<any Channel>>
+    private let recording: Mutex<ConsoleRecording>
     private let signedIn = Mutex(AdminSessions())
     private let throttle = Mutex(LoginThrottle())
     private let publishes = Atomic<Int>(0)
@@ -73,7 +73,7 @@ final class AdminConsole: Sendable {
         let now = Self.now()
         recording.withLock {
             $0.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
-                             cursor: cursor, connection: channel.map { (ObjectIdentifier($0), $0) }, now: now)
+                             cursor: cursor, connection: channel, now: now)
         }
     }
 
@@ -81,7 +81,7 @@ final class AdminConsole: Sendable {
         if let page, !page.envelopes.isEmpty { deliveries.add(page.envelopes.count, ordering: .relaxed) }
         let now = Self.now()
         recording.withLock {
-            $0.longPollEnded(uuid: uuid, connection: ObjectIdentifier(channel), delivered: page?.envelopes.count ?? 0,
+            $0.longPollEnded(uuid: uuid, connection: channel, delivered: page?.envelopes.count ?? 0,
                              gaps: page?.gaps.count ?? 0, cursor: page?.cursor, now: now)
         }
     }
@@ -150,7 +150,7 @@ final class AdminConsole: Sendable {
     /// Closes every connection of `uuid`: its long-polls end, its sockets close (a WebSocket
     /// session is kept, as for any drop). Returns how many connections were closed.
     func kick(uuid: String) -> Int {
-        let channels = recording.withLock { $0.longPolls.removeValue(forKey: uuid).map { Array($0.values) } ?? [] }
+        let channels = recording.withLock { $0.longPolls.removeValue(forKey: uuid).map { $0.values.compactMap { $0 as? any Channel } } ?? [] }
         for channel in channels { channel.close(promise: nil) }
         let sockets = webSockets?.kick(uuid: uuid) ?? 0
         let now = Self.now()

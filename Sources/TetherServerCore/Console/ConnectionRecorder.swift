@@ -284,19 +284,25 @@ package struct ConnectionRecorder: Sendable {
     /// `change` edit it and append events, and stores it back.
     private mutating func update(_ uuid: String, now: Int64, _ change: (inout Client, (Event) -> Void) -> Void) {
         touches &+= 1
-        var client: Client
-        if let existing = clients.removeValue(forKey: uuid) {
-            client = existing
+        let touch = touches
+        let index: [String: Client].Index
+        if let existing = clients.index(forKey: uuid) {
+            index = existing
         } else {
             if clients.count >= configuration.maxClients { forgetLeastRecentlyActive() }
-            client = Client(uuid: uuid, firstSeen: now, lastSeen: now, ring: EventRing(capacity: configuration.eventsPerClient), touch: touches)
+            clients[uuid] = Client(uuid: uuid, firstSeen: now, lastSeen: now, ring: EventRing(capacity: configuration.eventsPerClient),
+                                   touch: touch)
+            index = clients.index(forKey: uuid)!
         }
-        var pending: [Event] = []
-        change(&client) { pending.append($0) }
-        for event in pending { client.ring.append(Entry(at: now, event: event)) }
-        client.lastSeen = now
-        client.touch = touches
-        clients[uuid] = client
+        // Edited in place: one lookup per hook, and the ring's storage is never copied.
+        func apply(_ client: inout Client) {
+            var pending: [Event] = []
+            change(&client) { pending.append($0) }
+            for event in pending { client.ring.append(Entry(at: now, event: event)) }
+            client.lastSeen = now
+            client.touch = touch
+        }
+        apply(&clients.values[index])
     }
 }
 

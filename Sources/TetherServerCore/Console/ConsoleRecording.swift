@@ -5,11 +5,15 @@ package import TetherProtocol
 /// histogram since the last sample. One call per hook; the shell (`AdminConsole`) reads the clock,
 /// takes the lock and calls one of these.
 ///
-/// Generic over the connection handle so the server keeps its NIO channels here while
-/// `tether bench --scenario recorder` drives the very same code with a stand-in.
-package struct ConsoleRecording<Connection: Sendable>: Sendable {
+/// Connections are kept as plain objects (the server's NIO channels; `tether bench --scenario
+/// recorder` drives this very code with stand-ins). Not generic on purpose: called from another
+/// module, a generic type would be used unspecialized, paying metadata lookups on every hook.
+package struct ConsoleRecording: Sendable {
+    /// A connection: the server's `any Channel`.
+    package typealias Connection = any AnyObject & Sendable
+
     /// Upper bounds (ms) of the delivery-latency histogram's buckets; the last is open-ended.
-    package static var latencyBuckets: [Int64] { [1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, .max] }
+    package static let latencyBuckets: [Int64] = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, .max]
 
     package var recorder: ConnectionRecorder
     /// Open long-poll connections by uuid, for the kick action (bounded by open connections).
@@ -27,20 +31,21 @@ package struct ConsoleRecording<Connection: Sendable>: Sendable {
     /// A subscribe request arrived; `connection` is its connection when it will wait (a
     /// continuation), `nil` for a handshake.
     package mutating func longPollBegan(uuid: String, subscribeKey: String, address: String, channels: [String], groups: [String],
-                                        cursor: Timetoken, connection: (id: ObjectIdentifier, handle: Connection)?, now: Int64) {
+                                        cursor: Timetoken, connection: Connection?, now: Int64) {
         recorder.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
                                cursor: cursor, now: now)
-        if let connection { longPolls[uuid, default: [:]][connection.id] = connection.handle }
+        if let connection { longPolls[uuid, default: [:]][ObjectIdentifier(connection)] = connection }
     }
 
     /// A long-poll was answered with `delivered` envelopes up to `cursor` (or abandoned: `cursor` nil).
-    package mutating func longPollEnded(uuid: String?, connection: ObjectIdentifier, delivered: Int, gaps: Int, cursor: Timetoken?,
+    package mutating func longPollEnded(uuid: String?, connection: Connection, delivered: Int, gaps: Int, cursor: Timetoken?,
                                         now: Int64) {
         if let cursor { countLatency(delivered: delivered, cursor: cursor, now: now) }
         guard let uuid else { return }
         recorder.longPollEnded(uuid: uuid, delivered: delivered, gaps: gaps, cursor: cursor, now: now)
-        if longPolls[uuid]?.removeValue(forKey: connection) != nil, longPolls[uuid]?.isEmpty == true {
-            longPolls[uuid] = nil
+        if let index = longPolls.index(forKey: uuid), longPolls.values[index].removeValue(forKey: ObjectIdentifier(connection)) != nil,
+           longPolls.values[index].isEmpty {
+            longPolls.remove(at: index)
         }
     }
 
