@@ -152,9 +152,9 @@ extension BenchMachine {
 /// A stand-in for a long-poll's NIO channel: the recording keeps one per open long-poll.
 private final class StandInConnection: Sendable {}
 
-/// The console's hook shell as `AdminConsole` (TetherServer) has it: a clock read, one lock
-/// around the shared ``ConsoleRecording`` call, and relaxed atomics for the counters. The
-/// recording, recorder, rings and histogram are the server's own code.
+/// The console's hook shell as `AdminConsole` (TetherServer) has it: the address formatted, a
+/// clock read, one lock around the shared ``ConsoleRecording`` call, and relaxed atomics for the
+/// counters. The recording, recorder, rings and histogram are the server's own code.
 private final class RecorderHooks: Sendable {
     let recording: Mutex<ConsoleRecording>
     let publishes = Atomic<Int>(0)
@@ -164,11 +164,21 @@ private final class RecorderHooks: Sendable {
 
     static func now() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded(.down)) }
 
+    /// As `AdminConsole.text(of:)`.
+    static func text(of address: SocketAddress?) -> String {
+        switch address {
+        case .v4(let v4): ConsoleRecording.ipv4Text(networkOrder: v4.address.sin_addr.s_addr)
+        case let other?: other.ipAddress ?? "unknown"
+        case nil: "unknown"
+        }
+    }
+
     func published() { publishes.add(1, ordering: .relaxed) }
 
-    func longPollBegan(uuid: String?, subscribeKey: String, address: String, channels: [String], groups: [String], cursor: Timetoken,
+    func longPollBegan(uuid: String?, subscribeKey: String, address: SocketAddress?, channels: [String], groups: [String], cursor: Timetoken,
                        connection: StandInConnection?) {
         guard let uuid else { return }
+        let address = Self.text(of: address)
         let now = Self.now()
         recording.withLock {
             $0.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
@@ -205,7 +215,7 @@ enum RecorderBench {
     /// Drives the console's hooks as the fan-out does: per publish-equivalent one `published()`
     /// and, for `cyclesPerPublish` clients in turn, the end of their long-poll (one envelope
     /// delivered) and the start of the next (a continuation, with its connection), with the
-    /// address formatted as the server does at the call site. `repetitions` timed runs of each
+    /// address formatted inside the hook as the server does. `repetitions` timed runs of each
     /// variant, alternating, each on a fresh recorder warmed by one pass over every client.
     static func run(clients: Int, cyclesPerPublish: Int, iterations: Int, repetitions: Int) -> RecorderCostResult {
         var generator = SystemRandomNumberGenerator()
@@ -245,7 +255,7 @@ enum RecorderBench {
         let base = UInt64(RecorderHooks.now()) * 10_000
         // Every client has a long-poll open, as in a running fan-out.
         for client in clients {
-            site.console?.longPollBegan(uuid: client.uuid, subscribeKey: subscribeKey, address: client.address.ipAddress ?? "unknown",
+            site.console?.longPollBegan(uuid: client.uuid, subscribeKey: subscribeKey, address: client.address,
                                         channels: client.channels, groups: [], cursor: Timetoken(base), connection: client.connection)
         }
         var next = 0
@@ -258,7 +268,7 @@ enum RecorderBench {
                 next = next + 1 == clients.count ? 0 : next + 1
                 site.console?.longPollEnded(uuid: client.uuid, connection: client.connection, delivered: 1, cursor: cursor)
                 site.console?.longPollBegan(uuid: client.uuid, subscribeKey: subscribeKey,
-                                            address: client.address.ipAddress ?? "unknown", channels: client.channels, groups: [],
+                                            address: client.address, channels: client.channels, groups: [],
                                             cursor: cursor, connection: client.connection)
             }
         }

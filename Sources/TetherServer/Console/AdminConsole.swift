@@ -62,14 +62,24 @@ final class AdminConsole: Sendable {
     func attach(_ webSockets: WebSocketSessions) { sockets.withLock { $0 = webSockets } }
     var webSockets: WebSocketSessions? { sockets.withLock { $0 } }
 
+    /// A remote address as the console shows it (IPv4 without `inet_ntop`'s `sprintf`).
+    static func text(of address: SocketAddress?) -> String {
+        switch address {
+        case .v4(let v4): ConsoleRecording.ipv4Text(networkOrder: v4.address.sin_addr.s_addr)
+        case let other?: other.ipAddress ?? "unknown"
+        case nil: "unknown"
+        }
+    }
+
     /// Wall-clock milliseconds since 1970.
     static func now() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded(.down)) }
 
     // MARK: - Hooks (called by the server)
 
-    func longPollBegan(uuid: String?, subscribeKey: String, address: String, channels: [String], groups: [String],
+    func longPollBegan(uuid: String?, subscribeKey: String, address: SocketAddress?, channels: [String], groups: [String],
                        cursor: Timetoken, channel: (any Channel)?) {
         guard let uuid else { return }
+        let address = Self.text(of: address)
         let now = Self.now()
         recording.withLock {
             $0.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
@@ -150,7 +160,7 @@ final class AdminConsole: Sendable {
     /// Closes every connection of `uuid`: its long-polls end, its sockets close (a WebSocket
     /// session is kept, as for any drop). Returns how many connections were closed.
     func kick(uuid: String) -> Int {
-        let channels = recording.withLock { $0.longPolls.removeValue(forKey: uuid).map { $0.values.compactMap { $0 as? any Channel } } ?? [] }
+        let channels = recording.withLock { $0.takeLongPolls(of: uuid) }.compactMap { $0 as? any Channel }
         for channel in channels { channel.close(promise: nil) }
         let sockets = webSockets?.kick(uuid: uuid) ?? 0
         let now = Self.now()

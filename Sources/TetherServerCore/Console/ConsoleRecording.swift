@@ -15,9 +15,17 @@ package struct ConsoleRecording: Sendable {
     /// Upper bounds (ms) of the delivery-latency histogram's buckets; the last is open-ended.
     package static let latencyBuckets: [Int64] = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, .max]
 
+    /// A long-poll waiting on a connection, and whose it is.
+    private struct OpenLongPoll: Sendable {
+        var uuid: String
+        var connection: Connection
+    }
+
     package var recorder: ConnectionRecorder
-    /// Open long-poll connections by uuid, for the kick action (bounded by open connections).
-    package var longPolls: [String: [ObjectIdentifier: Connection]] = [:]
+    /// Long-polls waiting now, by connection, for the kick action (bounded by open connections).
+    /// Keyed by connection so a cycle costs one integer-keyed insert and removal; the kick,
+    /// a rare operator action, scans them.
+    private var longPolls: [ObjectIdentifier: OpenLongPoll] = [:]
     /// Envelopes delivered per latency bucket since the last sample.
     package var latencies: [Int]
     private let bucketBounds: [Int64]
@@ -34,7 +42,7 @@ package struct ConsoleRecording: Sendable {
                                         cursor: Timetoken, connection: Connection?, now: Int64) {
         recorder.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
                                cursor: cursor, now: now)
-        if let connection { longPolls[uuid, default: [:]][ObjectIdentifier(connection)] = connection }
+        if let connection { longPolls[ObjectIdentifier(connection)] = OpenLongPoll(uuid: uuid, connection: connection) }
     }
 
     /// A long-poll was answered with `delivered` envelopes up to `cursor` (or abandoned: `cursor` nil).
@@ -43,9 +51,43 @@ package struct ConsoleRecording: Sendable {
         if let cursor { countLatency(delivered: delivered, cursor: cursor, now: now) }
         guard let uuid else { return }
         recorder.longPollEnded(uuid: uuid, delivered: delivered, gaps: gaps, cursor: cursor, now: now)
-        if let index = longPolls.index(forKey: uuid), longPolls.values[index].removeValue(forKey: ObjectIdentifier(connection)) != nil,
-           longPolls.values[index].isEmpty {
-            longPolls.remove(at: index)
+        longPolls[ObjectIdentifier(connection)] = nil
+    }
+
+    /// Long-polls waiting now.
+    package var openLongPolls: Int { longPolls.count }
+
+    /// Forgets `uuid`'s waiting long-polls and returns their connections (the kick action closes them).
+    package mutating func takeLongPolls(of uuid: String) -> [Connection] {
+        let taken = longPolls.filter { $0.value.uuid == uuid }
+        for key in taken.keys { longPolls[key] = nil }
+        return taken.values.map(\.connection)
+    }
+
+    /// An IPv4 address (`sin_addr.s_addr`, network byte order) as dotted text, without the
+    /// `sprintf` that `inet_ntop` uses: the console formats a long-poll's address on every cycle.
+    package static func ipv4Text(networkOrder address: UInt32) -> String {
+        let host = UInt32(bigEndian: address)
+        return withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 15) { buffer in
+            var count = 0
+            for shift in [24, 16, 8, 0] as [UInt32] {
+                if count > 0 {
+                    buffer[count] = UInt8(ascii: ".")
+                    count += 1
+                }
+                let octet = Int((host >> shift) & 0xff)
+                if octet >= 100 {
+                    buffer[count] = UInt8(48 + octet / 100)
+                    count += 1
+                }
+                if octet >= 10 {
+                    buffer[count] = UInt8(48 + octet / 10 % 10)
+                    count += 1
+                }
+                buffer[count] = UInt8(48 + octet % 10)
+                count += 1
+            }
+            return String(decoding: UnsafeBufferPointer(rebasing: buffer[..<count]), as: UTF8.self)
         }
     }
 
