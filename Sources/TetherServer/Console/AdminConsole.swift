@@ -71,8 +71,12 @@ final class AdminConsole: Sendable {
         }
     }
 
-    /// Wall-clock milliseconds since 1970.
-    static func now() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded(.down)) }
+    /// Wall-clock milliseconds since 1970 (read directly: every hook reads it).
+    static func now() -> Int64 {
+        var time = timespec()
+        clock_gettime(CLOCK_REALTIME, &time)
+        return Int64(time.tv_sec) * 1_000 + Int64(time.tv_nsec) / 1_000_000
+    }
 
     // MARK: - Hooks (called by the server)
 
