@@ -43,7 +43,8 @@ package struct Bench: AsyncParsableCommand {
             --recorder-repetitions). console-cost: that, plus --rounds alternating fan-out runs \
             without and with the console (a fresh server each), reporting server CPU per publish \
             with the mean, median and 95 % confidence interval of the difference, and the \
-            recorder's overhead in percent of the server's CPU per publish.
+            recorder's overhead in percent of the server's CPU per publish (--fanout-rate for \
+            paced publishing).
 
             presence: --uuids distinct uuids heartbeat (heartbeat=300) over --channels channels, \
             --here-now-occupancy of them on one channel, through --presence-connections \

@@ -46,6 +46,8 @@ struct ConsoleCostResult: Codable, Sendable {
     /// Subscribers per run (each a uuid of its own: that many recorded cycles per delivery round).
     var subscribers: Int
     var publishers: Int
+    /// The open-loop publish rate (`--fanout-rate`), or `nil` for closed-loop publishers.
+    var rate: Int?
     var stored: Bool
     var seconds: Double
     /// Runs with the console off and on; round `i`'s pair is `off[i]`, `on[i]`.
@@ -312,7 +314,7 @@ extension Bench {
             // machine's speed falls on both.
             for enabled in round % 2 == 0 ? [false, true] : [true, false] {
                 let run = try await withServer(external, console: enabled) { target, pid in
-                    try await runner.fanout(target: target, serverPID: pid, subscribers: subscribers, publishers: publishers, rate: nil,
+                    try await runner.fanout(target: target, serverPID: pid, subscribers: subscribers, publishers: publishers, rate: fanoutRate,
                                             duration: duration, store: !noStore, transport: transport)
                 }
                 if enabled { on.append(run) } else { off.append(run) }
@@ -325,7 +327,7 @@ extension Bench {
         let offCPU = off.compactMap(\.serverMicrosPerPublish)
         let onCPU = on.compactMap(\.serverMicrosPerPublish)
         var result = ConsoleCostResult(
-            subscribers: subscribers, publishers: publishers, stored: !noStore, seconds: duration, off: off, on: on,
+            subscribers: subscribers, publishers: publishers, rate: fanoutRate, stored: !noStore, seconds: duration, off: off, on: on,
             cpuDifference: offCPU.count == off.count && onCPU.count == on.count ? PairedDifference(a: offCPU, b: onCPU) : nil,
             throughputDifference: PairedDifference(a: off.map(\.publishesPerSecond), b: on.map(\.publishesPerSecond)),
             recorder: measureRecorder(cyclesPerPublish: subscribers))
@@ -357,7 +359,9 @@ extension Bench {
         }
         var lines = renderRecorder(r.recorder)
         lines.append("")
-        lines.append("Console off vs on — \(r.off.count) alternating rounds of fan-out, \(r.publishers) closed-loop publishers, "
+        let publishing = r.rate.map { "publishing \(grouped(Double($0))) msg/s over \(r.publishers) connections" }
+            ?? "\(r.publishers) closed-loop publishers"
+        lines.append("Console off vs on — \(r.off.count) alternating rounds of fan-out, \(publishing), "
                      + "\(r.subscribers) subscriber(s), \(fixed(r.seconds, 1)) s per run, "
                      + (r.stored ? "stored (durable) publishes" : "store=0") + ", a fresh server per run")
         let offCPU = r.off.map { $0.serverMicrosPerPublish.map { fixed($0, 1) } ?? "-" }.joined(separator: ", ")
