@@ -186,7 +186,8 @@ private final class RecorderHooks: Sendable {
     /// As `AdminConsole.text(of:)`.
     static func text(of address: SocketAddress?) -> String {
         switch address {
-        case .v4(let v4): ConsoleRecording.ipv4Text(networkOrder: v4.address.sin_addr.s_addr)
+        // sockaddr_in: family and port (2 bytes each), then the address, in network byte order.
+        case .v4(let v4): withUnsafeBytes(of: v4.address) { ConsoleRecording.ipv4Text(networkOrder: $0.loadUnaligned(fromByteOffset: 4, as: UInt32.self)) }
         case let other?: other.ipAddress ?? "unknown"
         case nil: "unknown"
         }

@@ -9,7 +9,7 @@ package import TetherProtocol
 /// ``Configuration/maxClients`` uuids (the least recently active are forgotten first, an eighth
 /// of the bound at a time) and
 /// ``Configuration/eventsPerClient`` events per uuid (the oldest are overwritten). Recording
-/// writes into preallocated rings: no encoding happens until somebody reads.
+/// writes into bounded rings: no encoding happens until somebody reads.
 ///
 /// A long-poll has no connection to watch, so its story is inferred: a subscribe cycle arriving
 /// means connected; no new cycle within ``Configuration/longPollGraceMilliseconds`` after the last
@@ -319,24 +319,28 @@ extension ConnectionRecorder {
     }
 }
 
-/// A fixed-capacity ring of timeline entries: allocated once, the oldest overwritten.
+/// A bounded ring of timeline entries: grows to its capacity as events arrive (a uuid seen once
+/// costs one small allocation, not a full ring), then the oldest is overwritten.
 private struct EventRing: Sendable {
-    private var storage: [ConnectionRecorder.Entry?]
+    private var storage: [ConnectionRecorder.Entry] = []
+    private let capacity: Int
+    /// Once full: where the oldest entry is (the next to overwrite).
     private var next = 0
-    private var filled = 0
 
     init(capacity: Int) {
-        storage = Array(repeating: nil, count: capacity)
+        self.capacity = capacity
     }
 
     mutating func append(_ entry: ConnectionRecorder.Entry) {
-        storage[next] = entry
-        next = (next + 1) % storage.count
-        filled = min(filled + 1, storage.count)
+        if storage.count < capacity {
+            storage.append(entry)
+        } else {
+            storage[next] = entry
+            next = (next + 1) % capacity
+        }
     }
 
     var entries: [ConnectionRecorder.Entry] {
-        let start = filled < storage.count ? 0 : next
-        return (0..<filled).compactMap { storage[(start + $0) % storage.count] }
+        storage.count < capacity ? storage : Array(storage[next...] + storage[..<next])
     }
 }
