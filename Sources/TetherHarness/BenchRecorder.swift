@@ -69,7 +69,9 @@ struct ConsoleCostResult: Codable, Sendable {
     /// Subscribe cycles per publish the runs actually made (long-poll answers after the
     /// handshakes ÷ publishes, median over all runs): under load an answer carries several messages.
     var observedCyclesPerPublish: Double? {
-        let values = (off + on).filter { $0.published > 0 }.map { Double(max(0, $0.subscribeResponses - $0.subscribers)) / Double($0.published) }
+        let values = (off + on).filter { $0.published > 0 }.map {
+            Double(max(0, $0.subscribeResponses - $0.subscribers)) / Double($0.published)
+        }
         return values.isEmpty ? nil : PairedDifference.median(values)
     }
     /// The overhead with the cycles the runs made (the publish hook counted with the cycles: an over-estimate).
@@ -187,7 +189,10 @@ private final class RecorderHooks: Sendable {
     static func text(of address: SocketAddress?) -> String {
         switch address {
         // sockaddr_in: family and port (2 bytes each), then the address, in network byte order.
-        case .v4(let v4): withUnsafeBytes(of: v4.address) { ConsoleRecording.ipv4Text(networkOrder: $0.loadUnaligned(fromByteOffset: 4, as: UInt32.self)) }
+        case .v4(let v4):
+            withUnsafeBytes(of: v4.address) {
+                ConsoleRecording.ipv4Text(networkOrder: $0.loadUnaligned(fromByteOffset: 4, as: UInt32.self))
+            }
         case let other?: other.ipAddress ?? "unknown"
         case nil: "unknown"
         }
@@ -195,8 +200,8 @@ private final class RecorderHooks: Sendable {
 
     func published() { publishes.add(1, ordering: .relaxed) }
 
-    func longPollBegan(uuid: String?, subscribeKey: String, address: SocketAddress?, channels: [String], groups: [String], cursor: Timetoken,
-                       connection: StandInConnection?) {
+    func longPollBegan(uuid: String?, subscribeKey: String, address: SocketAddress?, channels: [String], groups: [String],
+                       cursor: Timetoken, connection: StandInConnection?) {
         guard let uuid else { return }
         let address = Self.text(of: address)
         let now = Self.now()
@@ -315,8 +320,8 @@ extension Bench {
             // machine's speed falls on both.
             for enabled in round % 2 == 0 ? [false, true] : [true, false] {
                 let run = try await withServer(external, console: enabled) { target, pid in
-                    try await runner.fanout(target: target, serverPID: pid, subscribers: subscribers, publishers: publishers, rate: fanoutRate,
-                                            duration: duration, store: !noStore, transport: transport)
+                    try await runner.fanout(target: target, serverPID: pid, subscribers: subscribers, publishers: publishers,
+                                            rate: fanoutRate, duration: duration, store: !noStore, transport: transport)
                 }
                 if enabled { on.append(run) } else { off.append(run) }
                 if !json {
@@ -370,7 +375,8 @@ extension Bench {
         lines.append("  server CPU µs/publish, off: \(offCPU)")
         lines.append("  server CPU µs/publish, on:  \(onCPU)")
         if let d = r.cpuDifference {
-            lines.append("  on − off: mean \(fixed(d.mean, 2)) µs (\(fixed(d.mean / d.baseline * 100, 1)) %), median \(fixed(d.median, 2)) µs, "
+            lines.append("  on − off: mean \(fixed(d.mean, 2)) µs (\(fixed(d.mean / d.baseline * 100, 1)) %), "
+                         + "median \(fixed(d.median, 2)) µs, "
                          + interval(d, 2))
         } else {
             lines.append("  on − off CPU: not measured (needs spawned servers)")
@@ -381,9 +387,10 @@ extension Bench {
             lines.append("  on − off: mean \(grouped(d.mean)) (\(fixed(d.mean / d.baseline * 100, 1)) %), median \(grouped(d.median)), "
                          + interval(d, 0))
         }
-        lines.append("  missing \((r.off + r.on).reduce(0) { $0 + $1.lost }), duplicates \((r.off + r.on).reduce(0) { $0 + $1.duplicates }), "
-                     + "out of order \((r.off + r.on).reduce(0) { $0 + $1.outOfOrder }), "
-                     + "publish errors \((r.off + r.on).reduce(0) { $0 + $1.publishErrors })")
+        let runs = r.off + r.on
+        lines.append("  missing \(runs.reduce(0) { $0 + $1.lost }), duplicates \(runs.reduce(0) { $0 + $1.duplicates }), "
+                     + "out of order \(runs.reduce(0) { $0 + $1.outOfOrder }), "
+                     + "publish errors \(runs.reduce(0) { $0 + $1.publishErrors })")
         if let percent = r.overheadPercent, let offMicros = r.offMicrosPerPublish {
             lines.append("  overhead: recorder \(fixed(r.recorder.costNanosPerPublish, 0)) ns per publish-equivalent ÷ "
                          + "\(fixed(offMicros, 1)) µs server CPU per publish (console off, median) = \(fixed(percent, 2)) % "

@@ -66,7 +66,10 @@ final class AdminConsole: Sendable {
     static func text(of address: SocketAddress?) -> String {
         switch address {
         // sockaddr_in: family and port (2 bytes each), then the address, in network byte order.
-        case .v4(let v4): withUnsafeBytes(of: v4.address) { ConsoleRecording.ipv4Text(networkOrder: $0.loadUnaligned(fromByteOffset: 4, as: UInt32.self)) }
+        case .v4(let v4):
+            withUnsafeBytes(of: v4.address) {
+                ConsoleRecording.ipv4Text(networkOrder: $0.loadUnaligned(fromByteOffset: 4, as: UInt32.self))
+            }
         case let other?: other.ipAddress ?? "unknown"
         case nil: "unknown"
         }
@@ -165,11 +168,16 @@ final class AdminConsole: Sendable {
     /// Closes every connection of `uuid`: its long-polls end, its sockets close (a WebSocket
     /// session is kept, as for any drop). Returns how many connections were closed.
     func kick(uuid: String) -> Int {
-        let channels = recording.withLock { $0.takeLongPolls(of: uuid) }.compactMap { $0 as? any Channel }
+        // Recorded before anything is closed, so the timeline reads kicked → dropped whichever
+        // thread handles the closes.
+        let now = Self.now()
+        let waiting = recording.withLock { r in
+            r.recorder.kicked(uuid: uuid, now: now)
+            return r.takeLongPolls(of: uuid)
+        }
+        let channels = waiting.compactMap { $0 as? any Channel }
         for channel in channels { channel.close(promise: nil) }
         let sockets = webSockets?.kick(uuid: uuid) ?? 0
-        let now = Self.now()
-        recording.withLock { $0.recorder.kicked(uuid: uuid, now: now) }
         return channels.count + sockets
     }
 

@@ -34,7 +34,8 @@ extension TetherResponder {
             let attempt = console.attempt(form["secret"], from: Self.address(context))
             if let retryAfter = attempt.retryAfter {
                 console.logger.notice("console sign-in throttled", metadata: ["address": "\(Self.address(context))"])
-                var response = Self.html(.tooManyRequests, ConsoleAssets.loginPage(error: "Too many wrong secrets; try again in \(retryAfter) s."))
+                let page = ConsoleAssets.loginPage(error: "Too many wrong secrets; try again in \(retryAfter) s.")
+                var response = Self.html(.tooManyRequests, page)
                 response.headers[.retryAfter] = String(retryAfter)
                 return response
             }
