@@ -106,6 +106,8 @@ let package = Package(
             dependencies: [
                 "Tether",
                 "TetherTesting",
+                "TetherServerCore",
+                "TetherProtocol",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -175,6 +177,7 @@ let package = Package(
             dependencies: [
                 "Tether",
                 "TetherTesting",
+                "TetherHarness",
                 "TetherTestingServer",
                 "TetherServer",
                 "TetherProtocol",

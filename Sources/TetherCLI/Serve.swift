@@ -135,8 +135,8 @@ struct Serve: AsyncParsableCommand {
     var filesPublicURL: String?
     @Option(name: .customLong("admin-secret"), help: ArgumentHelp("""
         Turns on the live debug console at /console and the admin API at /admin/v1/, protected by this secret \
-        (at least 12 characters; docs/console.md). Off (404) without it. Prefer the environment variable: a flag \
-        shows in the process list. [env: TETHER_ADMIN_SECRET]
+        (at least 12 characters; docs/console.md). Off (404) without it. Prefer the environment variable or the \
+        config file's adminSecret: a flag shows in the process list. [env: TETHER_ADMIN_SECRET]
         """, valueName: "secret"))
     var adminSecret: String?
 
@@ -263,7 +263,8 @@ struct Serve: AsyncParsableCommand {
         )
         settings.webSocket = try webSocketSettings(env)
         settings.files = try fileSettings(env)
-        if let secret = adminSecret ?? env["TETHER_ADMIN_SECRET"] {
+        // The flag, then the environment, then the config file's `adminSecret` (ServerConfiguration's default).
+        if let secret = adminSecret ?? env["TETHER_ADMIN_SECRET"] ?? file.adminSecret {
             guard secret.utf8.count >= 12 else { throw ValidationError("the admin secret must be at least 12 characters") }
             settings.adminSecret = secret
         }

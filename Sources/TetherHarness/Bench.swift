@@ -36,6 +36,16 @@ package struct Bench: AsyncParsableCommand {
             publishes/s of each and the cost of the check. --request-ids adds request ids to the \
             fanout scenario's publishes instead.
 
+            recorder (only when named): the live console's flight recorder driven directly — its \
+            hooks in a loop on one thread, as one publish and a subscribe cycle per --subscribers \
+            (the first count) cause them, over --recorder-clients uuids — with and without the \
+            console; reports thread CPU ns per publish-equivalent (median of \
+            --recorder-repetitions). console-cost: that, plus --rounds alternating fan-out runs \
+            without and with the console (a fresh server each), reporting server CPU per publish \
+            with the mean, median and 95 % confidence interval of the difference, and the \
+            recorder's overhead in percent of the server's CPU per publish (--fanout-rate for \
+            paced publishing).
+
             presence: --uuids distinct uuids heartbeat (heartbeat=300) over --channels channels, \
             --here-now-occupancy of them on one channel, through --presence-connections \
             keep-alive connections, --heartbeat-rounds times. Reports heartbeats/s, the server's \
@@ -82,10 +92,14 @@ package struct Bench: AsyncParsableCommand {
         case publishDedup = "publish-dedup"
         /// The server's CPU per request of each kind, closed loop (not part of `all`).
         case requests
+        /// The console's flight recorder driven directly (not part of `all`).
+        case recorder
+        /// The recorder's direct cost plus alternating fan-out runs without and with the console.
+        case consoleCost = "console-cost"
     }
 
     /// Which runs to do.
-    @Option(help: "fanout, latency, memory, presence, all (those four), resume, publish-dedup or requests.")
+    @Option(help: "fanout, latency, memory, presence, all (those four), resume, publish-dedup, requests, recorder or console-cost.")
     var scenario: Scenario = .all
 
     /// The subscribers' wire.
@@ -104,9 +118,22 @@ package struct Bench: AsyncParsableCommand {
     @Option(name: .customLong("request-rounds"), help: "requests: rounds (each kind once per round, a fresh server per run); medians are reported.")
     var requestRounds: Int = 3
 
-    /// Runs of each variant in the publish-dedup scenario.
-    @Option(name: .customLong("dedup-rounds"), help: "publish-dedup: alternating runs of each variant (without, with request ids).")
+    /// Runs of each variant in the publish-dedup and console-cost scenarios.
+    @Option(name: [.customLong("rounds"), .customLong("dedup-rounds")],
+            help: "publish-dedup, console-cost: alternating runs of each variant (without, with).")
     var dedupRounds: Int = 3
+
+    /// Distinct uuids the recorder scenario cycles through.
+    @Option(name: .customLong("recorder-clients"), help: "recorder, console-cost: distinct uuids the recorder loop cycles through.")
+    var recorderClients: Int = 1_000
+
+    /// Publish-equivalents per timed repetition of the recorder loop.
+    @Option(name: .customLong("recorder-iterations"), help: "recorder, console-cost: publish-equivalents per timed repetition.")
+    var recorderIterations: Int = 20_000
+
+    /// Timed repetitions of each recorder variant.
+    @Option(name: .customLong("recorder-repetitions"), help: "recorder, console-cost: timed repetitions per variant (median reported).")
+    var recorderRepetitions: Int = 9
 
     /// Sessions in the resume run.
     @Option(name: .customLong("resume-sessions"), help: "Resume run: WebSocket sessions that drop and resume.")
@@ -216,7 +243,7 @@ package struct Bench: AsyncParsableCommand {
     }
 
     /// Parsed `--subscribers`.
-    private var subscriberCounts: [Int] {
+    var subscriberCounts: [Int] {
         subscribers.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
     }
 
@@ -233,7 +260,10 @@ package struct Bench: AsyncParsableCommand {
             throw ValidationError("--request-kinds must list some of: \(RequestCostKind.allCases.map(\.rawValue).joined(separator: ", "))")
         }
         guard (1...50).contains(requestRounds) else { throw ValidationError("--request-rounds must be between 1 and 50") }
-        guard (1...100).contains(dedupRounds) else { throw ValidationError("--dedup-rounds must be between 1 and 100") }
+        guard (1...100).contains(dedupRounds) else { throw ValidationError("--rounds must be between 1 and 100") }
+        guard recorderClients > 0, recorderIterations > 0, (1...101).contains(recorderRepetitions) else {
+            throw ValidationError("--recorder-clients and --recorder-iterations must be positive, --recorder-repetitions 1 to 101")
+        }
         if let fanoutRate, !(1...100_000).contains(fanoutRate) { throw ValidationError("--fanout-rate must be between 1 and 100000") }
         guard rate > 0 && rate <= 100_000 else { throw ValidationError("--rate must be between 1 and 100000") }
         guard latencySubscribers > 0 else { throw ValidationError("--latency-subscribers must be positive") }
@@ -276,6 +306,10 @@ package struct Bench: AsyncParsableCommand {
         var resume: ResumeResult?
         /// Requests scenario runs, in the order they ran.
         var requests: [RequestCostResult] = []
+        /// The flight recorder's direct cost (recorder scenario).
+        var recorder: RecorderCostResult?
+        /// Console off vs on (console-cost scenario).
+        var consoleCost: ConsoleCostResult?
         /// Things the reader should know (skipped runs, limits).
         var notes: [String] = []
     }
@@ -299,7 +333,7 @@ package struct Bench: AsyncParsableCommand {
         // Every connection is a file descriptor on both sides; children inherit the limit.
         var needed = 1024
         if runRequests { needed = max(needed, publishers + 256) }
-        if runFanout || runPublishDedup { needed = max(needed, (subscriberCounts.max() ?? 0) + publishers + 256) }
+        if runFanout || runPublishDedup || scenario == .consoleCost { needed = max(needed, (subscriberCounts.max() ?? 0) + publishers + 256) }
         if runMemory && external == nil { needed = max(needed, longPolls + 512) }
         let limit = BenchMachine.raiseOpenFileLimit(to: needed)
         var longPollCount = longPolls
@@ -355,6 +389,12 @@ package struct Bench: AsyncParsableCommand {
                     }
                 }
                 report.publishDedup = result
+            }
+            if scenario == .recorder {
+                report.recorder = measureRecorder(cyclesPerPublish: subscriberCounts[0])
+            }
+            if scenario == .consoleCost {
+                report.consoleCost = try await measureConsoleCost(runner: runner, external: external)
             }
             if runLatency {
                 report.latency = try await withServer(external) { target, pid in
@@ -424,9 +464,10 @@ package struct Bench: AsyncParsableCommand {
     }
 
     /// Runs `body` against the external server, or a freshly spawned one that is stopped afterwards.
-    private func withServer<T>(_ external: BenchTarget?, _ body: (BenchTarget, Int32?) async throws -> T) async throws -> T {
+    /// `console` overrides `--console` for a spawned server.
+    func withServer<T>(_ external: BenchTarget?, console: Bool? = nil, _ body: (BenchTarget, Int32?) async throws -> T) async throws -> T {
         if let external { return try await body(external, nil) }
-        let server = try await BenchServer(extraArguments: console ? ["--admin-secret", "bench-console-secret"] : [])
+        let server = try await BenchServer(extraArguments: console ?? self.console ? ["--admin-secret", "bench-console-secret"] : [])
         benchLog("spawned server pid \(server.pid) at \(server.target.url)")
         do {
             let result = try await body(server.target, server.pid)
@@ -440,7 +481,7 @@ package struct Bench: AsyncParsableCommand {
 
     // MARK: - Output
 
-    private static func describe(_ r: FanoutResult) -> String {
+    static func describe(_ r: FanoutResult) -> String {
         "fan-out \(r.subscribers) \(r.transport) subscribers: \(grouped(r.deliveriesPerSecond)) deliveries/s, \(grouped(r.publishesPerSecond)) publishes/s, "
             + "missing \(r.lost)\(r.complete ? "" : " (drain timed out)"), duplicates \(r.duplicates), out of order \(r.outOfOrder)"
     }
@@ -641,6 +682,12 @@ package struct Bench: AsyncParsableCommand {
         }
         if let r = report.resume {
             lines += renderResume(r)
+        }
+        if let r = report.recorder {
+            lines += renderRecorder(r)
+        }
+        if let r = report.consoleCost {
+            lines += renderConsoleCost(r)
         }
         for note in report.notes {
             lines.append("note: \(note)")

@@ -55,14 +55,9 @@ struct BenchMachine: Codable, Sendable {
     /// for `pid` reads this process.
     static func cpuSeconds(pid: Int32?) -> Double? {
         let path = pid.map { "/proc/\($0)/stat" } ?? "/proc/self/stat"
-        guard let text = try? String(contentsOfFile: path, encoding: .utf8),
-              let close = text.lastIndex(of: ")")
-        else { return nil }
-        // Fields after "(comm)": state is field 3, utime 14, stime 15.
-        let fields = text[text.index(after: close)...].split(separator: " ")
-        guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8), let used = cpuTicks(statLine: text) else { return nil }
         let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
-        return (user + system) / (ticks > 0 ? ticks : 100)
+        return Double(used) / (ticks > 0 ? ticks : 100)
     }
 
     /// Busy CPU time of the whole machine from /proc/stat, in seconds: `busy` is user, nice,

@@ -195,6 +195,10 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     public var dedup: Dedup?
     /// Mobile push: bounds, retries and providers (docs/push.md).
     public var push: Push?
+    /// The admin secret that turns on the live console and the admin API (docs/console.md), at
+    /// least 12 characters; `tether serve --admin-secret` and `TETHER_ADMIN_SECRET` win over it.
+    /// Read from the file but never written back: encoding a configuration leaves it out.
+    public var adminSecret: String?
 
     /// Deduplication settings; every key optional.
     public struct Dedup: Sendable, Codable, Equatable {
@@ -278,6 +282,11 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         case push
     }
 
+    /// Keys that are decoded but never encoded.
+    private enum SecretCodingKeys: String, CodingKey {
+        case adminSecret
+    }
+
     /// Decodes a configuration; every key is optional (`keysets` defaults to none).
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
@@ -291,6 +300,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         store = try c.decodeIfPresent(Store.self, forKey: .store)
         dedup = try c.decodeIfPresent(Dedup.self, forKey: .dedup)
         push = try c.decodeIfPresent(Push.self, forKey: .push)
+        adminSecret = try decoder.container(keyedBy: SecretCodingKeys.self).decodeIfPresent(String.self, forKey: .adminSecret)
     }
 
     /// Reads and validates a configuration file, with errors that name the problem.
@@ -365,6 +375,10 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         }
         if let entries = dedup?.maxEntries, !(1...10_000_000).contains(entries) {
             throw ServerConfigurationError("dedup.maxEntries must be between 1 and 10000000")
+        }
+        // The message never includes the secret.
+        if let adminSecret, adminSecret.utf8.count < 12 {
+            throw ServerConfigurationError("adminSecret must be at least 12 characters")
         }
         try push?.validate()
         if let timeout = subscribeTimeoutSeconds, !(1...300).contains(timeout) {

@@ -34,6 +34,7 @@ public struct ServerConfiguration: Sendable {
     public var files = FileSettings()
     /// The admin secret: with it the live debug console (`/console`) and the admin API
     /// (`/admin/v1/`) are served, protected by it (docs/console.md); without it both answer 404.
+    /// Starts as the file's `adminSecret`.
     public var adminSecret: String?
 
     /// Creates a configuration.
@@ -46,6 +47,7 @@ public struct ServerConfiguration: Sendable {
         self.file = file
         self.tls = tls
         self.checksStoreAtStart = checksStoreAtStart
+        self.adminSecret = file.adminSecret
     }
 
     /// The subscribe long-poll expiry. `ConfigurationFile.validate()` bounds the setting to

@@ -38,7 +38,7 @@ public struct InProcessServer: Sendable {
     ///   - clock: the server's clock (a manual clock drives presence timeouts without waiting).
     ///   - logLevel: the server's log level.
     ///   - webSocket: the WebSocket session endpoint's settings (keep-alive, pings, bounds).
-    ///   - adminSecret: turns on the console and admin API (docs/console.md).
+    ///   - adminSecret: turns on the console and admin API (docs/console.md); `nil` leaves the file's `adminSecret`.
     public static func start<C: Clock>(port: Int = 0, file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 30),
                                        directory: String? = nil,
                                        tls: (certificatePath: String, privateKeyPath: String)? = nil, clock: C = ContinuousClock(),
@@ -51,7 +51,7 @@ public struct InProcessServer: Sendable {
         logger.logLevel = logLevel
         var configuration = ServerConfiguration(host: "127.0.0.1", port: port, dataDirectory: directory, file: file, tls: tls)
         configuration.webSocket = webSocket
-        configuration.adminSecret = adminSecret
+        if let adminSecret { configuration.adminSecret = adminSecret }
         let server = try TetherServer(configuration: configuration, logger: logger, clock: clock)
         let (urls, continuation) = AsyncStream.makeStream(of: String.self)
         let task = Task {

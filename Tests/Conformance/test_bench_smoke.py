@@ -65,3 +65,20 @@ def test_requests_scenario_reports_the_server_cpu_per_request_of_each_kind():
         assert float(fields[4]) > 0, row
         assert fields[-1] == "0", row
     assert "goal (#16): a stored publish ≤ 15 µs of server CPU" in out
+def test_recorder_scenario_reports_the_cost_per_publish_with_and_without_the_console():
+    out = bench("--scenario", "recorder", "--subscribers", "3", "--recorder-clients", "50", "--recorder-iterations", "200",
+                "--recorder-repetitions", "1")
+    assert re.search(r"console on: +\d+ ns per publish-equivalent", out), out
+    assert re.search(r"console off: +\d+ ns per publish-equivalent", out), out
+    assert re.search(r"1 publish \+ 3 × start and end = 7 hook calls", out), out
+    assert "50 uuids recorded" in out, out
+
+
+def test_console_cost_scenario_compares_server_cpu_per_publish():
+    out = bench("--scenario", "console-cost", "--duration", "1", "--subscribers", "2", "--publishers", "2", "--rounds", "2",
+                "--recorder-clients", "20", "--recorder-iterations", "100", "--recorder-repetitions", "1")
+    assert re.search(r"server CPU µs/publish, off: [\d.]+, [\d.]+", out), out
+    assert re.search(r"server CPU µs/publish, on: +[\d.]+, [\d.]+", out), out
+    assert re.search(r"on − off: mean -?[\d.]+ µs \(-?[\d.]+ %\), median -?[\d.]+ µs, 95 % CI \[-?[\d.]+, -?[\d.]+\]", out), out
+    assert re.search(r"missing 0, duplicates 0, out of order 0, publish errors 0", out), out
+    assert re.search(r"overhead: recorder -?\d+ ns per publish-equivalent ÷ [\d.]+ µs server CPU per publish", out), out

@@ -96,6 +96,47 @@ def test_wrong_secret_missing_cookie_and_cross_site_requests_are_refused(console
     assert SECRET not in console_server.log_text()
 
 
+def test_wrong_secrets_are_throttled_per_address(console_server):
+    """Five wrong secrets within a minute from one address: further attempts from it — sign-in
+    form or bearer token, right or wrong — get 429 with Retry-After until the minute has passed."""
+    origin = console_server.origin
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for _ in range(3):
+        assert request(origin, "POST", "/console/login", body=b"secret=wrong-guess-000", headers=form).status == 401
+    for _ in range(2):
+        assert request(origin, "GET", "/admin/v1/overview", headers={"Authorization": "Bearer wrong-guess-000"}).status == 401
+    throttled = request(origin, "POST", "/console/login", body=b"secret=wrong-guess-000", headers=form)
+    assert throttled.status == 429
+    assert 1 <= int(throttled.headers["retry-after"]) <= 60
+    right = urllib.parse.urlencode({"secret": SECRET}).encode()
+    assert request(origin, "POST", "/console/login", body=right, headers=form).status == 429
+    bearer = request(origin, "GET", "/admin/v1/overview", headers={"Authorization": f"Bearer {SECRET}"})
+    assert bearer.status == 429 and "retry-after" in bearer.headers
+    assert SECRET not in console_server.log_text()
+
+
+def test_the_admin_secret_can_come_from_the_config_file(server_factory, tmp_path):
+    """`adminSecret` in the --config file turns the console on; the flag wins over it; neither is
+    ever written to the log, and a short one is refused without being echoed."""
+    path = tmp_path / "tether-config.json"
+    path.write_text(json.dumps({"adminSecret": SECRET}))
+    server = server_factory.start(args=["--config", str(path)])
+    auth = lambda secret: {"Authorization": f"Bearer {secret}"}
+    assert request(server.origin, "GET", "/admin/v1/overview", headers=auth(SECRET)).status == 200
+    assert SECRET not in server.log_text()
+    flag_secret = "flag-secret-wins-0815"
+    flagged = server_factory.start(args=["--config", str(path), "--admin-secret", flag_secret])
+    assert request(flagged.origin, "GET", "/admin/v1/overview", headers=auth(flag_secret)).status == 200
+    assert request(flagged.origin, "GET", "/admin/v1/overview", headers=auth(SECRET)).status == 401
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"adminSecret": "tooshort"}))
+    result = subprocess.run([TETHER_BIN, "serve", "--config", str(short), "--port", "0", "--data-dir", str(tmp_path / "d")],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert "adminSecret must be at least 12 characters" in result.stderr
+    assert "tooshort" not in result.stderr + result.stdout
+
+
 # -- the browser ------------------------------------------------------------------------------
 
 def make_browser():

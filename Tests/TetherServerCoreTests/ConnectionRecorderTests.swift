@@ -106,6 +106,24 @@ import TetherServerCore
         #expect(r.client("b") == nil)
         #expect(r.clients().map(\.uuid) == ["d", "a", "c"])
     }
+
+    /// More active uuids than the bound: the least recently active eighth is forgotten at once,
+    /// so the scan for them is not paid on every new uuid.
+    @Test func atTheBoundAnEighthIsForgottenAtOnce() {
+        var r = Recorder(configuration: .init(maxClients: 16))
+        for index in 0..<16 { r.rateLimited(uuid: "u\(index)", route: "x", now: Int64(index)) }
+        r.rateLimited(uuid: "u0", route: "x", now: 16)  // u0 is active again; u1 and u2 are the oldest
+        r.rateLimited(uuid: "new", route: "x", now: 17)
+        #expect(r.count == 15)
+        #expect(r.client("u1") == nil && r.client("u2") == nil)
+        #expect(r.client("u0") != nil && r.client("u3") != nil && r.client("new") != nil)
+        // Cycling through 1,000 uuids never holds more than the bound.
+        for index in 0..<1_000 {
+            r.rateLimited(uuid: "cycle-\(index)", route: "x", now: 100 + Int64(index))
+            #expect(r.count <= 16)
+        }
+        #expect(r.clients().first?.uuid == "cycle-999")
+    }
 }
 
 /// The console's sign-in sessions and the secret comparison.

@@ -31,6 +31,19 @@ import TetherTestingServer
         await server.stop()
     }
 
+    @Test func theConfigFilesAdminSecretIsReadValidatedAndNeverWrittenBack() throws {
+        let file = try JSONDecoder().decode(ConfigurationFile.self, from: Data(#"{"adminSecret": "from-the-config-file"}"#.utf8))
+        #expect(file.adminSecret == "from-the-config-file")
+        try file.validate()
+        #expect(ServerConfiguration(file: file).adminSecret == "from-the-config-file")
+        let encoded = String(decoding: try JSONEncoder().encode(file), as: UTF8.self)
+        #expect(!encoded.contains("from-the-config-file") && !encoded.contains("adminSecret"))
+        let short = try JSONDecoder().decode(ConfigurationFile.self, from: Data(#"{"adminSecret": "short"}"#.utf8))
+        let error = try #require(throws: ServerConfigurationError.self) { try short.validate() }
+        #expect(!"\(error)".contains("short\""))
+        #expect(ServerConfiguration(file: .init()).adminSecret == nil)
+    }
+
     @Test func theAdminAPIRefusesAMissingOrWrongSecret() async throws {
         let server = try await Self.start()
         #expect(try await server.get("/admin/v1/overview").status == 401)
@@ -150,6 +163,7 @@ import TetherTestingServer
         #expect(tester["connected"] as? Bool == true)
         #expect(tester["transport"] as? String == "long-poll")
         #expect(tester["channels"] as? [String] == ["news"])
+        #expect(tester["address"] as? String == "127.0.0.1")
         let body = Array(#"{"channel":"news","message":"{\"text\":\"from the console\"}"}"#.utf8)
         let published = try await server.send("/admin/v1/publish", method: .POST, body: body, headers: bearer)
         #expect(published.status == 200, "\(published.body)")
@@ -163,6 +177,13 @@ import TetherTestingServer
         let list = try #require(try Self.json(channels.body) as? [[String: Any]])
         #expect(list.map { $0["channel"] as? String } == ["news"])
         #expect(((list.first?["lastMessages"] as? [[String: Any]])?.first?["payload"] as? String)?.contains("from the console") == true)
+        // Kick: the waiting long-poll's connection is closed.
+        let cursor = try await poll.cursor
+        async let kicked = try? server.subscribe("news", tt: cursor)
+        #expect(await server.longPollsWaiting(1))
+        let kick = try await server.send("/admin/v1/clients/tester/kick", method: .POST, body: [], headers: bearer)
+        #expect(kick.status == 200 && kick.body.contains(#""closed":1"#), "\(kick.body)")
+        #expect(await kicked == nil)
         await server.stop()
     }
 }

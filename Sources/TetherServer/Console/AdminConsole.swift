@@ -30,7 +30,7 @@ final class AdminConsole: Sendable {
     }
 
     /// Upper bounds (ms) of the delivery-latency histogram's buckets; the last is open-ended.
-    static let latencyBuckets: [Int64] = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, .max]
+    static let latencyBuckets = ConsoleRecording.latencyBuckets
     /// Points kept in the time series (one a second).
     static let seriesLength = 120
     /// Events a watcher of the live stream may have waiting; a slower watcher is dropped.
@@ -42,27 +42,9 @@ final class AdminConsole: Sendable {
     let usesTLS: Bool
     let logger: Logger
     /// What the hooks write, under one lock (one acquisition per hook).
-    private struct Recording: Sendable {
-        var recorder: ConnectionRecorder
-        /// Open long-poll connections by uuid, for the kick action (bounded by open connections).
-        var longPolls: [String: [ObjectIdentifier: any Channel]] = [:]
-        /// Envelopes delivered per latency bucket since the last sample.
-        var latencies = [Int](repeating: 0, count: AdminConsole.latencyBuckets.count)
-
-        /// Counts a page into the latency histogram: its age (now minus its cursor, the newest
-        /// envelope's timetoken), once per envelope.
-        mutating func delivered(_ page: SubscribePage, now: Int64) {
-            let count = page.envelopes.count
-            guard count > 0 else { return }
-            let age = max(0, now - Int64(page.cursor.rawValue / 10_000))
-            var index = 0
-            while index < AdminConsole.latencyBuckets.count - 1 && age > AdminConsole.latencyBuckets[index] { index += 1 }
-            latencies[index] += count
-        }
-    }
-
-    private let recording: Mutex<Recording>
+    private let recording: Mutex<ConsoleRecording>
     private let signedIn = Mutex(AdminSessions())
+    private let throttle = Mutex(LoginThrottle())
     private let publishes = Atomic<Int>(0)
     private let deliveries = Atomic<Int>(0)
     private let samples = Mutex(Samples())
@@ -74,25 +56,42 @@ final class AdminConsole: Sendable {
         self.secret = secret
         self.usesTLS = usesTLS
         self.logger = logger
-        self.recording = Mutex(Recording(recorder: ConnectionRecorder(configuration: recorder)))
+        self.recording = Mutex(ConsoleRecording(recorder: ConnectionRecorder(configuration: recorder)))
     }
 
     func attach(_ webSockets: WebSocketSessions) { sockets.withLock { $0 = webSockets } }
     var webSockets: WebSocketSessions? { sockets.withLock { $0 } }
 
-    /// Wall-clock milliseconds since 1970.
-    static func now() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded(.down)) }
+    /// A remote address as the console shows it (IPv4 without `inet_ntop`'s `sprintf`).
+    static func text(of address: SocketAddress?) -> String {
+        switch address {
+        // sockaddr_in: family and port (2 bytes each), then the address, in network byte order.
+        case .v4(let v4):
+            withUnsafeBytes(of: v4.address) {
+                ConsoleRecording.ipv4Text(networkOrder: $0.loadUnaligned(fromByteOffset: 4, as: UInt32.self))
+            }
+        case let other?: other.ipAddress ?? "unknown"
+        case nil: "unknown"
+        }
+    }
+
+    /// Wall-clock milliseconds since 1970 (read directly: every hook reads it).
+    static func now() -> Int64 {
+        var time = timespec()
+        clock_gettime(CLOCK_REALTIME, &time)
+        return Int64(time.tv_sec) * 1_000 + Int64(time.tv_nsec) / 1_000_000
+    }
 
     // MARK: - Hooks (called by the server)
 
-    func longPollBegan(uuid: String?, subscribeKey: String, address: String, channels: [String], groups: [String],
+    func longPollBegan(uuid: String?, subscribeKey: String, address: SocketAddress?, channels: [String], groups: [String],
                        cursor: Timetoken, channel: (any Channel)?) {
         guard let uuid else { return }
+        let address = Self.text(of: address)
         let now = Self.now()
         recording.withLock {
-            $0.recorder.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
-                                      cursor: cursor, now: now)
-            if let channel { $0.longPolls[uuid, default: [:]][ObjectIdentifier(channel)] = channel }
+            $0.longPollBegan(uuid: uuid, subscribeKey: subscribeKey, address: address, channels: channels, groups: groups,
+                             cursor: cursor, connection: channel, now: now)
         }
     }
 
@@ -100,13 +99,8 @@ final class AdminConsole: Sendable {
         if let page, !page.envelopes.isEmpty { deliveries.add(page.envelopes.count, ordering: .relaxed) }
         let now = Self.now()
         recording.withLock {
-            if let page { $0.delivered(page, now: now) }
-            guard let uuid else { return }
-            $0.recorder.longPollEnded(uuid: uuid, delivered: page?.envelopes.count ?? 0, gaps: page?.gaps.count ?? 0, cursor: page?.cursor,
-                                      now: now)
-            if $0.longPolls[uuid]?.removeValue(forKey: ObjectIdentifier(channel)) != nil, $0.longPolls[uuid]?.isEmpty == true {
-                $0.longPolls[uuid] = nil
-            }
+            $0.longPollEnded(uuid: uuid, connection: channel, delivered: page?.envelopes.count ?? 0,
+                             gaps: page?.gaps.count ?? 0, cursor: page?.cursor, now: now)
         }
     }
 
@@ -129,8 +123,7 @@ final class AdminConsole: Sendable {
         if !page.envelopes.isEmpty { deliveries.add(page.envelopes.count, ordering: .relaxed) }
         let now = Self.now()
         recording.withLock {
-            $0.delivered(page, now: now)
-            $0.recorder.sessionDelivered(uuid: uuid, delivered: page.envelopes.count, gaps: page.gaps.count, cursor: page.cursor, now: now)
+            $0.sessionDelivered(uuid: uuid, delivered: page.envelopes.count, gaps: page.gaps.count, cursor: page.cursor, now: now)
         }
     }
 
@@ -175,11 +168,16 @@ final class AdminConsole: Sendable {
     /// Closes every connection of `uuid`: its long-polls end, its sockets close (a WebSocket
     /// session is kept, as for any drop). Returns how many connections were closed.
     func kick(uuid: String) -> Int {
-        let channels = recording.withLock { $0.longPolls.removeValue(forKey: uuid).map { Array($0.values) } ?? [] }
+        // Recorded before anything is closed, so the timeline reads kicked → dropped whichever
+        // thread handles the closes.
+        let now = Self.now()
+        let waiting = recording.withLock { r in
+            r.recorder.kicked(uuid: uuid, now: now)
+            return r.takeLongPolls(of: uuid)
+        }
+        let channels = waiting.compactMap { $0 as? any Channel }
         for channel in channels { channel.close(promise: nil) }
         let sockets = webSockets?.kick(uuid: uuid) ?? 0
-        let now = Self.now()
-        recording.withLock { $0.recorder.kicked(uuid: uuid, now: now) }
         return channels.count + sockets
     }
 
@@ -201,6 +199,18 @@ final class AdminConsole: Sendable {
     func closeSession(_ id: String) { signedIn.withLock { $0.close(id) } }
 
     func checkSecret(_ candidate: String) -> Bool { AdminSessions.constantTimeEquals(candidate, secret) }
+
+    /// Checks a secret offered from `address` (sign-in form or bearer token), throttled per
+    /// address (``LoginThrottle``): whether it was accepted, or — when the address is throttled
+    /// and the secret was not even compared — the seconds until it may try again.
+    func attempt(_ candidate: String?, from address: String) -> (accepted: Bool, retryAfter: Int?) {
+        let now = Self.now()
+        if case .throttled(let seconds) = throttle.withLock({ $0.verdict(for: address, now: now) }) { return (false, seconds) }
+        // Compared outside the lock, in constant time.
+        let accepted = candidate.map(checkSecret) ?? false
+        throttle.withLock { accepted ? $0.succeeded(address) : $0.failed(address, now: now) }
+        return (accepted, nil)
+    }
 
     /// 256 random bits, hex.
     static func randomToken() -> String {
@@ -256,8 +266,7 @@ final class AdminConsole: Sendable {
     func sample(now: Int64) -> Sample {
         let (counts, buckets) = recording.withLock { r in
             r.recorder.tick(now: now)
-            defer { r.latencies = [Int](repeating: 0, count: r.latencies.count) }
-            return (r.recorder.connectedCounts, r.latencies)
+            return (r.recorder.connectedCounts, r.takeLatencies())
         }
         let publishes = self.publishes.load(ordering: .relaxed)
         let deliveries = self.deliveries.load(ordering: .relaxed)

@@ -31,7 +31,15 @@ extension TetherResponder {
         case (.post, ["console", "login"]):
             guard Self.isSameOrigin(request) else { return Self.refuseCrossSite() }
             let form = await Self.form(&request)
-            guard let secret = form["secret"], console.checkSecret(secret) else {
+            let attempt = console.attempt(form["secret"], from: Self.address(context))
+            if let retryAfter = attempt.retryAfter {
+                console.logger.notice("console sign-in throttled", metadata: ["address": "\(Self.address(context))"])
+                let page = ConsoleAssets.loginPage(error: "Too many wrong secrets; try again in \(retryAfter) s.")
+                var response = Self.html(.tooManyRequests, page)
+                response.headers[.retryAfter] = String(retryAfter)
+                return response
+            }
+            guard attempt.accepted else {
                 console.logger.notice("console sign-in refused: wrong secret", metadata: ["address": "\(Self.address(context))"])
                 return Self.html(.unauthorized, ConsoleAssets.loginPage(error: "Wrong secret."))
             }
@@ -55,7 +63,13 @@ extension TetherResponder {
         // The admin API.
         let actor: String
         if let bearer = Self.bearer(request) {
-            guard console.checkSecret(bearer) else { return Self.adminError(.unauthorized, "Unauthorized") }
+            let attempt = console.attempt(bearer, from: Self.address(context))
+            if let retryAfter = attempt.retryAfter {
+                var response = Self.adminError(.tooManyRequests, "Too many wrong secrets")
+                response.headers[.retryAfter] = String(retryAfter)
+                return response
+            }
+            guard attempt.accepted else { return Self.adminError(.unauthorized, "Unauthorized") }
             actor = "bearer"
         } else if let session = signedIn(console, request) {
             actor = "console session"

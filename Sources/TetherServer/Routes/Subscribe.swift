@@ -85,7 +85,7 @@ extension TetherResponder {
                                            timeoutSeconds: options.heartbeat, states: options.states)
         }
         if options.cursor == .zero {
-            state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress?.ipAddress ?? "unknown",
+            state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress,
                                          channels: names, groups: groups, cursor: .zero, channel: nil)
             state.console?.longPollEnded(uuid: options.uuid, channel: context.channel, page: nil)
             // Handshake: the current cursor, never backlog (pubnub-wire §6.4.1).
@@ -103,7 +103,7 @@ extension TetherResponder {
         if keyset.secretKey != nil {
             recheck = { access.check(accessRequest, keyset: keyset, auth: auth, signature: signature) }
         }
-        state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress?.ipAddress ?? "unknown",
+        state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress,
                                      channels: names, groups: groups, cursor: options.cursor, channel: context.channel)
         let page: SubscribePage
         do {

@@ -5,10 +5,11 @@ package import TetherProtocol
 /// plus a summary (transport, address, channels, cursor).
 ///
 /// Pure: every call takes `now` (wall-clock milliseconds since 1970) and returns nothing to do;
-/// the shell (`ConnectionLog`) holds it under a lock. Bounded twice: at most
-/// ``Configuration/maxClients`` uuids (the least recently active is forgotten first) and
+/// the shell (`AdminConsole`) holds it under a lock. Bounded twice: at most
+/// ``Configuration/maxClients`` uuids (the least recently active are forgotten first, an eighth
+/// of the bound at a time) and
 /// ``Configuration/eventsPerClient`` events per uuid (the oldest are overwritten). Recording
-/// writes into preallocated rings: no encoding happens until somebody reads.
+/// writes into bounded rings: no encoding happens until somebody reads.
 ///
 /// A long-poll has no connection to watch, so its story is inferred: a subscribe cycle arriving
 /// means connected; no new cycle within ``Configuration/longPollGraceMilliseconds`` after the last
@@ -283,42 +284,63 @@ package struct ConnectionRecorder: Sendable {
     /// `change` edit it and append events, and stores it back.
     private mutating func update(_ uuid: String, now: Int64, _ change: (inout Client, (Event) -> Void) -> Void) {
         touches &+= 1
-        var client: Client
-        if let existing = clients.removeValue(forKey: uuid) {
-            client = existing
+        let touch = touches
+        let index: [String: Client].Index
+        if let existing = clients.index(forKey: uuid) {
+            index = existing
         } else {
-            if clients.count >= configuration.maxClients, let oldest = clients.min(by: { $0.value.touch < $1.value.touch })?.key {
-                clients[oldest] = nil
-            }
-            client = Client(uuid: uuid, firstSeen: now, lastSeen: now, ring: EventRing(capacity: configuration.eventsPerClient), touch: touches)
+            if clients.count >= configuration.maxClients { forgetLeastRecentlyActive() }
+            clients[uuid] = Client(uuid: uuid, firstSeen: now, lastSeen: now, ring: EventRing(capacity: configuration.eventsPerClient),
+                                   touch: touch)
+            index = clients.index(forKey: uuid)!
         }
-        var pending: [Event] = []
-        change(&client) { pending.append($0) }
-        for event in pending { client.ring.append(Entry(at: now, event: event)) }
-        client.lastSeen = now
-        client.touch = touches
-        clients[uuid] = client
+        // Edited in place: one lookup per hook, and the ring's storage is never copied.
+        func apply(_ client: inout Client) {
+            var pending: [Event] = []
+            change(&client) { pending.append($0) }
+            for event in pending { client.ring.append(Entry(at: now, event: event)) }
+            client.lastSeen = now
+            client.touch = touch
+        }
+        apply(&clients.values[index])
     }
 }
 
-/// A fixed-capacity ring of timeline entries: allocated once, the oldest overwritten.
+extension ConnectionRecorder {
+    /// At the bound: forgets the least recently active eighth of the uuids at once (at least
+    /// one), so that with more active uuids than the bound — every update then a new uuid — the
+    /// scan is paid once per `maxClients / 8` new uuids rather than on every one.
+    private mutating func forgetLeastRecentlyActive() {
+        let batch = max(1, configuration.maxClients / 8)
+        var touches = clients.values.map(\.touch)
+        touches.sort()
+        let threshold = touches[min(batch, touches.count) - 1]
+        clients = clients.filter { $0.value.touch > threshold }
+    }
+}
+
+/// A bounded ring of timeline entries: grows to its capacity as events arrive (a uuid seen once
+/// costs one small allocation, not a full ring), then the oldest is overwritten.
 private struct EventRing: Sendable {
-    private var storage: [ConnectionRecorder.Entry?]
+    private var storage: [ConnectionRecorder.Entry] = []
+    private let capacity: Int
+    /// Once full: where the oldest entry is (the next to overwrite).
     private var next = 0
-    private var filled = 0
 
     init(capacity: Int) {
-        storage = Array(repeating: nil, count: capacity)
+        self.capacity = capacity
     }
 
     mutating func append(_ entry: ConnectionRecorder.Entry) {
-        storage[next] = entry
-        next = (next + 1) % storage.count
-        filled = min(filled + 1, storage.count)
+        if storage.count < capacity {
+            storage.append(entry)
+        } else {
+            storage[next] = entry
+            next = (next + 1) % capacity
+        }
     }
 
     var entries: [ConnectionRecorder.Entry] {
-        let start = filled < storage.count ? 0 : next
-        return (0..<filled).compactMap { storage[(start + $0) % storage.count] }
+        storage.count < capacity ? storage : Array(storage[next...] + storage[..<next])
     }
 }
