@@ -151,6 +151,7 @@ public struct TetherResponder: HTTPResponder {
         // The switch only picks the handler; ``route(_:context:)`` awaits it. With an `await`
         // in every case, the routing function's async frame held a slot for each: ~10 KiB
         // allocated for every request and held for a long-poll's whole wait (docs/benchmarks.md).
+        // The handlers are `@inline(never)`, so each closure stays a call and its frame small.
         let handler: () async throws -> Response
         switch route {
         case .options: handler = { Reply.json(.ok, "{}") }

@@ -172,6 +172,18 @@ struct LifecycleMachineTests {
         #expect(h.categories.last == .reconnected)
     }
 
+    @Test("a counted-through cursor below the saved cursor (a hostile or broken server) is ignored: the skip ends at the handshake's cursor")
+    func unreadCountsIgnoreACountedCursorBehindTheSavedOne() throws {
+        var h = Self.receiving(.unreadCountsWithPush, channels: ["a"])
+        h.record(h.machine.enterBackground(now: h.now))
+        h.record(h.machine.enterForeground(now: h.now))
+        let probe = try #require(h.foregroundProbes.last)
+        h.record(h.machine.foregroundProbeSucceeded(probe.id, counts: ["a": 2], countedThrough: Timetoken(10), now: h.now))
+        h.succeed(900)
+        #expect(h.continuity.map(\.outcome) == [.skipped(through: Timetoken(900), count: 2)])
+        #expect(h.machine.cursor?.timetoken == Timetoken(900), "no rewind before the saved cursor")
+    }
+
     @Test("latest only: no count; the range skipped is reported once connected; a failed probe keeps skipping")
     func latestOnly() throws {
         var h = Self.receiving(.latestOnly)
