@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from helpers import TETHER_BIN, publish, unique
+from helpers import TETHER_BIN, publish, request, unique, wait_until
 from test_websocket_cli import Subscriber
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,6 +52,11 @@ def test_a_drained_node_sends_its_subscriber_to_the_fallback(server_factory, tra
         publish(a.origin, channel, {"n": 0})
         sub.wait_for(lambda line: line.endswith('{"n":0}'))
 
+        if transport == "long-poll":
+            # The drain answers waiting long-polls: stop A only once the subscriber's next poll is
+            # parked there (else the poll can land on A's closed port: a refused connection, an
+            # ordinary outage, not what this test is about).
+            wait_until(lambda: _open_long_polls(a.origin) >= 1, what="the subscriber's long-poll waiting on A")
         assert a.stop() == 0  # SIGTERM: graceful shutdown, the drain
         sub.wait_for(lambda line: line == f"event origin {a.origin} -> {b.origin}")
         # Published on B after the move: the subscriber continues there from its cursor (a
@@ -65,6 +70,11 @@ def test_a_drained_node_sends_its_subscriber_to_the_fallback(server_factory, tra
             assert not any(line.startswith("status unexpectedDisconnect") for line in sub.lines), sub.lines
     finally:
         sub.stop()
+
+
+def _open_long_polls(origin: str) -> float:
+    body = request(origin, "GET", "/metrics").body.decode()
+    return next((float(line.split()[1]) for line in body.splitlines() if line.startswith("tether_open_long_polls ")), 0.0)
 
 
 def test_rest_calls_are_answered_by_the_fallback_in_the_same_call(server):
