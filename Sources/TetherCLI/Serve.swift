@@ -140,6 +140,11 @@ struct Serve: AsyncParsableCommand {
         """, valueName: "secret"))
     var adminSecret: String?
 
+    @Option(name: .customLong("database-url"), help: ArgumentHelp("""
+        Run as one node of a cluster: share messages with every node on this PostgreSQL database         (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|prefer|require]; created and migrated         by Tether; docs/operations.md). Each node still needs its own --data-dir. Prefer the environment variable         or the config file's databaseURL when the URL has a password. [env: TETHER_DATABASE_URL]         (default: the embedded store only)
+        """, valueName: "url"))
+    var databaseURL: String?
+
     func validate() throws {
         if let filesMaxBytes, !(1...5_368_709_120).contains(filesMaxBytes) {
             throw ValidationError("--files-max-bytes must be between 1 and 5368709120")
@@ -268,13 +273,22 @@ struct Serve: AsyncParsableCommand {
             guard secret.utf8.count >= 12 else { throw ValidationError("the admin secret must be at least 12 characters") }
             settings.adminSecret = secret
         }
+        // The flag, then the environment, then the config file's `databaseURL`.
+        if let url = databaseURL ?? env["TETHER_DATABASE_URL"].flatMap({ $0.isEmpty ? nil : $0 }) ?? file.databaseURL {
+            do {
+                _ = try DatabaseURL(url)
+            } catch {
+                throw ValidationError(error.description)
+            }
+            settings.databaseURL = url
+        }
         let configuration = settings
         raiseOpenFileLimit(logger: logger)
         // Held until the process exits: `tether store recover` and a second server wait for it.
         let lock = try DataDirectoryLock(directory: configuration.dataDirectory)
         defer { withExtendedLifetime(lock) {} }
         let registry = PrometheusCollectorRegistry()
-        let server = try TetherServer(configuration: configuration, logger: logger, registry: registry)
+        let server = try await TetherServer.open(configuration: configuration, logger: logger, registry: registry)
         let keysets = server.state.keysets.all.map { $0.name ?? $0.subscribeKey }.sorted().joined(separator: ", ")
         let readyLogger = logger
         try await server.run(handleSignals: true) { url in

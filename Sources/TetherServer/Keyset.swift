@@ -199,6 +199,10 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
     /// least 12 characters; `tether serve --admin-secret` and `TETHER_ADMIN_SECRET` win over it.
     /// Read from the file but never written back: encoding a configuration leaves it out.
     public var adminSecret: String?
+    /// A `postgres://` URL: run as one node of a cluster sharing this database
+    /// (docs/operations.md); `tether serve --database-url` and `TETHER_DATABASE_URL` win over
+    /// it. Like the admin secret (it may carry a password), never written back.
+    public var databaseURL: String?
 
     /// Deduplication settings; every key optional.
     public struct Dedup: Sendable, Codable, Equatable {
@@ -284,7 +288,7 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
 
     /// Keys that are decoded but never encoded.
     private enum SecretCodingKeys: String, CodingKey {
-        case adminSecret
+        case adminSecret, databaseURL
     }
 
     /// Decodes a configuration; every key is optional (`keysets` defaults to none).
@@ -300,7 +304,9 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
         store = try c.decodeIfPresent(Store.self, forKey: .store)
         dedup = try c.decodeIfPresent(Dedup.self, forKey: .dedup)
         push = try c.decodeIfPresent(Push.self, forKey: .push)
-        adminSecret = try decoder.container(keyedBy: SecretCodingKeys.self).decodeIfPresent(String.self, forKey: .adminSecret)
+        let secrets = try decoder.container(keyedBy: SecretCodingKeys.self)
+        adminSecret = try secrets.decodeIfPresent(String.self, forKey: .adminSecret)
+        databaseURL = try secrets.decodeIfPresent(String.self, forKey: .databaseURL)
     }
 
     /// Reads and validates a configuration file, with errors that name the problem.

@@ -35,6 +35,8 @@ public final class LongPollHub: Sendable {
 
     private struct State {
         var core: DeliveryHub
+        /// Cluster mode: identities of message actions written on this node.
+        var localActionClock = TimetokenSequencer(floor: .zero)
         var waiters = DeliveryWaiters<Parked, ObjectIdentifier, NIODeadline>()
         var countWatchers: [CountWatcher] = []
         var nextWatcherID: UInt64 = 0
@@ -64,6 +66,11 @@ public final class LongPollHub: Sendable {
     /// Recent publishes with a request id (issue #15); a separate lock from delivery's.
     private let dedup: Mutex<PublishDedupIndex<CheckedContinuation<DedupWake, Never>>>
     private let store: MessageStore
+    /// A cluster's shared log: when set, every event is numbered and committed there, and this
+    /// hub delivers what the log's reader feeds it (``ingest(_:through:)``), from every node.
+    package let shared: SharedLog?
+    /// Where stored messages are read back: the shared log in a cluster, else the store.
+    package let messages: any MessageReading
     private let metrics: ServerMetrics
     private let logger: Logger
     private let clock: @Sendable () -> Timetoken
@@ -85,17 +92,26 @@ public final class LongPollHub: Sendable {
     package init(store: MessageStore, metrics: ServerMetrics, logger: Logger,
                  configuration: DeliveryHubConfiguration = .init(),
                  clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow,
-                 deduplication: PublishDedupConfiguration, dedupClock: @escaping @Sendable () -> Timetoken) throws {
+                 deduplication: PublishDedupConfiguration, dedupClock: @escaping @Sendable () -> Timetoken,
+                 shared: SharedLog? = nil) throws {
         self.store = store
+        self.shared = shared
+        self.messages = shared ?? store
         self.metrics = metrics
         self.logger = logger
         self.clock = clock
         self.dedupClock = dedupClock
         self.deduplication = deduplication
-        let core = DeliveryHub(floor: try store.highestTimetoken(), now: clock(), configuration: configuration)
+        // In a cluster the cursor starts at the log's horizon and only follows the log.
+        let core = if let shared {
+            DeliveryHub(floor: shared.startHorizon, now: .zero, configuration: configuration)
+        } else {
+            DeliveryHub(floor: try store.highestTimetoken(), now: clock(), configuration: configuration)
+        }
         self.state = Mutex(State(core: core))
         var index = PublishDedupIndex<CheckedContinuation<DedupWake, Never>>(configuration: deduplication)
-        if deduplication.isEnabled {
+        // In a cluster the log remembers request ids (answered in the writing transaction).
+        if deduplication.isEnabled, shared == nil {
             let now = dedupClock()
             for record in try store.publishRecords(since: Self.horizon(now, deduplication), limit: deduplication.maximumEntries) {
                 index.restore(record.key, timetoken: record.timetoken, at: record.createdAt, now: now)
@@ -119,6 +135,7 @@ public final class LongPollHub: Sendable {
 
     /// The current visible cursor (what `/time/0` and handshakes return).
     public var currentCursor: Timetoken {
+        if shared != nil { return state.withLock { $0.core.visibleThrough } }
         let now = clock()
         return state.withLock { $0.core.advance(now: now) }
     }
@@ -174,6 +191,7 @@ public final class LongPollHub: Sendable {
             metrics.recordDedupHit()
             return HubPublishResult(timetoken: original, isRepeat: true)
         }
+        if let shared { return try await publish(through: shared, makeEnvelope, stored: stored, key: key) }
         let now = clock()
         let probe = makeEnvelope(.zero)
         let channelKey = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
@@ -208,6 +226,42 @@ public final class LongPollHub: Sendable {
         commit(BufferedEvent(envelope: envelope, isStored: message != nil))
         if let key { settle(key, timetoken: timetoken, at: rememberedAt) }
         return HubPublishResult(timetoken: timetoken, isRepeat: false)
+    }
+
+    /// The cluster's publish: the shared log numbers and commits the event (answering a repeat
+    /// remembered by any node), and the log's reader delivers it on every node, this one too.
+    private func publish(
+        through shared: SharedLog, _ makeEnvelope: (Timetoken) -> SubscribeEnvelope, stored: ((Timetoken) -> StoredMessage)?,
+        key: DedupKey?
+    ) async throws -> HubPublishResult {
+        let envelope = makeEnvelope(.zero)
+        // The message's retention, read back from the expiry it would get at timetoken zero.
+        let retentionHours: Double? = stored.flatMap { make in
+            let probe = make(.zero)
+            return probe.expiresAt.map { Double($0.rawValue) / 36_000_000_000 }
+        }
+        let outcome: SharedAppendOutcome
+        do {
+            outcome = try await shared.append(SharedEvent(envelope: envelope, isStored: stored != nil,
+                                                          retentionHours: retentionHours, dedupKey: key))
+        } catch let error as StoreError where error.code == .outcomeUnknown {
+            // Whether it committed is unknown here; a repeat of the request id asks the log again.
+            if let key { release(key) }
+            throw error
+        } catch {
+            if let key { release(key) }
+            throw error
+        }
+        if let key { settle(key, timetoken: outcome.timetoken, at: dedupClock()) }
+        if case .repeated = outcome { metrics.recordDedupHit() }
+        return HubPublishResult(timetoken: outcome.timetoken, isRepeat: outcome != .appended(outcome.timetoken))
+    }
+
+    /// Cluster mode: delivers events the shared log committed (every node's), in timetoken
+    /// order, and moves the visible cursor up to the log's horizon.
+    package func ingest(_ events: [BufferedEvent], through horizon: Timetoken) {
+        let now = clock()
+        wake(state.withLock { $0.core.ingest(events, through: horizon, now: now) }, reason: .event)
     }
 
     /// Takes `key` for a new publish (`nil`), or returns the timetoken of the publish that holds
@@ -278,6 +332,17 @@ public final class LongPollHub: Sendable {
         _ makeEnvelope: (Timetoken) -> SubscribeEnvelope,
         write: (Timetoken) async throws -> (deliver: Bool, outcome: Outcome)
     ) async throws -> (timetoken: Timetoken, outcome: Outcome) {
+        if let shared {
+            // In a cluster the write keeps a timetoken of this node's numbering (an action's
+            // identity), and its event goes through the log, which numbers it again for delivery.
+            let timetoken = state.withLock { $0.localActionClock.next(now: clock()) }
+            let result = try await write(timetoken)
+            if result.deliver {
+                _ = try await shared.append(SharedEvent(envelope: makeEnvelope(timetoken), isStored: false, retentionHours: nil,
+                                                        dedupKey: nil))
+            }
+            return (timetoken, result.outcome)
+        }
         let now = clock()
         let probe = makeEnvelope(.zero)
         let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
@@ -301,6 +366,20 @@ public final class LongPollHub: Sendable {
     /// delivered at once.
     @discardableResult
     package func publishEphemeral(_ makeEnvelope: (Timetoken) -> SubscribeEnvelope) -> Timetoken {
+        if let shared {
+            // Through the log, so every node's subscribers get it; not awaited (presence and
+            // App Context events are never acknowledged to anyone).
+            let envelope = makeEnvelope(.zero)
+            let logger = logger
+            Task {
+                do {
+                    _ = try await shared.append(SharedEvent(envelope: envelope, isStored: false, retentionHours: nil, dedupKey: nil))
+                } catch {
+                    logger.warning("event not written to the shared log", metadata: ["channel": "\(envelope.channel)", "error": "\(error)"])
+                }
+            }
+            return currentCursor
+        }
         let now = clock()
         let probe = makeEnvelope(.zero)
         let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
@@ -364,7 +443,7 @@ public final class LongPollHub: Sendable {
             case .read(let plan):
                 if !checkedGaps, !plan.storeRanges.isEmpty {
                     checkedGaps = true
-                    gaps = try await store.retentionGaps(
+                    gaps = try await messages.retentionGaps(
                         subscribeKey: spec.subscribeKey, channels: spec.channels,
                         prefixes: spec.wildcards.map(WildcardPattern.prefix(of:)), after: after)
                     for (channel, through) in plan.windowGaps where !gaps.contains(where: { $0.channel == channel }) {
@@ -373,7 +452,7 @@ public final class LongPollHub: Sendable {
                 }
                 var results: [StoreRangeResult] = []
                 for range in plan.storeRanges {
-                    results.append(try await store.read(range, limit: limit))
+                    results.append(try await messages.read(range, limit: limit))
                 }
                 let (cursor, envelopes) = plan.merge(storeResults: results, limit: limit, include: include)
                 let shuttingDown = state.withLock { $0.waiters.isShuttingDown }

@@ -23,6 +23,8 @@ public struct StoreError: Error, CustomStringConvertible {
         public static let outcomeUnknown = Code(description: "outcomeUnknown")
         /// The file cannot be written (permissions, read-only file system).
         public static let readonly = Code(description: "readonly")
+        /// The shared database of a cluster cannot be reached (`tether serve --database-url`).
+        public static let unavailable = Code(description: "unavailable")
         /// Any other failure (I/O error, corruption).
         public static let failed = Code(description: "failed")
     }

@@ -38,6 +38,8 @@ struct StoreWriteQueue<Waiter> {
     struct Completion {
         /// Waiters to resume with the transaction's outcome.
         var waiters: [Waiter]
+        /// The write id of each of ``waiters``, in the same order.
+        var ids: [UInt64] = []
         /// Writes whose publisher was already told "outcome unknown": this transaction's outcome
         /// is theirs too.
         var late: [UInt64]
@@ -129,6 +131,7 @@ struct StoreWriteQueue<Waiter> {
             deadlines.removeValue(forKey: id)
             if let waiter = claimed.removeValue(forKey: id) ?? taken.removeValue(forKey: id) {
                 completion.waiters.append(waiter)
+                completion.ids.append(id)
             } else if orphaned.remove(id) != nil {
                 completion.late.append(id)
             }
@@ -142,4 +145,6 @@ struct StoreWriteQueue<Waiter> {
 struct StoreWrite: Sendable {
     var message: StoredMessage?
     var record: PublishRecord?
+    /// A cluster's event (``SharedLog``), numbered by the log when it commits.
+    var shared: SharedEvent? = nil
 }

@@ -246,6 +246,8 @@ public struct TetherResponder: HTTPResponder {
             return (.gatewayTimeout, "Gateway Timeout: the store write timed out while committing; the message may be stored, and if it is, subscribers receive it", nil)
         case .readonly:
             return (.serviceUnavailable, "Service Unavailable: the message store is read-only", 30)
+        case .unavailable:
+            return (.serviceUnavailable, "Service Unavailable: the shared database cannot be reached; the message was not stored", 1)
         default:
             return (.internalServerError, "Internal Server Error: the store write failed", nil)
         }

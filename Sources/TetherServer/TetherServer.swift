@@ -36,6 +36,10 @@ public struct ServerConfiguration: Sendable {
     /// (`/admin/v1/`) are served, protected by it (docs/console.md); without it both answer 404.
     /// Starts as the file's `adminSecret`.
     public var adminSecret: String?
+    /// A `postgres://` URL: messages are shared with every other node on the same database
+    /// (docs/operations.md). `nil` (the default) keeps everything in the embedded store. Open a
+    /// server with one through ``TetherServer/open(configuration:logger:registry:)``.
+    public var databaseURL: String?
 
     /// Creates a configuration.
     public init(host: String = "127.0.0.1", port: Int = 8090, dataDirectory: String = ".tether-data",
@@ -48,6 +52,7 @@ public struct ServerConfiguration: Sendable {
         self.tls = tls
         self.checksStoreAtStart = checksStoreAtStart
         self.adminSecret = file.adminSecret
+        self.databaseURL = file.databaseURL
     }
 
     /// The subscribe long-poll expiry. `ConfigurationFile.validate()` bounds the setting to
@@ -97,6 +102,44 @@ public struct TetherServer: Sendable {
     ///   unless ``ServerConfiguration/checksStoreAtStart`` is off).
     public init<C: Clock>(configuration: ServerConfiguration, logger: Logger, registry: PrometheusCollectorRegistry? = nil,
                           clock: C = ContinuousClock()) throws where C.Duration == Duration {
+        guard configuration.databaseURL == nil else {
+            throw ServerConfigurationError("a server with a database URL is opened with TetherServer.open (it connects first)")
+        }
+        try self.init(configuration: configuration, logger: logger, registry: registry, clock: clock, shared: nil)
+    }
+
+    /// Opens a server: connects to and migrates the shared database first when the
+    /// configuration has a ``ServerConfiguration/databaseURL``, then as the initialiser does.
+    ///
+    /// - Throws: ``ServerConfigurationError`` for a malformed URL, an error naming the database
+    ///   (never its password) when it cannot be reached or its schema is newer than this
+    ///   build, and what the initialiser throws.
+    public static func open(configuration: ServerConfiguration, logger: Logger, registry: PrometheusCollectorRegistry? = nil)
+        async throws -> TetherServer
+    {
+        guard let text = configuration.databaseURL else {
+            return try TetherServer(configuration: configuration, logger: logger, registry: registry)
+        }
+        let url = try DatabaseURL(text)
+        let metrics = registry.map { ServerMetrics(factory: PrometheusMetricsFactory(registry: $0)) } ?? ServerMetrics()
+        var options = SharedLogOptions()
+        if let store = configuration.file.store?.options {
+            options.writeTimeout = store.writeTimeout
+            options.writeQueueLimit = store.writeQueueLimit
+        }
+        let shared = try await SharedLog.open(url, options: options, logger: logger, metrics: metrics)
+        do {
+            return try TetherServer(configuration: configuration, logger: logger, registry: registry, clock: ContinuousClock(),
+                                    shared: shared)
+        } catch {
+            shared.close()
+            throw error
+        }
+    }
+
+    /// The initialiser behind both: `shared` is the opened log of a cluster, or `nil`.
+    package init<C: Clock>(configuration: ServerConfiguration, logger: Logger, registry: PrometheusCollectorRegistry?,
+                           clock: C, shared: SharedLog?) throws where C.Duration == Duration {
         let clock = ElapsedClock(clock)
         self.configuration = configuration
         self.logger = logger
@@ -131,7 +174,7 @@ public struct TetherServer: Sendable {
             let startedAt = LongPollHub.systemNow()
             hub = try LongPollHub(store: store, metrics: metrics, logger: logger, configuration: window,
                                   deduplication: configuration.deduplication,
-                                  dedupClock: { startedAt.adding(elapsed: clock.now()) })
+                                  dedupClock: { startedAt.adding(elapsed: clock.now()) }, shared: shared)
             var groups: [String: [String: Set<String>]] = [:]
             for (subscribeKey, group, channel) in try store.allGroupMemberships() {
                 groups[subscribeKey, default: [:]][group, default: []].insert(channel)
@@ -239,6 +282,9 @@ public struct TetherServer: Sendable {
             // first: each gets its drain notice and close before the long-polls are answered.
             services: [
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
+            ] + (state.hub.shared.map { [.init(service: SharedLogService(log: $0, hub: state.hub),
+                                                successTerminationBehavior: .gracefullyShutdownGroup)] } ?? []) + [
+
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: PushDispatcherService(push: state.push), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: app),
@@ -283,6 +329,26 @@ struct StoreWriterService: Service {
             store.finish()
         }
         try store.close()
+    }
+}
+
+/// Runs a cluster's shared log: its group-commit writer until shutdown (everything queued is
+/// written), and its reader, which feeds every node's events to this node's hub.
+struct SharedLogService: Service {
+    let log: SharedLog
+    let hub: LongPollHub
+
+    func run() async throws {
+        await withDiscardingTaskGroup { group in
+            group.addTask { [hub] in await log.runReader { events, horizon in hub.ingest(events, through: horizon) } }
+            await withGracefulShutdownHandler {
+                await log.runWriter()
+            } onGracefulShutdown: {
+                log.finish()
+            }
+            group.cancelAll()
+            log.close()
+        }
     }
 }
 
@@ -346,9 +412,16 @@ struct MaintenanceService: Service {
                 tick += 1
                 if tick % 6 == 1 {
                     do {
-                        let removed = try await store.pruneExpired(now: LongPollHub.systemNow())
+                        let removed: Int
+                        let forgotten: Int
+                        if let shared = hub.shared {
+                            removed = try await shared.pruneExpired(now: LongPollHub.systemNow())
+                            forgotten = try await shared.prunePublishRecords(through: hub.publishRecordHorizon)
+                        } else {
+                            removed = try await store.pruneExpired(now: LongPollHub.systemNow())
+                            forgotten = try await store.prunePublishRecords(through: hub.publishRecordHorizon)
+                        }
                         if removed > 0 { logger.info("retention removed messages", metadata: ["count": "\(removed)"]) }
-                        let forgotten = try await store.prunePublishRecords(through: hub.publishRecordHorizon)
                         if forgotten > 0 { logger.debug("pruned remembered publishes", metadata: ["count": "\(forgotten)"]) }
                     } catch {
                         logger.error("retention pruning failed", metadata: ["error": "\(error)"])

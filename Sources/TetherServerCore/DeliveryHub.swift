@@ -263,6 +263,36 @@ public struct DeliveryHub: Sendable {
     /// event is durable (or at once for events that are not stored), ``abandon(_:)`` if it
     /// failed. The channel's window is created here so its coverage is below the reservation.
     public mutating func reserve(_ channel: ChannelKey, now: Timetoken) -> Timetoken {
+        ensureWindow(channel, now: now)
+        let timetoken = sequencer.next(now: now)
+        buffers[channel.subscribeKey]?[channel.channel]?.lastReserved = timetoken
+        inFlight.append(timetoken)
+        return timetoken
+    }
+
+    /// Cluster mode (several nodes on one shared log): takes events another part of the system
+    /// committed and numbered — the shared store, read in timetoken order — and makes them
+    /// visible, then moves the visible cursor up to `horizon`, below which the log promises no
+    /// further commit. Events at or below the visible cursor were already taken and are
+    /// skipped. A hub fed this way never reserves: its cursor only follows the log.
+    public mutating func ingest(_ events: [BufferedEvent], through horizon: Timetoken, now: Timetoken) -> [WaiterID] {
+        var woken: [WaiterID] = []
+        for event in events where inFlight.isEmpty && event.timetoken > sequencer.last {
+            let key = ChannelKey(subscribeKey: event.envelope.subscribeKey, channel: event.envelope.channel)
+            // The window's coverage is the cursor before this event: every later event of the
+            // channel arrives through here, in order.
+            ensureWindow(key, now: now)
+            sequencer = TimetokenSequencer(floor: event.timetoken)
+            buffers[key.subscribeKey]?[key.channel]?.lastReserved = event.timetoken
+            inFlight.append(event.timetoken)
+            woken.append(contentsOf: commit(event, now: now))
+        }
+        if inFlight.isEmpty, horizon > sequencer.last { sequencer = TimetokenSequencer(floor: horizon) }
+        return woken
+    }
+
+    /// Creates `channel`'s window if it has none (shedding windows first at the channel cap).
+    private mutating func ensureWindow(_ channel: ChannelKey, now: Timetoken) {
         if buffers[channel.subscribeKey]?[channel.channel] == nil {
             if shedAt != nil, windowCount < configuration.maxChannels { shedAt = nil }
             if windowCount >= (shedAt ?? configuration.maxChannels) {
@@ -276,10 +306,6 @@ public struct DeliveryHub: Sendable {
                 channelsByPrefix[ChannelKey(subscribeKey: channel.subscribeKey, channel: prefix), default: []].insert(channel.channel)
             }
         }
-        let timetoken = sequencer.next(now: now)
-        buffers[channel.subscribeKey]?[channel.channel]?.lastReserved = timetoken
-        inFlight.append(timetoken)
-        return timetoken
     }
 
     /// Gives up a reservation whose event was not made durable. Returns waiters to wake (the

@@ -14,7 +14,8 @@ extension TetherResponder {
     /// `/health`: the store's condition, uptime, waiting long-polls, the visible cursor.
     @inline(never) func health() async -> Response {
         // Cheap: the last write's outcome, or a tiny probe at most once a second (never a scan).
-        let condition = await state.store.condition()
+        let condition: StoreCondition
+        if let shared = state.hub.shared { condition = await shared.condition() } else { condition = await state.store.condition() }
         let healthy = condition == .writable
         let uptime = ContinuousClock.now - state.startedAt
         var w = JSONWriter()

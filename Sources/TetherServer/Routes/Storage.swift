@@ -115,7 +115,7 @@ extension TetherResponder {
         try request.requireOneChannel(Reply.error(.badRequest, service: "Storage", "History v2 takes exactly one channel"))
         try authorize(request.keyset, wire, channels: request.channels, groups: [], permission: .read)
         let options = try HistoryOptions(wire)
-        let messages = try await state.store.history(subscribeKey: request.keyset.subscribeKey, channel: request.channels[0],
+        let messages = try await state.hub.messages.history(subscribeKey: request.keyset.subscribeKey, channel: request.channels[0],
                                                      start: options.start, end: options.end, count: options.count,
                                                      reverse: options.reverse)
         let (includeToken, includeMeta, asStrings) = (options.includeToken, options.includeMeta, options.timetokensAsStrings)
@@ -165,9 +165,10 @@ extension TetherResponder {
         let (includeType, includeCustomType) = (options.includeType, options.includeCustomType)
         // One channel's messages as `"name":[…]` (or nothing when it has none).
         let store = state.store
+        let log = state.hub.messages
         let subscribeKey = keyset.subscribeKey
         @Sendable func channelEntry(_ channel: String, first: Bool) async throws -> (bytes: [UInt8], oldest: Timetoken?, full: Bool) {
-            let messages = try await store.history(subscribeKey: subscribeKey, channel: channel, start: start, end: end,
+            let messages = try await log.history(subscribeKey: subscribeKey, channel: channel, start: start, end: end,
                                                    count: max, reverse: false)
             guard !messages.isEmpty else { return ([], nil, false) }
             // History with actions: every action of the page's messages, in one range read.
@@ -287,7 +288,7 @@ extension TetherResponder {
         try authorize(request.keyset, wire, method: "DELETE", channels: request.channels, groups: [], permission: .delete)
         let start = try wire.timetoken("start")
         let end = try wire.timetoken("end")
-        try await state.store.delete(subscribeKey: request.keyset.subscribeKey, channel: request.channels[0], start: start, end: end)
+        try await state.hub.messages.delete(subscribeKey: request.keyset.subscribeKey, channel: request.channels[0], start: start, end: end)
         return Reply.json(.ok, "{\"status\":200,\"error\":false,\"error_message\":\"\"}")
     }
 
@@ -302,7 +303,7 @@ extension TetherResponder {
         // Counted through the hub's visible cursor, read first: every message at or below it is
         // committed (so in the store), and one committed during the count is not counted.
         let through = state.hub.currentCursor
-        let counts = try await state.store.messageCounts(subscribeKey: request.keyset.subscribeKey, channels: cursors.pairs,
+        let counts = try await state.hub.messages.messageCounts(subscribeKey: request.keyset.subscribeKey, channels: cursors.pairs,
                                                          through: through)
         var w = JSONWriter()
         w.raw("{\"status\":200,\"error\":false,\"error_message\":\"\",\"channels\":{")

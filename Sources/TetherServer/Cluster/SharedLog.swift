@@ -1,0 +1,514 @@
+import Foundation
+package import Logging
+import NIOCore
+import PostgresNIO
+import Synchronization
+@_spi(Benchmarks) package import TetherProtocol
+@_spi(Benchmarks) package import TetherServerCore
+
+/// One event for the shared log: everything but its timetoken, which the log assigns when it
+/// commits (docs/operations.md, "One global cursor").
+package struct SharedEvent: Sendable {
+    /// The envelope; its timetoken is ignored.
+    package var envelope: SubscribeEnvelope
+    /// Whether history keeps it (stored publishes); other events stay in the log only long
+    /// enough for every node to deliver them.
+    package var isStored: Bool
+    /// History retention in hours (stored events; `nil` or 0 keeps them forever).
+    package var retentionHours: Double?
+    /// The publish's request id, remembered so that a repeat — on any node — is answered with
+    /// the original timetoken.
+    package var dedupKey: DedupKey?
+
+    package init(envelope: SubscribeEnvelope, isStored: Bool, retentionHours: Double?, dedupKey: DedupKey?) {
+        self.envelope = envelope
+        self.isStored = isStored
+        self.retentionHours = retentionHours
+        self.dedupKey = dedupKey
+    }
+}
+
+/// What the shared log did with an event.
+package enum SharedAppendOutcome: Sendable, Equatable {
+    /// Committed at this timetoken.
+    case appended(Timetoken)
+    /// Its request id was already remembered (by any node): nothing new was written; this is
+    /// the original's timetoken.
+    case repeated(Timetoken)
+
+    package var timetoken: Timetoken {
+        switch self {
+        case .appended(let timetoken), .repeated(let timetoken): timetoken
+        }
+    }
+}
+
+/// How the shared log behaves (`tether serve --database-url`, docs/operations.md).
+package struct SharedLogOptions: Sendable {
+    /// A publish not committed within this is answered with an error (as the embedded store's
+    /// ``StoreOptions/writeTimeout``).
+    package var writeTimeout: Duration = .seconds(5)
+    /// Publishes waiting for the writer at most; beyond it they are refused at once.
+    package var writeQueueLimit: Int = 4096
+    /// How long events that history does not keep (store=0 publishes, signals, presence
+    /// events) stay in the log for nodes to deliver.
+    package var ephemeralSeconds: Double = 600
+    /// The fallback read when no wake-up arrives: every node reads the log at least this often.
+    package var pollInterval: Duration = .milliseconds(500)
+
+    package init() {}
+}
+
+/// The log of every event of a cluster, in PostgreSQL: several `tether serve` nodes write
+/// their publishes here and each reads every node's events back, in timetoken order, into its
+/// own delivery hub.
+///
+/// **One global cursor.** Each writing transaction first locks the single sequencer row and
+/// numbers its events above the row's value, then raises it and commits; the row lock is held
+/// to the commit, so transactions commit in the order of their timetokens. A reader takes the
+/// sequencer value `H` and the events up to `H` from one snapshot: every event at or below `H`
+/// is then committed and visible, and no later commit can carry a timetoken at or below `H`.
+/// A node's visible cursor never passes the `H` it read, so a subscriber that has seen `T`
+/// never later misses an event at or below `T` committed on another node. (The argument in
+/// full: docs/operations.md.)
+///
+/// **Wake-ups, not payloads.** A committing writer sends `NOTIFY tether_events` with an empty
+/// payload; nodes `LISTEN` and read by cursor, and read every ``SharedLogOptions/pollInterval``
+/// anyway, so a lost notification delays delivery by at most that.
+package final class SharedLog: Sendable {
+    private typealias Waiter = CheckedContinuation<SharedAppendOutcome, any Error>
+
+    /// The schema this build writes; a database at a newer version is refused.
+    package static let schemaVersion = 1
+    /// The notification channel of the wake-ups.
+    static let wakeChannel = "tether_events"
+
+    package let url: DatabaseURL
+    package let options: SharedLogOptions
+    let client: PostgresClient
+    private let clientTask: Task<Void, Never>
+    let logger: Logger
+    let metrics: ServerMetrics
+    private let clock: @Sendable () -> Timetoken
+    private let queue: Mutex<StoreWriteQueue<Waiter>>
+    private let doorbell: AsyncStream<Void>
+    private let doorbellContinuation: AsyncStream<Void>.Continuation
+    /// Wakes the reader: a notification, the poll timer, or a local commit.
+    private let readerBell: AsyncStream<Void>
+    private let readerBellContinuation: AsyncStream<Void>.Continuation
+    private let lastError = Mutex<(message: String, at: ContinuousClock.Instant)?>(nil)
+    /// The sequencer value when the log was opened: this node's hub starts its cursor there.
+    package let startHorizon: Timetoken
+
+    private init(url: DatabaseURL, options: SharedLogOptions, client: PostgresClient, clientTask: Task<Void, Never>,
+                 logger: Logger, metrics: ServerMetrics, clock: @escaping @Sendable () -> Timetoken, startHorizon: Timetoken) {
+        self.url = url
+        self.options = options
+        self.client = client
+        self.clientTask = clientTask
+        self.logger = logger
+        self.metrics = metrics
+        self.clock = clock
+        self.startHorizon = startHorizon
+        self.queue = Mutex(StoreWriteQueue(limit: options.writeQueueLimit))
+        (doorbell, doorbellContinuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        (readerBell, readerBellContinuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+    }
+
+    /// Connects, creates or migrates the schema (safe from several nodes at once: one
+    /// transaction under an advisory lock), and reads the starting horizon.
+    ///
+    /// - Throws: ``SharedLogError`` saying what failed: unreachable, refused, or a schema
+    ///   newer than this build.
+    package static func open(_ url: DatabaseURL, options: SharedLogOptions = .init(), logger: Logger, metrics: ServerMetrics,
+                             clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow) async throws -> SharedLog {
+        var quiet = logger
+        quiet.logLevel = max(logger.logLevel, .error)
+        let client = PostgresClient(configuration: url.clientConfiguration, backgroundLogger: quiet)
+        let task = Task { await client.run() }
+        do {
+            try await SharedLogSchema.migrate(client, logger: logger, url: url)
+            let horizon = try await client.query("SELECT last_tt FROM tether_sequencer WHERE id = 1", logger: quiet)
+                .decode(Int64.self).first(where: { _ in true }) ?? 0
+            return SharedLog(url: url, options: options, client: client, clientTask: task, logger: logger, metrics: metrics,
+                             clock: clock, startHorizon: Timetoken(UInt64(max(0, horizon))))
+        } catch {
+            task.cancel()
+            if let error = error as? SharedLogError { throw error }
+            throw SharedLogError.unreachable(url, error)
+        }
+    }
+
+    /// Closes the connections (after ``finish()`` and the writer have drained).
+    package func close() {
+        clientTask.cancel()
+    }
+
+    // MARK: Writing
+
+    /// Appends an event and returns once it is committed, with its timetoken — or, when its
+    /// request id is already remembered, the original's.
+    ///
+    /// - Throws: ``StoreError``: `queueFull`, `timedOut` (not written), `outcomeUnknown` (its
+    ///   transaction was running at the deadline: if it committed, every node delivers it),
+    ///   `unavailable` (PostgreSQL could not be reached; not written).
+    package func append(_ event: SharedEvent) async throws -> SharedAppendOutcome {
+        let id = queue.withLock { $0.makeID() }
+        let deadline = ContinuousClock.now + options.writeTimeout
+        let write = StoreWrite(message: nil, record: nil, shared: event)
+        return try await withCheckedThrowingContinuation { (continuation: Waiter) in
+            let accepted = queue.withLock { $0.enqueue(id: id, write, waiter: continuation, deadline: deadline) }
+            if accepted {
+                doorbellContinuation.yield()
+            } else {
+                continuation.resume(throwing: StoreError(.queueFull, "store write queue is full"))
+            }
+        }
+    }
+
+    /// Stops the writer after it has written everything queued.
+    package func finish() {
+        doorbellContinuation.finish()
+    }
+
+    /// Runs the group-commit writer (and its deadline sweeper) until ``finish()``.
+    package func runWriter() async {
+        await withDiscardingTaskGroup { group in
+            group.addTask { await self.runDeadlines() }
+            for await _ in doorbell {
+                while true {
+                    let batch = queue.withLock { $0.takeBatch() }
+                    if batch.isEmpty { break }
+                    await write(batch)
+                }
+            }
+            group.cancelAll()
+        }
+    }
+
+    private func runDeadlines() async {
+        let tick = min(max(options.writeTimeout / 10, .milliseconds(1)), .milliseconds(100))
+        while !Task.isCancelled {
+            do { try await Task.sleep(for: tick) } catch { return }
+            let expired = queue.withLock { queue in queue.hasDeadlines ? queue.expireDue(now: .now) : [] }
+            for expiry in expired {
+                switch expiry {
+                case .withdrawn(let waiter):
+                    logger.warning("shared log write timed out before it started; withdrawn")
+                    waiter.resume(throwing: StoreError(.timedOut, "store write timed out; not stored"))
+                case .outcomeUnknown(let waiter):
+                    logger.warning("shared log write timed out while committing; outcome unknown")
+                    waiter.resume(throwing: StoreError(.outcomeUnknown, "store write timed out; outcome unknown"))
+                case .alreadyDone:
+                    break
+                }
+            }
+        }
+    }
+
+    /// Writes one batch in one transaction: lock the sequencer, answer repeats, number the new
+    /// events, insert them and their request ids, raise the sequencer, wake every node.
+    private func write(_ batch: [(id: UInt64, write: StoreWrite)]) async {
+        let ids = batch.map(\.id)
+        let started = ContinuousClock.now
+        let now = clock().storageValue
+        let result: Result<[UInt64: SharedAppendOutcome], StoreError>
+        do {
+            result = .success(try await client.withTransaction(logger: logger) { connection in
+                let claimed = self.queue.withLock { $0.claim(ids) }
+                if claimed.isEmpty { return [:] }
+                let last = try await connection.query("SELECT last_tt FROM tether_sequencer WHERE id = 1 FOR UPDATE",
+                                                      logger: self.logger).decode(Int64.self).first(where: { _ in true }) ?? 0
+                let events = batch.filter { claimed.contains($0.id) }.compactMap { entry in entry.write.shared.map { (entry.id, $0) } }
+                let known = try await Self.remembered(events.compactMap(\.1.dedupKey), connection: connection, logger: self.logger)
+                var outcomes: [UInt64: SharedAppendOutcome] = [:]
+                var fresh: [DedupKey: Int64] = [:]
+                var rows: [(Int64, SharedEvent)] = []
+                var next = max(last + 1, now)
+                for (id, event) in events {
+                    if let key = event.dedupKey, let original = known[key] ?? fresh[key] {
+                        outcomes[id] = .repeated(Timetoken(UInt64(original)))
+                        continue
+                    }
+                    let tt = next
+                    next += 1
+                    if let key = event.dedupKey { fresh[key] = tt }
+                    rows.append((tt, event))
+                    outcomes[id] = .appended(Timetoken(UInt64(tt)))
+                }
+                guard !rows.isEmpty else { return outcomes }
+                for chunk in stride(from: 0, to: rows.count, by: 1000) {
+                    try await Self.insert(rows[chunk..<min(chunk + 1000, rows.count)], now: now,
+                                          ephemeralSeconds: self.options.ephemeralSeconds, connection: connection, logger: self.logger)
+                }
+                try await connection.query("UPDATE tether_sequencer SET last_tt = \(next - 1) WHERE id = 1", logger: self.logger)
+                // Delivered at commit, once per transaction; carries nothing but the wake-up.
+                try await connection.query("SELECT pg_notify('tether_events', '')", logger: self.logger)
+                return outcomes
+            })
+        } catch {
+            result = .failure(Self.classify(error))
+        }
+        let completion = queue.withLock { $0.finish(ids) }
+        switch result {
+        case .success(let outcomes):
+            if !outcomes.isEmpty {
+                metrics.recordStoreWrite(duration: ContinuousClock.now - started, batchSize: outcomes.count)
+                lastError.withLock { $0 = nil }
+            }
+            for (id, waiter) in zip(completion.ids, completion.waiters) {
+                if let outcome = outcomes[id] {
+                    waiter.resume(returning: outcome)
+                } else {
+                    waiter.resume(throwing: StoreError(.failed, "store write was not claimed"))
+                }
+            }
+            // Events whose publishers were told "outcome unknown" are in the log now; every
+            // node delivers them at their timetokens.
+            readerBellContinuation.yield()
+        case .failure(let error):
+            note(error)
+            logger.error("shared log write failed", metadata: ["error": "\(error)", "batch": "\(batch.count)"])
+            for waiter in completion.waiters { waiter.resume(throwing: error) }
+        }
+    }
+
+    private static func remembered(_ keys: [DedupKey], connection: PostgresConnection, logger: Logger) async throws
+        -> [DedupKey: Int64]
+    {
+        guard !keys.isEmpty else { return [:] }
+        var found: [DedupKey: Int64] = [:]
+        var binds = PostgresBindings(capacity: keys.count * 3)
+        var tuples: [String] = []
+        for (index, key) in keys.enumerated() {
+            binds.append(key.subscribeKey)
+            binds.append(key.publisher)
+            binds.append(key.requestID)
+            tuples.append("($\(index * 3 + 1), $\(index * 3 + 2), $\(index * 3 + 3))")
+        }
+        let query = PostgresQuery(unsafeSQL: """
+            SELECT sub_key, publisher, request_id, tt FROM tether_publish_record
+            WHERE (sub_key, publisher, request_id) IN (\(tuples.joined(separator: ", ")))
+            """, binds: binds)
+        for try await (subscribeKey, publisher, requestID, tt) in try await connection.query(query, logger: logger)
+            .decode((String, String, String, Int64).self)
+        {
+            found[DedupKey(subscribeKey: subscribeKey, publisher: publisher, requestID: requestID)] = tt
+        }
+        return found
+    }
+
+    private static func insert(_ rows: ArraySlice<(Int64, SharedEvent)>, now: Int64, ephemeralSeconds: Double,
+                               connection: PostgresConnection, logger: Logger) async throws {
+        var binds = PostgresBindings(capacity: rows.count * 11)
+        var tuples: [String] = []
+        var records: [String] = []
+        var recordBinds = PostgresBindings()
+        for (tt, event) in rows {
+            let e = event.envelope
+            let base = binds.count
+            binds.append(tt)
+            binds.append(e.subscribeKey)
+            binds.append(e.channel)
+            binds.append(e.kind.rawValue)
+            binds.append(e.publisher)
+            binds.append(e.payload)
+            binds.append(e.meta)
+            binds.append(e.customMessageType)
+            binds.append(e.sequence)
+            binds.append(event.isStored)
+            let timetoken = Timetoken(UInt64(tt))
+            let expires: Int64?
+            if event.isStored {
+                expires = event.retentionHours.flatMap { $0 > 0 ? timetoken.adding(seconds: $0 * 3600).storageValue : nil }
+            } else {
+                expires = timetoken.adding(seconds: ephemeralSeconds).storageValue
+            }
+            binds.append(expires)
+            tuples.append("(" + (1...11).map { "$\(base + $0)" }.joined(separator: ", ") + ")")
+            if let key = event.dedupKey {
+                let r = recordBinds.count
+                recordBinds.append(key.subscribeKey)
+                recordBinds.append(key.publisher)
+                recordBinds.append(key.requestID)
+                recordBinds.append(tt)
+                recordBinds.append(e.channel)
+                recordBinds.append(now)
+                records.append("(" + (1...6).map { "$\(r + $0)" }.joined(separator: ", ") + ")")
+            }
+        }
+        try await connection.query(PostgresQuery(unsafeSQL: """
+            INSERT INTO tether_event (tt, sub_key, channel, kind, publisher, payload, meta, custom_type, seqn, stored, expires_at)
+            VALUES \(tuples.joined(separator: ", "))
+            """, binds: binds), logger: logger)
+        if !records.isEmpty {
+            try await connection.query(PostgresQuery(unsafeSQL: """
+                INSERT INTO tether_publish_record (sub_key, publisher, request_id, tt, channel, created_at)
+                VALUES \(records.joined(separator: ", ")) ON CONFLICT DO NOTHING
+                """, binds: recordBinds), logger: logger)
+        }
+    }
+
+    // MARK: Reading every node's events
+
+    /// Feeds `deliver` with every event committed after ``startHorizon``, in timetoken order,
+    /// with the horizon each read reached, until cancelled. Reads on every wake-up (NOTIFY, a
+    /// local commit) and at least every ``SharedLogOptions/pollInterval``; when the log is
+    /// idle it raises the sequencer to the clock, so idle cursors follow the time. Reconnects
+    /// with backoff while PostgreSQL is unreachable.
+    package func runReader(deliver: @escaping @Sendable ([BufferedEvent], Timetoken) -> Void) async {
+        await withDiscardingTaskGroup { group in
+            group.addTask { await self.listenForWakeUps() }
+            group.addTask {
+                while !Task.isCancelled {
+                    do { try await Task.sleep(for: self.options.pollInterval) } catch { return }
+                    self.readerBellContinuation.yield()
+                }
+            }
+            group.addTask {
+                var cursor = self.startHorizon.storageValue
+                var idleSince = ContinuousClock.now
+                for await _ in self.readerBell {
+                    do {
+                        while true {
+                            let (events, horizon) = try await self.read(after: cursor, limit: 1000)
+                            if horizon > cursor || !events.isEmpty {
+                                cursor = max(horizon, events.last?.timetoken.storageValue ?? cursor)
+                                deliver(events, Timetoken(UInt64(cursor)))
+                            }
+                            if events.count < 1000 { break }
+                        }
+                        if ContinuousClock.now - idleSince >= .seconds(1) {
+                            idleSince = .now
+                            // Idle: move the sequencer up to the clock (never down), so the
+                            // cursor handed to new subscribers and `/time/0` follows the time.
+                            let raised = try await self.raiseSequencer(to: self.clock().storageValue)
+                            if raised > cursor {
+                                let (events, horizon) = try await self.read(after: cursor, limit: 1000)
+                                cursor = max(horizon, events.last?.timetoken.storageValue ?? cursor)
+                                deliver(events, Timetoken(UInt64(cursor)))
+                            }
+                        }
+                        self.lastError.withLock { $0 = nil }
+                    } catch {
+                        self.note(Self.classify(error))
+                        self.logger.warning("reading the shared log failed; retrying", metadata: ["error": "\(error)"])
+                        do { try await Task.sleep(for: .milliseconds(500)) } catch { return }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Holds a `LISTEN` on its own connection and rings the reader's bell on every
+    /// notification; re-listens with backoff when the connection drops.
+    private func listenForWakeUps() async {
+        var backoff = Duration.milliseconds(100)
+        while !Task.isCancelled {
+            do {
+                try await client.withConnection { connection in
+                    try await connection.listen(on: Self.wakeChannel) { notifications in
+                        // A wake-up may have been missed while not listening.
+                        self.readerBellContinuation.yield()
+                        backoff = .milliseconds(100)
+                        for try await _ in notifications { self.readerBellContinuation.yield() }
+                    }
+                }
+            } catch {
+                if Task.isCancelled { return }
+                logger.debug("shared log wake-up connection lost; reconnecting", metadata: ["error": "\(error)"])
+            }
+            do { try await Task.sleep(for: backoff) } catch { return }
+            backoff = min(backoff * 2, .seconds(5))
+        }
+    }
+
+    /// Reads the sequencer value and the events above `after` up to it from one snapshot.
+    private func read(after: Int64, limit: Int) async throws -> ([BufferedEvent], Int64) {
+        let rows = try await client.query("""
+            SELECT s.last_tt, e.tt, e.sub_key, e.channel, e.kind, e.publisher, e.payload, e.meta, e.custom_type, e.seqn, e.stored
+            FROM tether_sequencer s LEFT JOIN LATERAL (
+              SELECT * FROM tether_event WHERE tt > \(after) AND tt <= s.last_tt ORDER BY tt LIMIT \(limit)
+            ) e ON true WHERE s.id = 1 ORDER BY e.tt
+            """, logger: logger)
+        var horizon = after
+        var events: [BufferedEvent] = []
+        for try await (last, tt, subscribeKey, channel, kind, publisher, payload, meta, customType, sequence, stored)
+            in rows.decode((Int64, Int64?, String?, String?, Int?, String?, String?, String?, String?, Int?, Bool?).self)
+        {
+            horizon = max(horizon, last)
+            guard let tt, let subscribeKey, let channel, let payload else { continue }
+            let envelope = SubscribeEnvelope(timetoken: Timetoken(UInt64(tt)), subscribeKey: subscribeKey, channel: channel,
+                                             payload: payload, publisher: publisher, meta: meta,
+                                             kind: kind.flatMap(EventKind.init(rawValue:)) ?? .message,
+                                             customMessageType: customType, sequence: sequence)
+            events.append(BufferedEvent(envelope: envelope, isStored: stored ?? false))
+        }
+        // A full page: the horizon is the last event read, not the sequencer.
+        if events.count >= limit, let last = events.last { horizon = last.timetoken.storageValue }
+        return (events, horizon)
+    }
+
+    private func raiseSequencer(to now: Int64) async throws -> Int64 {
+        try await client.query("UPDATE tether_sequencer SET last_tt = GREATEST(last_tt, \(now)) WHERE id = 1 RETURNING last_tt",
+                               logger: logger).decode(Int64.self).first(where: { _ in true }) ?? 0
+    }
+
+    // MARK: Health
+
+    /// `writable` when the last write or read succeeded, `failing` while PostgreSQL cannot be
+    /// reached (for `/health`).
+    package func condition() async -> StoreCondition {
+        if lastError.withLock({ $0 }) == nil { return .writable }
+        do {
+            _ = try await client.query("SELECT 1", logger: logger).decode(Int.self).first(where: { _ in true })
+            lastError.withLock { $0 = nil }
+            return .writable
+        } catch {
+            return .failing
+        }
+    }
+
+    private func note(_ error: StoreError) {
+        lastError.withLock { $0 = (error.description, .now) }
+    }
+
+    /// Maps a PostgresNIO error to the store's codes: a connection that cannot be made or was
+    /// lost is `unavailable`; a full disk is `full`; anything else `failed`.
+    static func classify(_ error: any Error) -> StoreError {
+        if let error = error as? StoreError { return error }
+        if let error = error as? PSQLError {
+            switch error.code {
+            case .server:
+                let state = error.serverInfo?[.sqlState] ?? ""
+                if state == "53100" { return StoreError(.full, "store is full", cause: error) }  // disk_full
+                if state.hasPrefix("08") || state.hasPrefix("57") {  // connection exception, operator intervention
+                    return StoreError(.unavailable, "the shared database is unavailable", cause: error)
+                }
+                return StoreError(.failed, "store write failed", cause: error)
+            default:
+                return StoreError(.unavailable, "the shared database is unavailable", cause: error)
+            }
+        }
+        return StoreError(.unavailable, "the shared database is unavailable", cause: error)
+    }
+}
+
+/// Why the shared log could not be opened.
+package enum SharedLogError: Error, CustomStringConvertible {
+    /// PostgreSQL could not be reached or refused the connection.
+    case unreachable(DatabaseURL, any Error)
+    /// The database was migrated by a newer Tether.
+    case newerSchema(found: Int, supported: Int)
+
+    package var description: String {
+        switch self {
+        case .unreachable(let url, let error):
+            let detail = (error as? PSQLError).map { String(reflecting: $0) } ?? "\(error)"
+            return "cannot use the database at \(url): \(detail)"
+        case .newerSchema(let found, let supported):
+            return "the database schema is at version \(found), newer than this Tether (which knows versions up to \(supported)); "
+                + "upgrade this node to the release the other nodes run, or point it at another database"
+        }
+    }
+}

@@ -1,0 +1,93 @@
+import Logging
+import PostgresNIO
+
+/// The shared log's schema: versioned migrations, applied in one transaction under an advisory
+/// lock, so several nodes starting at once against a new database migrate it exactly once and
+/// the others wait, then find it current. A database migrated by a newer Tether is refused
+/// (``SharedLogError/newerSchema(found:supported:)``) rather than written with old rules.
+enum SharedLogSchema {
+    /// Any constant the deployment's other users of the database are unlikely to pick.
+    static let migrationLock: Int64 = 0x7465_7468_6572  // "tether"
+
+    /// Migrations by version; each runs once, in order, and is recorded in
+    /// `tether_schema_migrations`.
+    static let migrations: [(version: Int, name: String, statements: [String])] = [
+        (1, "shared event log", [
+            """
+            CREATE TABLE tether_sequencer (
+              id integer PRIMARY KEY CHECK (id = 1),
+              last_tt bigint NOT NULL
+            )
+            """,
+            "INSERT INTO tether_sequencer (id, last_tt) VALUES (1, 0)",
+            """
+            CREATE TABLE tether_event (
+              tt bigint PRIMARY KEY,
+              sub_key text NOT NULL,
+              channel text COLLATE "C" NOT NULL,
+              kind integer NOT NULL,
+              publisher text,
+              payload text NOT NULL,
+              meta text,
+              custom_type text,
+              seqn integer,
+              stored boolean NOT NULL,
+              expires_at bigint
+            )
+            """,
+            "CREATE INDEX tether_event_channel ON tether_event (sub_key, channel, tt) WHERE stored",
+            "CREATE INDEX tether_event_expiry ON tether_event (expires_at) WHERE expires_at IS NOT NULL",
+            """
+            CREATE TABLE tether_publish_record (
+              sub_key text NOT NULL,
+              publisher text NOT NULL,
+              request_id text NOT NULL,
+              tt bigint NOT NULL,
+              channel text NOT NULL,
+              created_at bigint NOT NULL,
+              PRIMARY KEY (sub_key, publisher, request_id)
+            )
+            """,
+            "CREATE INDEX tether_publish_record_created ON tether_publish_record (created_at)",
+            """
+            CREATE TABLE tether_retention_floor (
+              sub_key text NOT NULL,
+              channel text COLLATE "C" NOT NULL,
+              pruned_through bigint NOT NULL,
+              PRIMARY KEY (sub_key, channel)
+            )
+            """,
+        ]),
+    ]
+
+    /// The newest version this build knows.
+    static var latestVersion: Int { migrations.last?.version ?? 0 }
+
+    /// Brings the database to ``latestVersion``, or throws ``SharedLogError/newerSchema(found:supported:)``.
+    static func migrate(_ client: PostgresClient, logger: Logger, url: DatabaseURL) async throws {
+        try await client.withTransaction(logger: logger) { connection in
+            try await connection.query("SELECT pg_advisory_xact_lock(\(migrationLock))", logger: logger)
+            try await connection.query("""
+                CREATE TABLE IF NOT EXISTS tether_schema_migrations (
+                  version integer PRIMARY KEY,
+                  name text NOT NULL,
+                  applied_at timestamptz NOT NULL DEFAULT now()
+                )
+                """, logger: logger)
+            let current = try await connection.query("SELECT COALESCE(max(version), 0) FROM tether_schema_migrations",
+                                                     logger: logger).decode(Int.self).first(where: { _ in true }) ?? 0
+            if current > latestVersion { throw SharedLogError.newerSchema(found: current, supported: latestVersion) }
+            for migration in migrations where migration.version > current {
+                logger.notice("migrating the shared database", metadata: [
+                    "version": "\(migration.version)", "name": "\(migration.name)", "database": "\(url)",
+                ])
+                for statement in migration.statements {
+                    try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
+                }
+                try await connection.query("""
+                    INSERT INTO tether_schema_migrations (version, name) VALUES (\(migration.version), \(migration.name))
+                    """, logger: logger)
+            }
+        }
+    }
+}
