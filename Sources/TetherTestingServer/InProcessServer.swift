@@ -19,7 +19,7 @@ public struct InProcessServer: Sendable {
     public let baseURL: String
     /// `127.0.0.1:<port>`, ready for `TetherConfiguration.origin`.
     public let origin: String
-    /// The port it listens on (pass it to ``start(port:file:directory:tls:clock:logLevel:webSocket:adminSecret:)`` to
+    /// The port it listens on (pass it to ``start(port:file:directory:tls:clock:logLevel:webSocket:adminSecret:databaseURL:)`` to
     /// restart on the same one).
     public var port: Int { Int(origin.split(separator: ":").last ?? "") ?? 0 }
     /// The data directory (removed by ``stop(removingData:)``).
@@ -39,12 +39,14 @@ public struct InProcessServer: Sendable {
     ///   - logLevel: the server's log level.
     ///   - webSocket: the WebSocket session endpoint's settings (keep-alive, pings, bounds).
     ///   - adminSecret: turns on the console and admin API (docs/console.md); `nil` leaves the file's `adminSecret`.
+    ///   - databaseURL: a `postgres://` URL: the server is one node of a cluster on that database.
     public static func start<C: Clock>(port: Int = 0, file: ConfigurationFile = ConfigurationFile(subscribeTimeoutSeconds: 30),
                                        directory: String? = nil,
                                        tls: (certificatePath: String, privateKeyPath: String)? = nil, clock: C = ContinuousClock(),
                                        logLevel: Logger.Level = .warning,
                                        webSocket: WebSocketSettings = .init(),
-                                       adminSecret: String? = nil) async throws -> InProcessServer where C.Duration == Duration {
+                                       adminSecret: String? = nil,
+                                       databaseURL: String? = nil) async throws -> InProcessServer where C.Duration == Duration {
         let directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("tether-testing-\(UUID().uuidString)").path
         var logger = Logger(label: "tether.testing.server")
@@ -52,7 +54,14 @@ public struct InProcessServer: Sendable {
         var configuration = ServerConfiguration(host: "127.0.0.1", port: port, dataDirectory: directory, file: file, tls: tls)
         configuration.webSocket = webSocket
         if let adminSecret { configuration.adminSecret = adminSecret }
-        let server = try TetherServer(configuration: configuration, logger: logger, clock: clock)
+        let server: TetherServer
+        if let databaseURL {
+            // One node of a cluster on that database (docs/operations.md).
+            let shared = try await SharedLog.open(DatabaseURL(databaseURL), logger: logger, metrics: ServerMetrics())
+            server = try TetherServer(configuration: configuration, logger: logger, registry: nil, clock: clock, shared: shared)
+        } else {
+            server = try TetherServer(configuration: configuration, logger: logger, clock: clock)
+        }
         let (urls, continuation) = AsyncStream.makeStream(of: String.self)
         let task = Task {
             defer { continuation.finish() }
@@ -77,7 +86,7 @@ public struct InProcessServer: Sendable {
     }
 }
 
-/// Why ``InProcessServer/start(port:file:directory:tls:clock:logLevel:webSocket:adminSecret:)`` failed.
+/// Why ``InProcessServer/start(port:file:directory:tls:clock:logLevel:webSocket:adminSecret:databaseURL:)`` failed.
 public enum InProcessServerError: Error, Sendable {
     /// The server exited before it started listening.
     case didNotStart

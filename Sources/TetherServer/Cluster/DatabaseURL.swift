@@ -66,6 +66,20 @@ package struct DatabaseURL: Sendable, Equatable, CustomStringConvertible {
         "postgres://\(username)\(password == nil ? "" : ":***")@\(host):\(port)/\(database)"
     }
 
+    /// One connection's configuration (the reachability probe at start-up).
+    func connectionConfiguration() throws -> PostgresConnection.Configuration {
+        let mode: PostgresConnection.Configuration.TLS
+        switch tls {
+        case .disable: mode = .disable
+        case .prefer: mode = .prefer(try NIOSSLContext(configuration: .makeClientConfiguration()))
+        case .require: mode = .require(try NIOSSLContext(configuration: .makeClientConfiguration()))
+        }
+        var configuration = PostgresConnection.Configuration(host: host, port: port, username: username, password: password,
+                                                             database: database, tls: mode)
+        configuration.options.connectTimeout = .seconds(5)
+        return configuration
+    }
+
     /// PostgresNIO's client configuration for this URL.
     var clientConfiguration: PostgresClient.Configuration {
         let mode: PostgresClient.Configuration.TLS

@@ -124,6 +124,15 @@ package final class SharedLog: Sendable {
                              clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow) async throws -> SharedLog {
         var quiet = logger
         quiet.logLevel = max(logger.logLevel, .error)
+        // One connection first: the pool retries a refused connection for as long as a lease
+        // waits, where this fails at once with PostgreSQL's own reason (refused, no such
+        // database, authentication failed).
+        do {
+            let probe = try await PostgresConnection.connect(configuration: url.connectionConfiguration(), id: 0, logger: quiet)
+            try await probe.close()
+        } catch {
+            throw SharedLogError.unreachable(url, error)
+        }
         let client = PostgresClient(configuration: url.clientConfiguration, backgroundLogger: quiet)
         let task = Task { await client.run() }
         do {
@@ -510,5 +519,18 @@ package enum SharedLogError: Error, CustomStringConvertible {
             return "the database schema is at version \(found), newer than this Tether (which knows versions up to \(supported)); "
                 + "upgrade this node to the release the other nodes run, or point it at another database"
         }
+    }
+}
+
+extension SharedLog {
+    /// The schema versions recorded in the database, ascending (for tests and `/health`-style tools).
+    package func appliedSchemaVersions() async throws -> [Int] {
+        var versions: [Int] = []
+        for try await version in try await client.query("SELECT version FROM tether_schema_migrations ORDER BY version", logger: logger)
+            .decode(Int.self)
+        {
+            versions.append(version)
+        }
+        return versions
     }
 }
