@@ -43,14 +43,31 @@ public final class AccessManager: Sendable {
     /// Signatures are accepted within this many seconds of the server's clock.
     public static let signatureWindowSeconds: Int64 = 60
 
+    /// A cluster's shared log: grants and revocations are changed there and applied by every
+    /// node's reader (``applyShared(_:)``).
+    private let shared: SharedLog?
+
     /// Loads grants and revocations from the store.
-    public init(store: MessageStore, logger: Logger, clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow) throws {
+    public convenience init(store: MessageStore, logger: Logger, clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow) throws {
+        try self.init(store: store, logger: logger, clock: clock, shared: nil)
+    }
+
+    /// Loads grants and revocations from the store, or — in a cluster — from the shared
+    /// state read at start-up.
+    package init(store: MessageStore, logger: Logger, clock: @escaping @Sendable () -> Timetoken = LongPollHub.systemNow,
+                 shared: (log: SharedLog, state: SharedState)?) throws {
         self.store = store
         self.logger = logger
         self.clock = clock
+        self.shared = shared?.log
         var initial = State()
-        for grant in try store.allGrants() { initial.grants.apply(grant) }
-        initial.revoked = try store.allRevocations()
+        if let shared {
+            for grant in shared.state.grants { initial.grants.apply(grant) }
+            initial.revoked = shared.state.revocations
+        } else {
+            for grant in try store.allGrants() { initial.grants.apply(grant) }
+            initial.revoked = try store.allRevocations()
+        }
         let now = clock()
         initial.grants.removeExpired(now: now)
         initial.revoked = initial.revoked.filter { $0.value > now }
@@ -93,8 +110,25 @@ public final class AccessManager: Sendable {
 
     /// Applies v2 grants durably. A grant with no permissions removes the row.
     public func apply(_ grants: [Grant]) async throws {
-        try await store.saveGrants(grants)
+        if let shared {
+            _ = try await shared.change(.grants(grants))
+        } else {
+            try await store.saveGrants(grants)
+        }
         state.withLock { s in for grant in grants { s.grants.apply(grant) } }
+    }
+
+    /// Cluster mode: a grant or revocation change another node (or this one) recorded in the
+    /// shared log, applied in log order.
+    package func applyShared(_ control: SharedControl) {
+        switch control {
+        case .grants(let grants):
+            state.withLock { s in for grant in grants { s.grants.apply(grant) } }
+        case .revocation(let signature, let expiresAt):
+            state.withLock { $0.revoked[signature] = max($0.revoked[signature] ?? .zero, expiresAt) }
+        case .group:
+            break
+        }
     }
 
     /// Grants matching an audit query.
@@ -236,7 +270,11 @@ public final class AccessManager: Sendable {
 
     /// Revokes a token durably and at once.
     public func revoke(_ token: VerifiedToken) async throws {
-        try await store.saveRevocation(signature: token.signature, expiresAt: token.grant.expiresAt)
+        if let shared {
+            _ = try await shared.change(.revocation(signature: token.signature, expiresAt: token.grant.expiresAt))
+        } else {
+            try await store.saveRevocation(signature: token.signature, expiresAt: token.grant.expiresAt)
+        }
         state.withLock { $0.revoked[token.signature] = token.grant.expiresAt }
     }
 

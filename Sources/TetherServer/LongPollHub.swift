@@ -37,6 +37,8 @@ public final class LongPollHub: Sendable {
         var core: DeliveryHub
         /// Cluster mode: identities of message actions written on this node.
         var localActionClock = TimetokenSequencer(floor: .zero)
+        /// Cluster mode: requests waiting for the visible cursor to reach a timetoken.
+        var visibilityWaiters: [(UInt64, Timetoken, CheckedContinuation<Void, Never>)] = []
         var waiters = DeliveryWaiters<Parked, ObjectIdentifier, NIODeadline>()
         var countWatchers: [CountWatcher] = []
         var nextWatcherID: UInt64 = 0
@@ -261,7 +263,39 @@ public final class LongPollHub: Sendable {
     /// order, and moves the visible cursor up to the log's horizon.
     package func ingest(_ events: [BufferedEvent], through horizon: Timetoken) {
         let now = clock()
-        wake(state.withLock { $0.core.ingest(events, through: horizon, now: now) }, reason: .event)
+        let (woken, reached) = state.withLock { s in
+            let woken = s.core.ingest(events, through: horizon, now: now)
+            let visible = s.core.visibleThrough
+            let reached = s.visibilityWaiters.filter { $0.1 <= visible }.map(\.2)
+            s.visibilityWaiters.removeAll { $0.1 <= visible }
+            return (woken, reached)
+        }
+        wake(woken, reason: .event)
+        for continuation in reached { continuation.resume() }
+    }
+
+    /// Cluster mode: returns once this node's visible cursor has reached `timetoken` (its
+    /// reader has taken everything up to it), or after `limit` — a reader held up by an
+    /// unreachable database does not hold the request forever.
+    package func waitUntilVisible(_ timetoken: Timetoken, limit: Duration = .seconds(5)) async {
+        guard shared != nil else { return }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let id: UInt64? = state.withLock { s in
+                if s.core.visibleThrough >= timetoken { return nil }
+                s.nextWatcherID += 1
+                s.visibilityWaiters.append((s.nextWatcherID, timetoken, continuation))
+                return s.nextWatcherID
+            }
+            guard let id else { return continuation.resume() }
+            Task { [weak self] in
+                try? await Task.sleep(for: limit)
+                let late = self?.state.withLock { s -> CheckedContinuation<Void, Never>? in
+                    guard let index = s.visibilityWaiters.firstIndex(where: { $0.0 == id }) else { return nil }
+                    return s.visibilityWaiters.remove(at: index).2
+                }
+                late?.resume()
+            }
+        }
     }
 
     /// Takes `key` for a new publish (`nil`), or returns the timetoken of the publish that holds

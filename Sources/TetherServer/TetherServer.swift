@@ -152,6 +152,7 @@ public struct TetherServer: Sendable {
         let path = MessageStore.databasePath(in: configuration.dataDirectory)
         let store: MessageStore
         let hub: LongPollHub
+        let sharedState: SharedState?
         let presence: PresenceService
         let access: AccessManager
         let files: FileService
@@ -162,6 +163,7 @@ public struct TetherServer: Sendable {
             try StoreOpenError.checkNotEmpty(path: path)
             store = try MessageStore(directory: configuration.dataDirectory, options: configuration.file.store?.options ?? .init(),
                                      logger: logger, metrics: metrics)
+            sharedState = shared?.startState
             if configuration.checksStoreAtStart { try store.verifyIntegrity() }
             let defaults = DeliveryHubConfiguration()
             let window = DeliveryHubConfiguration(
@@ -176,7 +178,7 @@ public struct TetherServer: Sendable {
                                   deduplication: configuration.deduplication,
                                   dedupClock: { startedAt.adding(elapsed: clock.now()) }, shared: shared)
             var groups: [String: [String: Set<String>]] = [:]
-            for (subscribeKey, group, channel) in try store.allGroupMemberships() {
+            for (subscribeKey, group, channel) in try sharedState?.groups ?? store.allGroupMemberships() {
                 groups[subscribeKey, default: [:]][group, default: []].insert(channel)
             }
             for (subscribeKey, byGroup) in groups {
@@ -187,7 +189,7 @@ public struct TetherServer: Sendable {
                 configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
                                                         uniquingKeysWith: { first, _ in first }),
                 maximumMemberships: configuration.file.maxPresenceMemberships ?? PresenceTracker.defaultMaximumMemberships)
-            access = try AccessManager(store: store, logger: logger)
+            access = try AccessManager(store: store, logger: logger, shared: shared.flatMap { log in sharedState.map { (log, $0) } })
         } catch {
             throw StoreOpenError(classifying: error, path: path)
         }
@@ -282,7 +284,7 @@ public struct TetherServer: Sendable {
             // first: each gets its drain notice and close before the long-polls are answered.
             services: [
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
-            ] + (state.hub.shared.map { [.init(service: SharedLogService(log: $0, hub: state.hub),
+            ] + (state.hub.shared.map { [.init(service: SharedLogService(log: $0, hub: state.hub, access: state.access),
                                                 successTerminationBehavior: .gracefullyShutdownGroup)] } ?? []) + [
 
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
@@ -337,10 +339,13 @@ struct StoreWriterService: Service {
 struct SharedLogService: Service {
     let log: SharedLog
     let hub: LongPollHub
+    let access: AccessManager
 
     func run() async throws {
         await withDiscardingTaskGroup { group in
-            group.addTask { [hub] in await log.runReader { events, horizon in hub.ingest(events, through: horizon) } }
+            group.addTask { [hub, access] in
+                await log.runReader { entries, horizon in Self.deliver(entries, through: horizon, hub: hub, access: access) }
+            }
             await withGracefulShutdownHandler {
                 await log.runWriter()
             } onGracefulShutdown: {
@@ -349,6 +354,30 @@ struct SharedLogService: Service {
             group.cancelAll()
             log.close()
         }
+    }
+
+    /// Delivers a read of the log in its order: events go to the hub; a control entry is
+    /// applied after every event before it and before every event after it.
+    static func deliver(_ entries: [SharedLogEntry], through horizon: Timetoken, hub: LongPollHub, access: AccessManager) {
+        var events: [BufferedEvent] = []
+        for entry in entries {
+            switch entry {
+            case .event(let event):
+                events.append(event)
+            case .control(let control, let at):
+                if !events.isEmpty {
+                    hub.ingest(events, through: Timetoken(at.rawValue - 1))
+                    events.removeAll()
+                }
+                switch control {
+                case .group(let subscribeKey, let group, let channels, let refused):
+                    if !refused { hub.setGroup(subscribeKey: subscribeKey, group: group, channels: channels) }
+                case .grants, .revocation:
+                    access.applyShared(control)
+                }
+            }
+        }
+        hub.ingest(events, through: horizon)
     }
 }
 

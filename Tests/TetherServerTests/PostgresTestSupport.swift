@@ -46,6 +46,8 @@ final class RunningLog: Sendable {
     let log: SharedLog
     /// Every event the reader delivered, in delivery order, with the horizon of its batch.
     let delivered = Mutex<[(event: BufferedEvent, horizon: Timetoken)]>([])
+    /// Control entries the reader delivered, in order, with their timetokens.
+    let controls = Mutex<[(control: SharedControl, at: Timetoken)]>([])
     /// Horizons of every delivery, in order.
     let horizons = Mutex<[Timetoken]>([])
     private let tasks = Mutex<[Task<Void, Never>]>([])
@@ -54,8 +56,13 @@ final class RunningLog: Sendable {
         self.log = log
         let writer = Task { await log.runWriter() }
         let reader = Task { [self] in
-            await log.runReader { events, horizon in
-                self.delivered.withLock { all in all.append(contentsOf: events.map { ($0, horizon) }) }
+            await log.runReader { entries, horizon in
+                self.delivered.withLock { all in
+                    for case .event(let event) in entries { all.append((event, horizon)) }
+                }
+                self.controls.withLock { all in
+                    for case .control(let control, let at) in entries { all.append((control, at)) }
+                }
                 self.horizons.withLock { $0.append(horizon) }
             }
         }

@@ -1,5 +1,7 @@
 import Foundation
 import Logging
+import NIOCore
+import TetherTestingServer
 import Synchronization
 import Testing
 @_spi(Benchmarks) import TetherProtocol
@@ -200,6 +202,167 @@ struct SharedLogTests {
             let gaps = try await node.log.retentionGaps(subscribeKey: "k", channels: ["room.a"], prefixes: [], after: .zero)
             #expect(gaps == [RetentionGap(channel: "room.a", from: .zero, through: timetokens[0])])
             await node.stop()
+        }
+    }
+}
+
+/// Changes to shared state (groups, grants, revocations) through the log: applied to the
+/// tables under the sequencer lock, seen by every node in one order, read back at start-up.
+@Suite(.enabled(if: TestPostgres.available, "TETHER_TEST_DATABASE_URL is not set (scripts/test starts a PostgreSQL and sets it)"),
+       .serialized)
+struct SharedChangeTests {
+    @Test func groupChangesFromTwoNodesReachBothInOneOrder() async throws {
+        try await TestPostgres.withDatabase { url in
+            let a = RunningLog(try await TestPostgres.open(url))
+            let b = RunningLog(try await TestPostgres.open(url))
+            async let first = a.log.change(.group(subscribeKey: "k", group: "g", add: ["x", "y"], remove: [], delete: false, maximum: 3))
+            async let second = b.log.change(.group(subscribeKey: "k", group: "g", add: ["z"], remove: [], delete: false, maximum: 3))
+            let results = try await [first, second]
+            // Whichever committed second saw the first's channels.
+            let last = results.max { $0.timetoken < $1.timetoken }!
+            #expect(last.control == .group(subscribeKey: "k", group: "g", channels: ["x", "y", "z"], refused: false))
+            // Over the maximum: refused, nothing changed.
+            let refused = try await a.log.change(.group(subscribeKey: "k", group: "g", add: ["w"], remove: [], delete: false, maximum: 3))
+            #expect(refused.control == .group(subscribeKey: "k", group: "g", channels: ["x", "y", "z"], refused: true))
+            let removed = try await b.log.change(.group(subscribeKey: "k", group: "g", add: [], remove: ["x"], delete: false, maximum: 3))
+            #expect(removed.control == .group(subscribeKey: "k", group: "g", channels: ["y", "z"], refused: false))
+            for node in [a, b] {
+                let deadline = ContinuousClock.now + .seconds(20)
+                while node.controls.withLock({ $0.count }) < 4, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            let seenByA = a.controls.withLock { $0.map(\.at) }
+            #expect(seenByA.count == 4)
+            #expect(seenByA == b.controls.withLock { $0.map(\.at) })
+            #expect(seenByA == seenByA.sorted())
+            // A node starting now reads the tables as they are.
+            let later = try await TestPostgres.open(url)
+            #expect(Set(later.startState.groups.map(\.2)) == ["y", "z"])
+            #expect(try await later.groupNames(subscribeKey: "k") == ["g"])
+            later.close()
+            await a.stop()
+            await b.stop()
+        }
+    }
+
+    @Test func grantsAndRevocationsAreKeptAndReadBack() async throws {
+        try await TestPostgres.withDatabase { url in
+            let node = RunningLog(try await TestPostgres.open(url))
+            let grant = Grant(subscribeKey: "k", target: .channel("room"), authKey: "auth-1", permissions: [.read, .write], ttlMinutes: 60,
+                              expiresAt: Timetoken(unixSeconds: 4_000_000_000))
+            let keysetGrant = Grant(subscribeKey: "k", target: .keyset, authKey: nil, permissions: [.read], ttlMinutes: 0, expiresAt: nil)
+            _ = try await node.log.change(.grants([grant, keysetGrant]))
+            _ = try await node.log.change(.revocation(signature: "abc123", expiresAt: Timetoken(unixSeconds: 4_000_000_000)))
+            var revoked = grant
+            revoked.permissions = []
+            let reopened = try await TestPostgres.open(url)
+            #expect(Set(reopened.startState.grants) == [grant, keysetGrant])
+            #expect(reopened.startState.revocations == ["abc123": Timetoken(unixSeconds: 4_000_000_000)])
+            reopened.close()
+            // A grant with no permissions removes its row.
+            _ = try await node.log.change(.grants([revoked]))
+            let again = try await TestPostgres.open(url)
+            #expect(again.startState.grants == [keysetGrant])
+            again.close()
+            await node.stop()
+        }
+    }
+}
+
+/// Two Tether servers on one database are two nodes of a cluster: whatever is published on
+/// either reaches subscribers on both, one cursor works on both, groups and grants are shared.
+@Suite(.enabled(if: TestPostgres.available, "TETHER_TEST_DATABASE_URL is not set (scripts/test starts a PostgreSQL and sets it)"),
+       .serialized)
+struct ClusterServerTests {
+    private static func withNodes(_ count: Int = 2, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
+                                  _ body: ([TestServer]) async throws -> Void) async throws {
+        try await TestPostgres.withDatabase { url in
+            var nodes: [TestServer] = []
+            for _ in 0..<count { nodes.append(try await TestServer.start(file: file, databaseURL: "\(url.unredacted)")) }
+            do {
+                try await body(nodes)
+            } catch {
+                for node in nodes { await node.inProcess.stop() }
+                throw error
+            }
+            for node in nodes { await node.inProcess.stop() }
+        }
+    }
+
+    @Test func aMessagePublishedOnOneNodeReachesSubscribersOnTheOther() async throws {
+        try await Self.withNodes { nodes in
+            let (a, b) = (nodes[0], nodes[1])
+            let cursor = try await b.handshake("news")
+            async let received = b.subscribe("news", tt: cursor)
+            #expect(await b.longPollsWaiting(1))
+            let timetoken = try await a.publish("news", "\"from A\"")
+            let (next, messages, _) = try await received
+            #expect(messages.map { $0["d"] as? String } == ["from A"])
+            #expect(next == timetoken)
+            // History on either node.
+            let history = try await b.get("/v2/history/sub-key/demo/channel/news")
+            #expect(history.body.contains("from A"))
+            // The cursor B handed out works on A: a message published on B after it arrives there.
+            async let onA = a.subscribe("news", tt: next)
+            let second = try await b.publish("news", "\"from B\"")
+            let (cursorOnA, messagesOnA, _) = try await onA
+            #expect(messagesOnA.map { $0["d"] as? String } == ["from B"])
+            #expect(cursorOnA == second)
+        }
+    }
+
+    @Test func burstsFromBothNodesArriveOnceInOrderOnBoth() async throws {
+        try await Self.withNodes { nodes in
+            let start = try await nodes[0].handshake("burst")
+            let published = try await withThrowingTaskGroup(of: Timetoken.self) { group in
+                for i in 0..<40 { group.addTask { try await nodes[i % 2].publish("burst", "\(i)") } }
+                return try await group.reduce(into: [Timetoken]()) { $0.append($1) }
+            }
+            for node in nodes {
+                var cursor = start
+                var seen: [Timetoken] = []
+                while seen.count < published.count {
+                    let (next, messages, _) = try await node.subscribe("burst", tt: cursor, timeout: .seconds(20))
+                    seen += messages.compactMap { $0.publishTimetoken.flatMap(Timetoken.init(parsing:)) }
+                    cursor = next
+                }
+                #expect(seen == published.sorted())
+            }
+        }
+    }
+
+    @Test func aChannelGroupMadeOnOneNodeWorksOnTheOther() async throws {
+        try await Self.withNodes { nodes in
+            let (a, b) = (nodes[0], nodes[1])
+            let added = try await a.get("/v1/channel-registration/sub-key/demo/channel-group/team?add=alpha,beta")
+            #expect(added.status == 200)
+            // B learns of the group through the log.
+            await b.server.state.hub.waitUntilVisible(a.server.state.hub.currentCursor)
+            let listed = try await b.object("/v1/channel-registration/sub-key/demo/channel-group/team")
+            #expect(((listed["payload"] as? [String: Any])?["channels"] as? [String]) == ["alpha", "beta"])
+            let cursor = try await b.subscribe(",", tt: .zero, groups: "team").cursor
+            async let received = b.subscribe(",", tt: cursor, groups: "team")
+            #expect(await b.longPollsWaiting(1))
+            try await a.publish("beta", "\"to the team\"")
+            #expect(try await received.messages.map { $0["d"] as? String } == ["to the team"])
+        }
+    }
+
+    @Test func grantsMadeOnOneNodeDecideOnTheOther() async throws {
+        try await Self.withNodes { nodes in
+            let (a, b) = (nodes[0], nodes[1])
+            let keyset = Keyset(publishKey: "pub", subscribeKey: "sub", secretKey: "secret")
+            let grant = Grant(subscribeKey: "sub", target: .channel("vault"), authKey: "key-1", permissions: [.read], ttlMinutes: 0,
+                              expiresAt: nil)
+            let request = AccessRequest(channels: ["vault"], groups: [], permission: .read, uuid: nil)
+            #expect(b.server.state.access.check(request, keyset: keyset, auth: "key-1", signature: .absent).decision != .allowed)
+            try await a.server.state.access.apply([grant])
+            // B applies it when its reader reaches the change.
+            let deadline = ContinuousClock.now + .seconds(20)
+            while b.server.state.access.check(request, keyset: keyset, auth: "key-1", signature: .absent).decision != .allowed,
+                  ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(b.server.state.access.check(request, keyset: keyset, auth: "key-1", signature: .absent).decision == .allowed)
         }
     }
 }

@@ -23,8 +23,10 @@ struct TestServer {
     }
 
     static func start<C: Clock>(directory: String? = nil, file: ConfigurationFile = .init(subscribeTimeoutSeconds: 30),
-                                clock: C = ContinuousClock()) async throws -> TestServer where C.Duration == Duration {
-        TestServer(inProcess: try await InProcessServer.start(file: file, directory: directory, clock: clock))
+                                clock: C = ContinuousClock(), databaseURL: String? = nil) async throws -> TestServer
+        where C.Duration == Duration
+    {
+        TestServer(inProcess: try await InProcessServer.start(file: file, directory: directory, clock: clock, databaseURL: databaseURL))
     }
 
     /// Stops the server and waits until it has closed its store; the data directory stays, so a
@@ -60,10 +62,12 @@ struct TestServer {
     }
 
     /// One subscribe request; returns the cursor and the envelopes.
-    func subscribe(_ channels: String, tt: Timetoken, timeout: TimeAmount = .seconds(60)) async throws
+    func subscribe(_ channels: String, tt: Timetoken, groups: String? = nil, timeout: TimeAmount = .seconds(60)) async throws
         -> (cursor: Timetoken, messages: [[String: Any]], headers: HTTPHeaders)
     {
-        let (status, body, headers) = try await get("/v2/subscribe/demo/\(channels)/0?tt=\(tt.rawValue)&tr=1&uuid=tester", timeout: timeout)
+        let groupQuery = groups.map { "&channel-group=\($0)" } ?? ""
+        let (status, body, headers) = try await get("/v2/subscribe/demo/\(channels)/0?tt=\(tt.rawValue)&tr=1&uuid=tester\(groupQuery)",
+                                                    timeout: timeout)
         guard status == 200, let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any],
               let t = object["t"] as? [String: Any], let cursorText = t["t"] as? String, let cursor = Timetoken(parsing: cursorText),
               let messages = object["m"] as? [[String: Any]]

@@ -61,6 +61,19 @@ package struct DatabaseURL: Sendable, Equatable, CustomStringConvertible {
         self.tls = tls
     }
 
+    /// The whole URL, password included (to hand to another process; never log it).
+    package var unredacted: String {
+        var components = URLComponents()
+        components.scheme = "postgres"
+        components.user = username
+        components.password = password
+        components.host = host
+        components.port = port
+        components.path = "/" + database
+        if tls != .prefer { components.queryItems = [URLQueryItem(name: "sslmode", value: tls.rawValue)] }
+        return components.string ?? description
+    }
+
     /// The URL without its password, for logs and errors.
     package var description: String {
         "postgres://\(username)\(password == nil ? "" : ":***")@\(host):\(port)/\(database)"

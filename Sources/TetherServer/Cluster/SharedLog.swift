@@ -19,6 +19,9 @@ package struct SharedEvent: Sendable {
     /// The publish's request id, remembered so that a repeat — on any node — is answered with
     /// the original timetoken.
     package var dedupKey: DedupKey?
+    /// A change to shared state: applied in the writing transaction, recorded as a control
+    /// entry (the envelope is not delivered).
+    package var change: SharedChange?
 
     package init(envelope: SubscribeEnvelope, isStored: Bool, retentionHours: Double?, dedupKey: DedupKey?) {
         self.envelope = envelope
@@ -26,6 +29,20 @@ package struct SharedEvent: Sendable {
         self.retentionHours = retentionHours
         self.dedupKey = dedupKey
     }
+
+    /// A change to shared state (``SharedLog/change(_:)``).
+    init(change: SharedChange) {
+        self.envelope = SubscribeEnvelope(timetoken: .zero, subscribeKey: "", channel: "", payload: "{}", publisher: nil)
+        self.isStored = false
+        self.change = change
+    }
+}
+
+/// What the writer answers one write with.
+struct SharedWriteResult: Sendable {
+    var outcome: SharedAppendOutcome
+    /// For a change: the control entry it recorded.
+    var control: SharedControl?
 }
 
 /// What the shared log did with an event.
@@ -76,7 +93,7 @@ package struct SharedLogOptions: Sendable {
 /// payload; nodes `LISTEN` and read by cursor, and read every ``SharedLogOptions/pollInterval``
 /// anyway, so a lost notification delays delivery by at most that.
 package final class SharedLog: Sendable {
-    private typealias Waiter = CheckedContinuation<SharedAppendOutcome, any Error>
+    private typealias Waiter = CheckedContinuation<SharedWriteResult, any Error>
 
     /// The schema this build writes; a database at a newer version is refused.
     package static let schemaVersion = 1
@@ -99,9 +116,14 @@ package final class SharedLog: Sendable {
     private let lastError = Mutex<(message: String, at: ContinuousClock.Instant)?>(nil)
     /// The sequencer value when the log was opened: this node's hub starts its cursor there.
     package let startHorizon: Timetoken
+    /// Groups, grants and revocations as the tables held them just after ``startHorizon``
+    /// was read; later changes arrive through the reader.
+    package let startState: SharedState
 
     private init(url: DatabaseURL, options: SharedLogOptions, client: PostgresClient, clientTask: Task<Void, Never>,
-                 logger: Logger, metrics: ServerMetrics, clock: @escaping @Sendable () -> Timetoken, startHorizon: Timetoken) {
+                 logger: Logger, metrics: ServerMetrics, clock: @escaping @Sendable () -> Timetoken, startHorizon: Timetoken,
+                 startState: SharedState) {
+        self.startState = startState
         self.url = url
         self.options = options
         self.client = client
@@ -137,10 +159,15 @@ package final class SharedLog: Sendable {
         let task = Task { await client.run() }
         do {
             try await SharedLogSchema.migrate(client, logger: logger, url: url)
-            let horizon = try await client.query("SELECT last_tt FROM tether_sequencer WHERE id = 1", logger: quiet)
-                .decode(Int64.self).first(where: { _ in true }) ?? 0
+            // Raised to the clock first (never lowered), so the first cursor this node hands out
+            // is the time, not the last event's timetoken — or 0 on a new database.
+            let horizon = try await client.query("""
+                UPDATE tether_sequencer SET last_tt = GREATEST(last_tt, \(clock().storageValue)) WHERE id = 1 RETURNING last_tt
+                """, logger: quiet).decode(Int64.self).first(where: { _ in true }) ?? 0
+            // After the horizon: every change at or below it is in these tables.
+            let state = try await loadSharedState(client: client, logger: quiet)
             return SharedLog(url: url, options: options, client: client, clientTask: task, logger: logger, metrics: metrics,
-                             clock: clock, startHorizon: Timetoken(UInt64(max(0, horizon))))
+                             clock: clock, startHorizon: Timetoken(UInt64(max(0, horizon))), startState: state)
         } catch {
             task.cancel()
             if let error = error as? SharedLogError { throw error }
@@ -162,6 +189,19 @@ package final class SharedLog: Sendable {
     ///   transaction was running at the deadline: if it committed, every node delivers it),
     ///   `unavailable` (PostgreSQL could not be reached; not written).
     package func append(_ event: SharedEvent) async throws -> SharedAppendOutcome {
+        try await write(event).outcome
+    }
+
+    /// Applies a change to shared state (groups, grants, revocations) and records the result in
+    /// the log for every node; returns the control entry and its timetoken once committed. The
+    /// errors are ``append(_:)``'s.
+    package func change(_ change: SharedChange) async throws -> (control: SharedControl, timetoken: Timetoken) {
+        let result = try await write(SharedEvent(change: change))
+        guard let control = result.control else { throw StoreError(.failed, "shared change was not recorded") }
+        return (control, result.outcome.timetoken)
+    }
+
+    private func write(_ event: SharedEvent) async throws -> SharedWriteResult {
         let id = queue.withLock { $0.makeID() }
         let deadline = ContinuousClock.now + options.writeTimeout
         let write = StoreWrite(message: nil, record: nil, shared: event)
@@ -221,7 +261,7 @@ package final class SharedLog: Sendable {
         let ids = batch.map(\.id)
         let started = ContinuousClock.now
         let now = clock().storageValue
-        let result: Result<[UInt64: SharedAppendOutcome], StoreError>
+        let result: Result<[UInt64: SharedWriteResult], StoreError>
         do {
             result = .success(try await client.withTransaction(logger: logger) { connection in
                 let claimed = self.queue.withLock { $0.claim(ids) }
@@ -230,20 +270,28 @@ package final class SharedLog: Sendable {
                                                       logger: self.logger).decode(Int64.self).first(where: { _ in true }) ?? 0
                 let events = batch.filter { claimed.contains($0.id) }.compactMap { entry in entry.write.shared.map { (entry.id, $0) } }
                 let known = try await Self.remembered(events.compactMap(\.1.dedupKey), connection: connection, logger: self.logger)
-                var outcomes: [UInt64: SharedAppendOutcome] = [:]
+                var outcomes: [UInt64: SharedWriteResult] = [:]
                 var fresh: [DedupKey: Int64] = [:]
                 var rows: [(Int64, SharedEvent)] = []
                 var next = max(last + 1, now)
                 for (id, event) in events {
                     if let key = event.dedupKey, let original = known[key] ?? fresh[key] {
-                        outcomes[id] = .repeated(Timetoken(UInt64(original)))
+                        outcomes[id] = SharedWriteResult(outcome: .repeated(Timetoken(UInt64(original))))
                         continue
                     }
                     let tt = next
                     next += 1
                     if let key = event.dedupKey { fresh[key] = tt }
+                    var event = event
+                    var control: SharedControl?
+                    if let change = event.change {
+                        // Under the sequencer lock: the tables change in the order of the log.
+                        let applied = try await Self.apply(change, connection: connection, logger: self.logger)
+                        event.envelope.payload = SharedControlCoding.encode(applied)
+                        control = applied
+                    }
                     rows.append((tt, event))
-                    outcomes[id] = .appended(Timetoken(UInt64(tt)))
+                    outcomes[id] = SharedWriteResult(outcome: .appended(Timetoken(UInt64(tt))), control: control)
                 }
                 guard !rows.isEmpty else { return outcomes }
                 for chunk in stride(from: 0, to: rows.count, by: 1000) {
@@ -319,7 +367,7 @@ package final class SharedLog: Sendable {
             binds.append(tt)
             binds.append(e.subscribeKey)
             binds.append(e.channel)
-            binds.append(e.kind.rawValue)
+            binds.append(event.change == nil ? e.kind.rawValue : SharedControlCoding.kind)
             binds.append(e.publisher)
             binds.append(e.payload)
             binds.append(e.meta)
@@ -365,7 +413,7 @@ package final class SharedLog: Sendable {
     /// local commit) and at least every ``SharedLogOptions/pollInterval``; when the log is
     /// idle it raises the sequencer to the clock, so idle cursors follow the time. Reconnects
     /// with backoff while PostgreSQL is unreachable.
-    package func runReader(deliver: @escaping @Sendable ([BufferedEvent], Timetoken) -> Void) async {
+    package func runReader(deliver: @escaping @Sendable ([SharedLogEntry], Timetoken) async -> Void) async {
         await withDiscardingTaskGroup { group in
             group.addTask { await self.listenForWakeUps() }
             group.addTask {
@@ -383,7 +431,7 @@ package final class SharedLog: Sendable {
                             let (events, horizon) = try await self.read(after: cursor, limit: 1000)
                             if horizon > cursor || !events.isEmpty {
                                 cursor = max(horizon, events.last?.timetoken.storageValue ?? cursor)
-                                deliver(events, Timetoken(UInt64(cursor)))
+                                await deliver(events, Timetoken(UInt64(cursor)))
                             }
                             if events.count < 1000 { break }
                         }
@@ -395,13 +443,15 @@ package final class SharedLog: Sendable {
                             if raised > cursor {
                                 let (events, horizon) = try await self.read(after: cursor, limit: 1000)
                                 cursor = max(horizon, events.last?.timetoken.storageValue ?? cursor)
-                                deliver(events, Timetoken(UInt64(cursor)))
+                                await deliver(events, Timetoken(UInt64(cursor)))
                             }
                         }
                         self.lastError.withLock { $0 = nil }
                     } catch {
+                        if Task.isCancelled { return }
                         self.note(Self.classify(error))
-                        self.logger.warning("reading the shared log failed; retrying", metadata: ["error": "\(error)"])
+                        self.logger.warning("reading the shared log failed; retrying",
+                                            metadata: ["error": "\(String(reflecting: error))"])
                         do { try await Task.sleep(for: .milliseconds(500)) } catch { return }
                     }
                 }
@@ -433,7 +483,7 @@ package final class SharedLog: Sendable {
     }
 
     /// Reads the sequencer value and the events above `after` up to it from one snapshot.
-    private func read(after: Int64, limit: Int) async throws -> ([BufferedEvent], Int64) {
+    private func read(after: Int64, limit: Int) async throws -> ([SharedLogEntry], Int64) {
         let rows = try await client.query("""
             SELECT s.last_tt, e.tt, e.sub_key, e.channel, e.kind, e.publisher, e.payload, e.meta, e.custom_type, e.seqn, e.stored
             FROM tether_sequencer s LEFT JOIN LATERAL (
@@ -441,17 +491,25 @@ package final class SharedLog: Sendable {
             ) e ON true WHERE s.id = 1 ORDER BY e.tt
             """, logger: logger)
         var horizon = after
-        var events: [BufferedEvent] = []
+        var events: [SharedLogEntry] = []
         for try await (last, tt, subscribeKey, channel, kind, publisher, payload, meta, customType, sequence, stored)
             in rows.decode((Int64, Int64?, String?, String?, Int?, String?, String?, String?, String?, Int?, Bool?).self)
         {
             horizon = max(horizon, last)
             guard let tt, let subscribeKey, let channel, let payload else { continue }
+            if kind == SharedControlCoding.kind {
+                if let control = SharedControlCoding.decode(payload) {
+                    events.append(.control(control, at: Timetoken(UInt64(tt))))
+                } else {
+                    logger.error("unreadable control entry in the shared log; skipped", metadata: ["timetoken": "\(tt)"])
+                }
+                continue
+            }
             let envelope = SubscribeEnvelope(timetoken: Timetoken(UInt64(tt)), subscribeKey: subscribeKey, channel: channel,
                                              payload: payload, publisher: publisher, meta: meta,
                                              kind: kind.flatMap(EventKind.init(rawValue:)) ?? .message,
                                              customMessageType: customType, sequence: sequence)
-            events.append(BufferedEvent(envelope: envelope, isStored: stored ?? false))
+            events.append(.event(BufferedEvent(envelope: envelope, isStored: stored ?? false)))
         }
         // A full page: the horizon is the last event read, not the sequencer.
         if events.count >= limit, let last = events.last { horizon = last.timetoken.storageValue }

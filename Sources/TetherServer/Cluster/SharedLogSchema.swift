@@ -58,6 +58,34 @@ enum SharedLogSchema {
             )
             """,
         ]),
+        (4, "groups, grants and revocations", [
+            """
+            CREATE TABLE tether_channel_group (
+              sub_key text NOT NULL,
+              grp text NOT NULL,
+              channel text NOT NULL,
+              PRIMARY KEY (sub_key, grp, channel)
+            )
+            """,
+            """
+            CREATE TABLE tether_grant (
+              sub_key text NOT NULL,
+              target_kind text NOT NULL,
+              target text NOT NULL,
+              auth_key text NOT NULL,
+              permissions integer NOT NULL,
+              ttl integer NOT NULL,
+              expires_at bigint,
+              PRIMARY KEY (sub_key, target_kind, target, auth_key)
+            )
+            """,
+            """
+            CREATE TABLE tether_revocation (
+              signature text PRIMARY KEY,
+              expires_at bigint NOT NULL
+            )
+            """,
+        ]),
     ]
 
     /// The newest version this build knows.

@@ -46,7 +46,11 @@ extension TetherResponder {
         let ok: Response = Reply.json(.ok, #"{"status":200,"message":"OK","service":"channel-registry","error":false}"#)
         if s.count == 5 {
             if keyset.secretKey != nil { try requireAdmin(keyset, wire, method: "GET") }
-            let groups = try await state.store.groupNames(subscribeKey: key)
+            let groups = if let shared = state.hub.shared {
+                try await shared.groupNames(subscribeKey: key)
+            } else {
+                try await state.store.groupNames(subscribeKey: key)
+            }
             var w = JSONWriter()
             w.raw("{\"status\":200,\"payload\":{\"namespace\":\"\",\"groups\":")
             w.stringArray(groups)
@@ -59,6 +63,12 @@ extension TetherResponder {
         }
         try authorize(keyset, wire, channels: [], groups: [group], permission: .manage)
         if s.count == 7, s[6] == "remove" {
+            if let shared = state.hub.shared {
+                let (_, timetoken) = try await shared.change(.group(subscribeKey: key, group: group, add: [], remove: [], delete: true,
+                                                                     maximum: .max))
+                await state.hub.waitUntilVisible(timetoken)
+                return ok
+            }
             try await state.store.deleteGroup(subscribeKey: key, group: group)
             state.hub.setGroup(subscribeKey: key, group: group, channels: [])
             return ok
@@ -81,6 +91,15 @@ extension TetherResponder {
         let current = state.hub.channels(subscribeKey: key, group: group)
         if current.union(change.add).subtracting(change.remove).count > maximum {
             return ChannelGroupChange.registryError("Maximum channel count exceeded.")
+        }
+        if let shared = state.hub.shared {
+            // Checked again in the writing transaction, against the group as every node has it.
+            let (control, timetoken) = try await shared.change(.group(subscribeKey: key, group: group, add: change.add,
+                                                                       remove: change.remove, delete: false, maximum: maximum))
+            // Read-your-writes: answer once this node's reader has applied it (in log order).
+            await state.hub.waitUntilVisible(timetoken)
+            if case .group(_, _, _, true) = control { return ChannelGroupChange.registryError("Maximum channel count exceeded.") }
+            return ok
         }
         let channels = try await state.store.updateGroup(subscribeKey: key, group: group, add: change.add, remove: change.remove)
         state.hub.setGroup(subscribeKey: key, group: group, channels: channels)
