@@ -359,6 +359,9 @@ def test_a_subscriber_moves_nodes_with_its_cursor(cluster):
     channel = unique("move")
     # On A: a long-poll from the handshake's cursor, answered by a publish on B.
     t0 = subscribe_raw(a.origin, channel, 0).json()["t"]["t"]
+    # A handshake answers the current cursor, also on a cluster where nothing was published yet
+    # (a 0 would make the next poll another handshake, which skips what was published between).
+    assert int(t0) > 0, f"the handshake on a fresh cluster answered cursor {t0}"
     first = publish(b.origin, channel, {"id": "first"})
     r = subscribe_raw(a.origin, channel, t0, timeout=30)
     assert [(e["d"]["id"], int(e["p"]["t"])) for e in r.json()["m"]] == [("first", first)], r
