@@ -410,8 +410,13 @@ def test_postgres_restart_under_load(private_postgres, restart_cluster):
                    what="failed publishes on both nodes while PostgreSQL is down")
         private_postgres.start()  # same port, same data
         up_at = time.monotonic()
-        wait_until(lambda: all(publishers.acked_count(node=i, since=up_at) >= 5 for i in range(2)), 40,
-                   interval=0.1, what="acknowledged publishes on both nodes after PostgreSQL came back")
+        try:
+            wait_until(lambda: all(publishers.acked_count(node=i, since=up_at) >= 5 for i in range(2)), 40,
+                       interval=0.1, what="acknowledged publishes on both nodes after PostgreSQL came back")
+        except AssertionError as e:
+            since = [Counter(o.status for o in publishers.snapshot() if o.node == i and o.started >= up_at)
+                     for i in range(2)]
+            raise AssertionError(f"{e}; answers per node since the restart: {since}") from None
     finally:
         publishers.stop()
 
