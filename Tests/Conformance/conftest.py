@@ -1,6 +1,9 @@
 """Fixtures: real `tether serve` processes and PubNub SDK clients pointed at them.
 
 TETHER_BIN selects the binary (default /work/main/.build/debug/tether).
+TETHER_TEST_DATABASE_URL (postgres://user@127.0.0.1:port/db, set by scripts/test) is the
+PostgreSQL the PostgreSQL tests make their databases in; without it they start their own with
+scripts/postgres, or skip when PostgreSQL is not installed.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import signal
 import pytest
 import pytest_asyncio
 
-from helpers import TETHER_BIN, TetherServer, make_config, run_with_callback, stop_asyncio_clients, stop_clients
+from helpers import (TETHER_BIN, PostgresServer, TetherServer, create_database, drop_database, make_config,
+                     postgres_unavailable_reason, run_with_callback, stop_asyncio_clients, stop_clients)
 
 # Long-polls on the shared fixture answer after this many seconds, so a stray SDK thread never
 # outlives a test by long; tests of the long-poll itself start their own servers.
@@ -76,6 +80,54 @@ def module_server_factory(tmp_path_factory):
     factory = ServerFactory(tmp_path_factory)
     yield factory
     factory.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL (issue #19)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """The URL of a PostgreSQL the tests may create databases in: TETHER_TEST_DATABASE_URL when
+    set (scripts/test starts one for the run), else one this session starts with
+    scripts/postgres and stops at its end; skips the test when PostgreSQL is not installed."""
+    url = os.environ.get("TETHER_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    reason = postgres_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    server = PostgresServer()
+    try:
+        yield server.start().url
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def postgres_database(postgres_url):
+    """A fresh, empty database of the test's own (`t_<random>`) on `postgres_url`; its URL.
+    Dropped at teardown, disconnecting whatever is still on it. Request it before
+    `server_factory` so the nodes on it are stopped first."""
+    url = create_database(postgres_url)
+    yield url
+    drop_database(url, postgres_url)
+
+
+@pytest.fixture
+def private_postgres():
+    """A PostgreSQL of this test alone (`helpers.PostgresServer`, started), for tests that stop
+    or restart the server itself; stopped and removed at teardown. Skips the test when
+    PostgreSQL is not installed."""
+    reason = postgres_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    server = PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.close()
 
 
 @pytest.fixture

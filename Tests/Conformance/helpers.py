@@ -88,7 +88,7 @@ class TetherServer:
                "--log-level", self.log_level, *self.args]
         env = dict(os.environ)
         for k in ("TETHER_HOST", "TETHER_PORT", "TETHER_DATA_DIR", "TETHER_CONFIG", "TETHER_LOG_LEVEL",
-                  "TETHER_SUBSCRIBE_TIMEOUT", "TETHER_RATE_LIMITS"):
+                  "TETHER_SUBSCRIBE_TIMEOUT", "TETHER_RATE_LIMITS", "TETHER_DATABASE_URL"):
             env.pop(k, None)
         # Rate limits are on by default; tests publish in bulk from one address, so servers run
         # without them unless a test asks: `--rate-limits on` in args, or
@@ -1099,3 +1099,135 @@ class RecordingListener:
 
     def presence(self, pubnub, presence):
         pass
+
+
+# =============================================================================================
+# PostgreSQL (issue #19): a throwaway server from scripts/postgres, a fresh database per test
+# (conftest.py: `postgres_url`, `postgres_database`, `private_postgres`; test_cluster.py)
+# =============================================================================================
+
+REPO_ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+POSTGRES_SCRIPT = os.path.join(REPO_ROOT, "scripts", "postgres")
+
+
+def postgres_bindir() -> str | None:
+    """Where initdb/postgres/psql are, as scripts/postgres finds them: the newest
+    /usr/lib/postgresql/<version>/bin (Debian), else PATH; None when PostgreSQL is not installed."""
+    import glob
+    import shutil
+
+    def version(path: str) -> tuple:
+        v = path.split("/")[-2]
+        return tuple(int(x) if x.isdigit() else 0 for x in v.split("."))
+
+    debian = [d for d in glob.glob("/usr/lib/postgresql/*/bin")
+              if os.access(os.path.join(d, "postgres"), os.X_OK) and os.access(os.path.join(d, "initdb"), os.X_OK)]
+    if debian:
+        return max(debian, key=version)
+    postgres, initdb = shutil.which("postgres"), shutil.which("initdb")
+    return os.path.dirname(postgres) if postgres and initdb else None
+
+
+def postgres_unavailable_reason() -> str | None:
+    """Why this machine cannot start a PostgreSQL for the tests, or None when it can."""
+    bindir = postgres_bindir()
+    if bindir is None:
+        return ("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/postgres, no postgres on PATH; "
+                "Debian: apt-get install postgresql) and TETHER_TEST_DATABASE_URL is not set")
+    if not os.access(os.path.join(bindir, "psql"), os.X_OK):
+        return f"{bindir}/psql is missing (Debian: apt-get install postgresql-client)"
+    return None
+
+
+def database_url(url: str, database: str) -> str:
+    """`url` (postgres://user@host:port/db) with another database name."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + database))
+
+
+def psql(url: str, sql: str, timeout: float = 30.0) -> str:
+    """Runs `sql` with psql on `url` (stops at the first error); returns the rows as unaligned
+    text, `|`-separated, one line per row."""
+    bindir = postgres_bindir()
+    exe = os.path.join(bindir, "psql") if bindir else "psql"
+    r = subprocess.run([exe, "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d", url, "-c", sql],
+                       capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise AssertionError(f"psql on {url} failed ({r.returncode}) for {sql!r}: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+def create_database(server_url: str) -> str:
+    """A new, empty database `t_<random>` on the server of `server_url` (connecting to the
+    database `server_url` names); returns its URL."""
+    name = "t_" + uuidlib.uuid4().hex[:16]
+    psql(server_url, f'CREATE DATABASE "{name}"')
+    return database_url(server_url, name)
+
+
+def drop_database(url: str, server_url: str) -> None:
+    """Drops the database of `url`, disconnecting whoever is still on it (PostgreSQL 13+)."""
+    name = urllib.parse.urlsplit(url).path.lstrip("/")
+    assert name.startswith("t_"), f"refusing to drop {name!r}: not a test database"
+    psql(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class PostgresServer:
+    """A PostgreSQL of the test's own, run by scripts/postgres in a fresh directory under /tmp
+    (as root it runs as the `postgres` user, which must reach the directory: pytest's tmp dirs
+    are private to root). `restart()` stops it and starts it again on the same port and data."""
+
+    def __init__(self):
+        import tempfile
+        self.directory = tempfile.mkdtemp(prefix="tether-pg-", dir="/tmp")
+        self.url: str | None = None
+        self.pid: int | None = None
+
+    def _script(self, command: str, timeout: float = 120.0) -> str:
+        r = subprocess.run([POSTGRES_SCRIPT, command, self.directory], capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise AssertionError(f"scripts/postgres {command} {self.directory} failed ({r.returncode}): "
+                                 f"{r.stderr.strip()}")
+        return r.stdout.strip()
+
+    def start(self) -> "PostgresServer":
+        line = self._script("start")
+        m = re.fullmatch(r"(?P<url>postgres://\S+) pid=(?P<pid>\d+)", line)
+        assert m, f"unexpected line from scripts/postgres start: {line!r}"
+        url = m.group("url")
+        assert self.url is None or url == self.url, f"restarted on {url}, was {self.url}"
+        self.url, self.pid = url, int(m.group("pid"))
+        return self
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT to the postmaster; SIGKILL after 30 s): sessions are cut."""
+        self._script("stop")
+        self.pid = None
+
+    def restart(self) -> "PostgresServer":
+        self.stop()
+        return self.start()
+
+    @property
+    def running(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            os.kill(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    @property
+    def port(self) -> int:
+        assert self.url
+        return urllib.parse.urlsplit(self.url).port
+
+    def close(self) -> None:
+        """Stops the server and removes its directory."""
+        import shutil
+        try:
+            self._script("stop")
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
