@@ -106,6 +106,9 @@ package struct DatabaseURL: Sendable, Equatable, CustomStringConvertible {
         configuration.options.connectTimeout = .seconds(5)
         configuration.options.maximumConnections = 16
         configuration.options.minimumConnections = 2
+        // A node that dies or hangs inside a transaction must not hold the sequencer row (and
+        // with it every node's publishes) for longer than this.
+        configuration.options.additionalStartupParameters = [("idle_in_transaction_session_timeout", "30s")]
         return configuration
     }
 }

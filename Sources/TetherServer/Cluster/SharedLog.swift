@@ -263,7 +263,10 @@ package final class SharedLog: Sendable {
         let now = clock().storageValue
         let result: Result<[UInt64: SharedWriteResult], StoreError>
         do {
-            result = .success(try await client.withTransaction(logger: logger) { connection in
+            // A watchdog: a transaction whose connection died under it can wait forever for an
+            // answer that never comes; the writer gives up on it and carries on.
+            result = .success(try await watchdog(options.writeTimeout * 2, "shared log write") { [self] in
+              try await client.withTransaction(logger: logger) { connection in
                 let claimed = self.queue.withLock { $0.claim(ids) }
                 if claimed.isEmpty { return [:] }
                 let last = try await connection.query("SELECT last_tt FROM tether_sequencer WHERE id = 1 FOR UPDATE",
@@ -302,6 +305,7 @@ package final class SharedLog: Sendable {
                 // Delivered at commit, once per transaction; carries nothing but the wake-up.
                 try await connection.query("SELECT pg_notify('tether_events', '')", logger: self.logger)
                 return outcomes
+              }
             })
         } catch {
             result = .failure(Self.classify(error))
@@ -484,6 +488,10 @@ package final class SharedLog: Sendable {
 
     /// Reads the sequencer value and the events above `after` up to it from one snapshot.
     private func read(after: Int64, limit: Int) async throws -> ([SharedLogEntry], Int64) {
+        try await watchdog(.seconds(10), "shared log read") { [self] in try await readPage(after: after, limit: limit) }
+    }
+
+    private func readPage(after: Int64, limit: Int) async throws -> ([SharedLogEntry], Int64) {
         let rows = try await client.query("""
             SELECT s.last_tt, e.tt, e.sub_key, e.channel, e.kind, e.publisher, e.payload, e.meta, e.custom_type, e.seqn, e.stored
             FROM tether_sequencer s LEFT JOIN LATERAL (
@@ -517,8 +525,34 @@ package final class SharedLog: Sendable {
     }
 
     private func raiseSequencer(to now: Int64) async throws -> Int64 {
-        try await client.query("UPDATE tether_sequencer SET last_tt = GREATEST(last_tt, \(now)) WHERE id = 1 RETURNING last_tt",
+        try await watchdog(.seconds(10), "raising the sequencer") { [self] in
+          try await client.query("UPDATE tether_sequencer SET last_tt = GREATEST(last_tt, \(now)) WHERE id = 1 RETURNING last_tt",
                                logger: logger).decode(Int64.self).first(where: { _ in true }) ?? 0
+        }
+    }
+
+    /// Runs `operation`, but answers after `limit` at the latest: with its result, or — when
+    /// it is still waiting (a connection that died without failing its query) — with
+    /// `outcomeUnknown`, leaving the operation to end on its own, cancelled.
+    private func watchdog<T: Sendable>(_ limit: Duration, _ what: String, _ operation: @escaping @Sendable () async throws -> T)
+        async throws -> T
+    {
+        let once = AnswerOnce()
+        let logger = logger
+        return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            let timer = Task {
+                do { try await Task.sleep(for: limit) } catch { return }
+                guard once.claim() else { return }
+                logger.error("\(what) did not finish; gave up on it", metadata: ["limit": "\(limit)"])
+                continuation.resume(throwing: StoreError(.outcomeUnknown, "\(what) did not finish within \(limit)"))
+            }
+            Task {
+                let result: Result<T, any Error>
+                do { result = .success(try await operation()) } catch { result = .failure(error) }
+                timer.cancel()
+                if once.claim() { continuation.resume(with: result) }
+            }
+        }
     }
 
     // MARK: Health
@@ -558,6 +592,19 @@ package final class SharedLog: Sendable {
             }
         }
         return StoreError(.unavailable, "the shared database is unavailable", cause: error)
+    }
+}
+
+/// Lets exactly one of two racers answer a continuation.
+private final class AnswerOnce: Sendable {
+    private let answered = Mutex(false)
+
+    /// `true` for the first caller only.
+    func claim() -> Bool {
+        answered.withLock { answered in
+            defer { answered = true }
+            return !answered
+        }
     }
 }
 
