@@ -96,6 +96,9 @@ package struct Bench: AsyncParsableCommand {
         case recorder
         /// The recorder's direct cost plus alternating fan-out runs without and with the console.
         case consoleCost = "console-cost"
+        /// Publish → deliver across nodes: one node on SQLite, then 1, 2, 3… nodes on one
+        /// PostgreSQL (`--database-url`), publishers and subscribers spread over the nodes.
+        case cluster
     }
 
     /// Which runs to do.
@@ -230,6 +233,20 @@ package struct Bench: AsyncParsableCommand {
     var clientThreads: Int?
 
     /// Print JSON instead of tables.
+    @Option(name: .customLong("database-url"),
+            help: "cluster: the PostgreSQL (postgres://…) the spawned nodes share; each configuration starts on the tables as they are.")
+    var databaseURL: String?
+
+    @Option(name: .customLong("cluster-nodes"),
+            help: "cluster: comma-separated node counts on PostgreSQL; 0 is one node on SQLite (the baseline).")
+    var clusterNodes: String = "0,1,2,3"
+
+    @Option(name: .customLong("cluster-subscribers"), help: "cluster: long-poll subscribers in all, spread over the nodes.")
+    var clusterSubscribers: Int = 30
+
+    @Option(name: .customLong("cluster-publishers"), help: "cluster: closed-loop publishers per node in the flood run.")
+    var clusterPublishers: Int = 8
+
     @Flag(help: "Print the results as JSON instead of tables.")
     var json = false
 
@@ -310,6 +327,8 @@ package struct Bench: AsyncParsableCommand {
         var recorder: RecorderCostResult?
         /// Console off vs on (console-cost scenario).
         var consoleCost: ConsoleCostResult?
+        /// Cluster configurations, in the order they ran.
+        var cluster: [ClusterResult] = []
         /// Things the reader should know (skipped runs, limits).
         var notes: [String] = []
     }
@@ -396,6 +415,10 @@ package struct Bench: AsyncParsableCommand {
             if scenario == .consoleCost {
                 report.consoleCost = try await measureConsoleCost(runner: runner, external: external)
             }
+            if scenario == .cluster {
+                report.cluster = try await measureCluster(runner: runner)
+                report.notes.append("cluster: every node, the bench client and PostgreSQL share this machine's CPUs")
+            }
             if runLatency {
                 report.latency = try await withServer(external) { target, pid in
                     try await runner.latency(target: target, serverPID: pid, subscribers: latencySubscribers, rate: rate, duration: duration,
@@ -479,7 +502,65 @@ package struct Bench: AsyncParsableCommand {
         }
     }
 
+    /// The cluster scenario: each configuration on freshly spawned nodes.
+    func measureCluster(runner: BenchRunner) async throws -> [ClusterResult] {
+        let counts = clusterNodes.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard !counts.isEmpty, counts.allSatisfy({ (0...16).contains($0) }) else {
+            throw BenchError("--cluster-nodes takes node counts from 0 (SQLite) to 16, e.g. 0,1,2,3")
+        }
+        if counts.contains(where: { $0 > 0 }), databaseURL == nil {
+            throw BenchError("the cluster scenario needs --database-url postgres://… for node counts above 0 (scripts/postgres starts one)")
+        }
+        var results: [ClusterResult] = []
+        for count in counts {
+            let arguments = count == 0 ? [] : ["--database-url", databaseURL ?? ""]
+            var servers: [BenchServer] = []
+            do {
+                for _ in 0..<max(count, 1) { servers.append(try await BenchServer(extraArguments: arguments)) }
+                benchLog("cluster: \(count == 0 ? "1 node on SQLite" : "\(count) node(s) on PostgreSQL"): "
+                         + servers.map { "pid \($0.pid) \($0.target.url)" }.joined(separator: ", "))
+                let result = try await runner.cluster(
+                    store: count == 0 ? "sqlite" : "postgres", targets: servers.map(\.target), pids: servers.map(\.pid),
+                    subscribers: clusterSubscribers, rate: rate, duration: duration, warmup: warmup, publishersPerNode: clusterPublishers)
+                results.append(result)
+                if !json { benchLog(Self.describe(result)) }
+            } catch {
+                for server in servers { await server.stop() }
+                throw error
+            }
+            for server in servers { await server.stop() }
+        }
+        return results
+    }
+
     // MARK: - Output
+
+    static func describe(_ r: ClusterResult) -> String {
+        "\(r.store) ×\(r.nodes): p50 \(fixed(r.p50Ms)) ms, p99 \(fixed(r.p99Ms)) ms at \(grouped(Double(r.rate))) msg/s; flood "
+            + "\(grouped(r.publishesPerSecond)) publishes/s, \(grouped(r.deliveriesPerSecond)) deliveries/s; "
+            + "missing \(r.lost), duplicates \(r.duplicates), out of order \(r.outOfOrder)"
+    }
+
+    /// The cluster table.
+    private static func render(cluster results: [ClusterResult]) -> [String] {
+        guard let first = results.first else { return [] }
+        var lines = ["", "Cluster — publish → deliver across nodes: \(first.subscribers) long-poll subscribers on one channel and the "
+                     + "publishers spread evenly over the nodes; paced \(grouped(Double(first.rate))) msg/s for \(fixed(first.seconds, 1)) s "
+                     + "(latency), then \(first.publishersPerNode) closed-loop publishers per node (throughput, CPU); stored publishes"]
+        let header = ["store", "nodes", "p50 ms", "p99 ms", "ack p99", "publishes/s", "deliveries/s", "node CPU", "node µs/delivery",
+                      "all µs/dlv", "PG CPU", "missing", "dup", "ooo", "errors"]
+        let widths = [8, 5, 8, 8, 8, 12, 13, 18, 22, 10, 7, 8, 4, 4, 7]
+        lines.append(zip(header, widths).map { pad($0, $1) }.joined(separator: " "))
+        for r in results {
+            let row = [r.store, "\(r.nodes)", fixed(r.p50Ms), fixed(r.p99Ms), fixed(r.publishAckP99Ms), grouped(r.publishesPerSecond),
+                       grouped(r.deliveriesPerSecond), r.nodeCPUPercent.map { percent($0) }.joined(separator: "/"),
+                       r.nodeMicrosPerDelivery.map { fixed($0, 1) }.joined(separator: "/"),
+                       r.clusterMicrosPerDelivery.map { fixed($0, 1) } ?? "-", percent(r.postgresCPUPercent),
+                       grouped(Double(r.lost)), grouped(Double(r.duplicates)), grouped(Double(r.outOfOrder)), grouped(Double(r.publishErrors))]
+            lines.append(zip(row, widths).map { pad($0, $1) }.joined(separator: " "))
+        }
+        return lines
+    }
 
     static func describe(_ r: FanoutResult) -> String {
         "fan-out \(r.subscribers) \(r.transport) subscribers: \(grouped(r.deliveriesPerSecond)) deliveries/s, \(grouped(r.publishesPerSecond)) publishes/s, "
@@ -537,6 +618,7 @@ package struct Bench: AsyncParsableCommand {
                      + "Linux \(m.kernel); \(m.build) build")
         lines.append("server:  \(report.server == "spawned" ? "spawned `tether serve` (same binary), temporary data dir" : report.server); "
                      + "client: \(report.clientThreads) event-loop threads on the same machine")
+        lines += render(cluster: report.cluster)
         if !report.fanout.isEmpty {
             let first = report.fanout[0]
             lines.append("")
