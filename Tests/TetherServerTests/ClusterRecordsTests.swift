@@ -2,7 +2,7 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import Testing
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 @testable import TetherServer
 import TetherTestingServer
 
@@ -36,6 +36,28 @@ struct ClusterRecordsTests {
             let data = (envelope["d"] as? [String: Any])?["data"] as? [String: Any]
             actionTimetoken = data?["actionTimetoken"] as? String
             value = data?["value"] as? String
+        }
+    }
+
+    /// Without its database, every record store answers `unavailable` (503 at the routes),
+    /// never hangs or crashes.
+    @Test func recordsWithoutTheDatabaseAreUnavailable() async throws {
+        try await TestPostgres.withDatabase { url in
+            let log = try await TestPostgres.open(url)
+            log.close()
+            let unavailable: @Sendable (any Error) -> Bool = { ($0 as? StoreError)?.code == .unavailable }
+            await #expect(performing: { _ = try await log.pushRegistrationCount() }, throws: unavailable)
+            await #expect(performing: {
+                _ = try await log.changePushRegistrations(PushDevice(subscribeKey: "k", token: "t", gateway: .gcm), add: ["c"], remove: [],
+                                                          maxChannelsPerDevice: 10, maxDevicesPerChannel: 10)
+            }, throws: unavailable)
+            await #expect(performing: {
+                _ = try await log.setAppContextObject(subscribeKey: "k", kind: .uuid, id: "u", patch: [:], ifMatch: nil, updated: "t")
+            }, throws: unavailable)
+            await #expect(performing: {
+                _ = try await log.appendAfterWrite({ SubscribeEnvelope(timetoken: $0, subscribeKey: "k", channel: "c", payload: "1") },
+                                                   write: { _, actions in (true, try await actions.actionCount()) })
+            }, throws: unavailable)
         }
     }
 
