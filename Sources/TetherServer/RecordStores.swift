@@ -100,6 +100,12 @@ extension ServerState {
     package var appContext: any AppContextStoring { records }
     /// Message actions: in the cluster's PostgreSQL, else the store.
     package var messageActions: any MessageActionStoring { records }
+    /// The time App Context changes are stamped with (`updated`): the hub's cursor; in a
+    /// cluster, where the cursor moves only as the shared log is read, never before this node's
+    /// clock, so that changes made one after another get later times, as on a single node.
+    package var appContextTime: Timetoken {
+        hub.shared == nil ? hub.currentCursor : max(hub.currentCursor, LongPollHub.systemNow())
+    }
 
     private var records: any PushRegistrationStoring & AppContextStoring & MessageActionStoring {
         if let shared = hub.shared { return shared }

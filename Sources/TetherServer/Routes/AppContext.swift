@@ -221,7 +221,7 @@ extension TetherResponder {
         let patch = try Self.objectPatch(bytes, kind: target.kind)
         let ifMatch = request.headers[.ifMatch]
         let subscribeKey = target.keyset.subscribeKey
-        let updated = AppContextTimestamp.format(state.hub.currentCursor)
+        let updated = AppContextTimestamp.format(state.appContextTime)
         let outcome = try await state.appContext.setAppContextObject(subscribeKey: subscribeKey, kind: target.kind, id: id, patch: patch,
                                                                 ifMatch: ifMatch, updated: updated)
         guard case .set(let record) = outcome else {
@@ -300,7 +300,7 @@ extension TetherResponder {
         _ = try AppContextIncludes(wire, other: target.kind == .uuid ? "channel" : "uuid")
         _ = try AppContextListOptions(wire, sortable: Self.membershipSortable(target.kind))
         let (set, delete) = try Self.membershipChanges(bytes, kind: target.kind, id: id)
-        let updated = AppContextTimestamp.format(state.hub.currentCursor)
+        let updated = AppContextTimestamp.format(state.appContextTime)
         let subscribeKey = target.keyset.subscribeKey
         let changes: (set: [AppContextMembership], deleted: [(uuid: String, channel: String)])
         do {
