@@ -88,6 +88,32 @@ struct AppContextPostgresStoreTests {
         try await AppContextStoreTests.patchSemanticsETagsAndDurability(.postgres)
     }
 
+    /// Two nodes adding members to one channel at once never take it past its limit.
+    @Test func concurrentMembershipsKeepTheChannelLimit() async throws {
+        try await TestPostgres.withDatabase { url in
+            let a = try await TestPostgres.open(url), b = try await TestPostgres.open(url)
+            let added = try await withThrowingTaskGroup(of: Bool.self) { group in
+                for i in 0..<20 {
+                    let node = i % 2 == 0 ? a : b
+                    group.addTask {
+                        do {
+                            _ = try await node.applyAppContextMemberships(subscribeKey: "k", set: [AppContextStoreTests.membership("u\(i)", "c")],
+                                                                          delete: [], perUser: 10, perChannel: 5)
+                            return true
+                        } catch is AppContextMembershipLimitExceeded {
+                            return false
+                        }
+                    }
+                }
+                return try await group.reduce(into: 0) { $0 += $1 ? 1 : 0 }
+            }
+            #expect(added == 5)
+            #expect(try await a.appContextMemberships(subscribeKey: "k", of: .channel, id: "c", limit: 100).count == 5)
+            a.close()
+            b.close()
+        }
+    }
+
     /// Ids are listed in byte order, as the embedded store lists them.
     @Test func listsInByteOrder() async throws {
         for kind in [RecordStoreKind.sqlite, .postgres] {

@@ -1,6 +1,7 @@
 import Foundation
 import NIOCore
 import NIOHTTP1
+import PostgresNIO
 import Testing
 @_spi(Benchmarks) import TetherProtocol
 @testable import TetherServer
@@ -61,6 +62,28 @@ struct ClusterRecordsTests {
         }
     }
 
+    /// A record change waiting for a lock longer than the write timeout (here the sequencer,
+    /// held by a stuck transaction) is answered `busy`, not left hanging.
+    @Test func aLockHeldTooLongIsAnsweredBusy() async throws {
+        try await TestPostgres.withDatabase { url in
+            var options = SharedLogOptions()
+            options.writeTimeout = .milliseconds(300)
+            let log = try await TestPostgres.open(url, options: options)
+            let holder = try await TestPostgres.open(url)
+            try await holder.client.withTransaction(logger: holder.logger) { connection in
+                try await connection.query("SELECT last_tt FROM tether_sequencer WHERE id = 1 FOR UPDATE", logger: holder.logger)
+                let started = ContinuousClock.now
+                await #expect(performing: {
+                    _ = try await log.appendAfterWrite({ SubscribeEnvelope(timetoken: $0, subscribeKey: "k", channel: "c", payload: "1") },
+                                                       write: { _, actions in (true, try await actions.actionCount()) })
+                }, throws: { ($0 as? StoreError)?.code == .busy })
+                #expect(ContinuousClock.now - started < .seconds(5))
+            }
+            log.close()
+            holder.close()
+        }
+    }
+
     @Test func recordsWrittenOnOneNodeAreReadOnTheOther() async throws {
         try await TestPostgres.withDatabase { url in
             let database = try Self.connectionString(url)
@@ -72,16 +95,18 @@ struct ClusterRecordsTests {
             let cursor = try await b.handshake("room")
             let subscriber = Task { [cursor] in
                 var seen: [SeenEvent] = []
+                var pages: [String] = []
                 var next = cursor
                 // Until the action's event arrives (the publish may come first if B's cursor
                 // was still below it at the handshake).
                 for _ in 0..<5 {
                     let page = try await b.subscribe("room", tt: next, timeout: .seconds(20))
                     seen += page.messages.map(SeenEvent.init)
+                    pages.append("\(next) -> \(page.cursor): kinds \(page.messages.map { $0["e"] as? Int ?? 0 })")
                     next = page.cursor
                     if seen.contains(where: { $0.kind == 3 }) { break }
                 }
-                return seen
+                return (seen, pages)
             }
             #expect(await b.longPollsWaiting(1))
 
@@ -92,8 +117,9 @@ struct ClusterRecordsTests {
             let data = try #require(try Self.json(added.body)["data"] as? [String: Any])
             let actionTimetoken = try #require((data["actionTimetoken"] as? String).flatMap(Timetoken.init(parsing:)))
             #expect(actionTimetoken > message)
-            let events = try await subscriber.value.filter { $0.kind == 3 }
-            #expect(events.count == 1)
+            let (seen, pages) = try await subscriber.value
+            let events = seen.filter { $0.kind == 3 }
+            #expect(events.count == 1, "pages seen on B: \(pages)")
             let event = try #require(events.first)
             #expect(event.timetoken == String(actionTimetoken.rawValue), "the event carries the action's timetoken")
             #expect(event.actionTimetoken == String(actionTimetoken.rawValue))

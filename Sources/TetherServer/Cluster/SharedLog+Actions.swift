@@ -26,7 +26,7 @@ extension SharedLog: MessageActionStoring {
     package func actions(subscribeKey: String, channel: String, start: Timetoken?, end: Timetoken?, limit: Int) async throws
         -> (actions: [StoredAction], more: Bool)
     {
-        let page = try await recordRead { connection in
+        let page = try await recordQuery { connection in
             try await SharedLogActions(connection: connection, logger: self.logger).actions(
                 subscribeKey: subscribeKey, channel: channel, start: start, end: end, limit: limit)
         }
@@ -36,14 +36,14 @@ extension SharedLog: MessageActionStoring {
     package func actions(subscribeKey: String, channel: String, messagesFrom from: Timetoken, through: Timetoken, limit: Int)
         async throws -> [Timetoken: [StoredAction]]
     {
-        try await recordRead { connection in
+        try await recordQuery { connection in
             try await SharedLogActions(connection: connection, logger: self.logger).actions(
                 subscribeKey: subscribeKey, channel: channel, messagesFrom: from, through: through, limit: limit)
         }
     }
 
     package func actionCount() async throws -> Int {
-        try await recordRead { connection in
+        try await recordQuery { connection in
             try await SharedLogActions(connection: connection, logger: self.logger).actionCount()
         }
     }

@@ -30,7 +30,7 @@ extension SharedLog: AppContextStoring {
     }
 
     package func appContextObject(subscribeKey: String, kind: AppContextKind, id: String) async throws -> AppContextRecord? {
-        try await recordRead { connection in
+        try await recordQuery { connection in
             try await self.objects("""
                 SELECT id, fields, updated, etag FROM tether_app_context_object
                 WHERE sub_key = \(subscribeKey) AND kind = \(kind.rawValue) AND id = \(id)
@@ -42,7 +42,7 @@ extension SharedLog: AppContextStoring {
         -> [String: AppContextRecord]
     {
         guard !ids.isEmpty else { return [:] }
-        return try await recordRead { connection in
+        return try await recordQuery { connection in
             var result: [String: AppContextRecord] = [:]
             for record in try await self.objects("""
                 SELECT id, fields, updated, etag FROM tether_app_context_object
@@ -56,7 +56,7 @@ extension SharedLog: AppContextStoring {
     }
 
     package func appContextObjects(subscribeKey: String, kind: AppContextKind, limit: Int) async throws -> [AppContextRecord] {
-        try await recordRead { connection in
+        try await recordQuery { connection in
             try await self.objects("""
                 SELECT id, fields, updated, etag FROM tether_app_context_object
                 WHERE sub_key = \(subscribeKey) AND kind = \(kind.rawValue) ORDER BY id LIMIT \(limit)
@@ -111,7 +111,7 @@ extension SharedLog: AppContextStoring {
     {
         // Ordered as the embedded store's indexes return them: a user's by channel, a channel's by uuid.
         let (column, order) = kind == .uuid ? ("uuid", "channel") : ("channel", "uuid")
-        return try await recordRead { connection in
+        return try await recordQuery { connection in
             var memberships: [AppContextMembership] = []
             for try await (uuid, channel, fields, updated, eTag) in try await connection.query("""
                 SELECT uuid, channel, fields, updated, etag FROM tether_app_context_membership
@@ -185,7 +185,7 @@ extension SharedLog: AppContextStoring {
     }
 
     package func appContextCounts() async throws -> (objects: Int, memberships: Int) {
-        let counts = try await recordRead { connection in
+        let counts = try await recordQuery { connection in
             try await connection.query("""
                 SELECT (SELECT COUNT(*) FROM tether_app_context_object), (SELECT COUNT(*) FROM tether_app_context_membership)
                 """, logger: self.logger).decode((Int, Int).self).first(where: { _ in true }) ?? (0, 0)

@@ -64,7 +64,7 @@ extension SharedLog: PushRegistrationStoring {
     }
 
     package func pushChannels(_ device: PushDevice, after start: String?, limit: Int) async throws -> [String] {
-        try await recordRead { connection in
+        try await recordQuery { connection in
             var channels: [String] = []
             for try await channel in try await connection.query("""
                 SELECT channel FROM tether_push_device WHERE sub_key = \(device.subscribeKey) AND gateway = \(device.gateway.rawValue)
@@ -80,7 +80,7 @@ extension SharedLog: PushRegistrationStoring {
 
     @discardableResult
     package func removePushDevice(_ device: PushDevice) async throws -> Int {
-        try await recordRead { connection in
+        try await recordQuery { connection in
             var removed = 0
             for try await _ in try await connection.query("""
                 DELETE FROM tether_push_device WHERE sub_key = \(device.subscribeKey) AND gateway = \(device.gateway.rawValue)
@@ -94,7 +94,7 @@ extension SharedLog: PushRegistrationStoring {
     }
 
     package func pushDevices(subscribeKey: String, channel: String, limit: Int) async throws -> [PushDevice] {
-        try await recordRead { connection in
+        try await recordQuery { connection in
             var devices: [PushDevice] = []
             for try await (gateway, token, environment, topic) in try await connection.query("""
                 SELECT gateway, token, environment, topic FROM tether_push_device
@@ -110,7 +110,7 @@ extension SharedLog: PushRegistrationStoring {
     }
 
     package func pushRegistrationCount() async throws -> Int {
-        try await recordRead { connection in
+        try await recordQuery { connection in
             try await connection.query("SELECT COUNT(*) FROM tether_push_device", logger: self.logger)
                 .decode(Int.self).first(where: { _ in true }) ?? 0
         }

@@ -17,9 +17,16 @@ extension SharedLog {
     static let recordLockClass: Int32 = 0x7465_7468  // "teth"
 
     /// Runs `body` in one transaction; refusals pass through, other errors as ``StoreError``.
+    /// A lock (a record's, the sequencer's) awaited longer than ``SharedLogOptions/writeTimeout``
+    /// ends it as `busy` (503), as a write queued too long on the embedded store is answered.
     func recordTransaction<Result: Sendable>(_ body: (PostgresConnection) async throws -> Result) async throws -> Result {
+        let (seconds, attoseconds) = options.writeTimeout.components
+        let lockTimeout = "\(max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))ms"
         do {
-            return try await client.withTransaction(logger: logger) { connection in try await body(connection) }
+            return try await client.withTransaction(logger: logger) { connection in
+                try await connection.query("SELECT set_config('lock_timeout', \(lockTimeout), true)", logger: logger)
+                return try await body(connection)
+            }
         } catch let error as PostgresTransactionError {
             throw Self.recordError(error.closureError ?? error.commitError ?? error.beginError ?? error)
         } catch {
@@ -27,8 +34,8 @@ extension SharedLog {
         }
     }
 
-    /// Runs `body` on a connection of the pool (reads); errors as ``StoreError``.
-    func recordRead<Result: Sendable>(_ body: (PostgresConnection) async throws -> Result) async throws -> Result {
+    /// Runs `body` on a connection of the pool (reads, single statements); errors as ``StoreError``.
+    func recordQuery<Result: Sendable>(_ body: (PostgresConnection) async throws -> Result) async throws -> Result {
         do {
             return try await client.withConnection { connection in try await body(connection) }
         } catch {
@@ -38,6 +45,9 @@ extension SharedLog {
 
     static func recordError(_ error: any Error) -> any Error {
         if error is any RecordRefusal { return error }
+        if let error = error as? PSQLError, error.serverInfo?[.sqlState] == "55P03" {  // lock_not_available
+            return StoreError(.busy, "the shared database is busy", cause: error)
+        }
         return classify(error)
     }
 
