@@ -92,13 +92,19 @@ struct ClusterRecordsTests {
 
             // A message on A, then a subscriber on B parked past it.
             let message = try await a.publish("room", #""hello""#)
-            let cursor = try await b.handshake("room")
+            // B's cursor follows the log as B's reader reads it (on a fresh database it starts
+            // at 0, and a subscribe from 0 is a handshake): subscribe once it has passed the message.
+            var cursor = try await b.handshake("room")
+            for _ in 0..<500 where cursor < message {
+                try await Task.sleep(for: .milliseconds(10))
+                cursor = try await b.handshake("room")
+            }
+            #expect(cursor >= message)
             let subscriber = Task { [cursor] in
                 var seen: [SeenEvent] = []
                 var pages: [String] = []
                 var next = cursor
-                // Until the action's event arrives (the publish may come first if B's cursor
-                // was still below it at the handshake).
+                // Until the action's event arrives.
                 for _ in 0..<5 {
                     let page = try await b.subscribe("room", tt: next, timeout: .seconds(20))
                     seen += page.messages.map(SeenEvent.init)
