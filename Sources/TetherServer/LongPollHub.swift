@@ -35,8 +35,6 @@ public final class LongPollHub: Sendable {
 
     private struct State {
         var core: DeliveryHub
-        /// Cluster mode: identities of message actions written on this node.
-        var localActionClock = TimetokenSequencer(floor: .zero)
         /// Cluster mode: requests waiting for the visible cursor to reach a timetoken.
         var visibilityWaiters: [(UInt64, Timetoken, CheckedContinuation<Void, Never>)] = []
         var waiters = DeliveryWaiters<Parked, ObjectIdentifier, NIODeadline>()
@@ -359,31 +357,24 @@ public final class LongPollHub: Sendable {
     }
 
     /// Publishes an event that follows a write of its own (a message action): reserves the
-    /// event's timetoken, runs `write` with it, then delivers the event — never stored as a
-    /// message — when `write` says so; otherwise, or when `write` throws, the reservation is
-    /// abandoned and nothing is delivered. Returns the timetoken and what `write` returned.
+    /// event's timetoken, runs `write` with it and the action store to write in, then delivers
+    /// the event — never stored as a message — when `write` says so; otherwise, or when `write`
+    /// throws, the reservation is abandoned and nothing is delivered. Returns the timetoken and
+    /// what `write` returned. In a cluster the shared log numbers the event and `write` runs in
+    /// the same transaction (``SharedLog/appendAfterWrite(_:write:)``): the action's timetoken
+    /// is its event's, unique across nodes, and both commit or neither.
     package func publishAfterWrite<Outcome: Sendable>(
         _ makeEnvelope: (Timetoken) -> SubscribeEnvelope,
-        write: (Timetoken) async throws -> (deliver: Bool, outcome: Outcome)
+        write: (Timetoken, any MessageActionStoring) async throws -> (deliver: Bool, outcome: Outcome)
     ) async throws -> (timetoken: Timetoken, outcome: Outcome) {
-        if let shared {
-            // In a cluster the write keeps a timetoken of this node's numbering (an action's
-            // identity), and its event goes through the log, which numbers it again for delivery.
-            let timetoken = state.withLock { $0.localActionClock.next(now: clock()) }
-            let result = try await write(timetoken)
-            if result.deliver {
-                _ = try await shared.append(SharedEvent(envelope: makeEnvelope(timetoken), isStored: false, retentionHours: nil,
-                                                        dedupKey: nil))
-            }
-            return (timetoken, result.outcome)
-        }
+        if let shared { return try await shared.appendAfterWrite(makeEnvelope, write: write) }
         let now = clock()
         let probe = makeEnvelope(.zero)
         let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
         let timetoken = state.withLock { $0.core.reserve(key, now: now) }
         let result: (deliver: Bool, outcome: Outcome)
         do {
-            result = try await write(timetoken)
+            result = try await write(timetoken, store)
         } catch {
             wake(state.withLock { $0.core.abandon(timetoken) }, reason: .event)
             throw error

@@ -198,7 +198,8 @@ public struct TetherServer: Sendable {
         }
         let pushProviders = try PushDispatcher.providers(configuration.file.push)
         let push = PushDispatcher(settings: PushSettings(configuration.file.push), apple: pushProviders.apple,
-                                  google: pushProviders.google, store: store, metrics: metrics, logger: logger)
+                                  google: pushProviders.google, store: shared.map { $0 as any PushRegistrationStoring } ?? store,
+                                  metrics: metrics, logger: logger)
         push.setDebugPublisher { [hub] subscribeKey, channel, report in
             _ = try? await hub.publish({ tt in
                 SubscribeEnvelope(timetoken: tt, subscribeKey: subscribeKey, channel: channel, payload: report, publisher: "tether-push")

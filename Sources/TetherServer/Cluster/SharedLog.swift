@@ -106,13 +106,13 @@ package final class SharedLog: Sendable {
     private let clientTask: Task<Void, Never>
     let logger: Logger
     let metrics: ServerMetrics
-    private let clock: @Sendable () -> Timetoken
+    let clock: @Sendable () -> Timetoken
     private let queue: Mutex<StoreWriteQueue<Waiter>>
     private let doorbell: AsyncStream<Void>
     private let doorbellContinuation: AsyncStream<Void>.Continuation
     /// Wakes the reader: a notification, the poll timer, or a local commit.
     private let readerBell: AsyncStream<Void>
-    private let readerBellContinuation: AsyncStream<Void>.Continuation
+    let readerBellContinuation: AsyncStream<Void>.Continuation
     private let lastError = Mutex<(message: String, at: ContinuousClock.Instant)?>(nil)
     /// The sequencer value when the log was opened: this node's hub starts its cursor there.
     package let startHorizon: Timetoken
@@ -359,7 +359,7 @@ package final class SharedLog: Sendable {
         return found
     }
 
-    private static func insert(_ rows: ArraySlice<(Int64, SharedEvent)>, now: Int64, ephemeralSeconds: Double,
+    static func insert(_ rows: ArraySlice<(Int64, SharedEvent)>, now: Int64, ephemeralSeconds: Double,
                                connection: PostgresConnection, logger: Logger) async throws {
         var binds = PostgresBindings(capacity: rows.count * 11)
         var tuples: [String] = []

@@ -58,6 +58,61 @@ enum SharedLogSchema {
             )
             """,
         ]),
+        // Push registrations, App Context and message actions, shared by every node (the
+        // embedded store's `push_device`, `app_context_*` and `message_action`). An action
+        // references its message's event: a history delete or retention removes it with it.
+        (2, "records", [
+            """
+            CREATE TABLE tether_push_device (
+              sub_key text NOT NULL,
+              gateway text NOT NULL,
+              token text NOT NULL,
+              environment text NOT NULL,
+              topic text NOT NULL,
+              channel text COLLATE "C" NOT NULL,
+              PRIMARY KEY (sub_key, gateway, token, environment, topic, channel)
+            )
+            """,
+            "CREATE INDEX tether_push_device_channel ON tether_push_device (sub_key, channel)",
+            """
+            CREATE TABLE tether_app_context_object (
+              sub_key text NOT NULL,
+              kind text NOT NULL,
+              id text COLLATE "C" NOT NULL,
+              fields text NOT NULL,
+              updated text NOT NULL,
+              etag text NOT NULL,
+              PRIMARY KEY (sub_key, kind, id)
+            )
+            """,
+            """
+            CREATE TABLE tether_app_context_membership (
+              sub_key text NOT NULL,
+              uuid text COLLATE "C" NOT NULL,
+              channel text COLLATE "C" NOT NULL,
+              fields text NOT NULL,
+              updated text NOT NULL,
+              etag text NOT NULL,
+              PRIMARY KEY (sub_key, uuid, channel)
+            )
+            """,
+            "CREATE INDEX tether_app_context_membership_channel ON tether_app_context_membership (sub_key, channel, uuid)",
+            """
+            CREATE TABLE tether_message_action (
+              sub_key text NOT NULL,
+              channel text COLLATE "C" NOT NULL,
+              message_tt bigint NOT NULL REFERENCES tether_event (tt) ON DELETE CASCADE,
+              action_tt bigint NOT NULL,
+              type text NOT NULL,
+              value text NOT NULL,
+              uuid text NOT NULL,
+              PRIMARY KEY (sub_key, channel, action_tt),
+              UNIQUE (sub_key, channel, message_tt, type, value, uuid)
+            )
+            """,
+            // The cascade from a deleted event looks its actions up by message timetoken.
+            "CREATE INDEX tether_message_action_message ON tether_message_action (message_tt)",
+        ]),
         (4, "groups, grants and revocations", [
             """
             CREATE TABLE tether_channel_group (

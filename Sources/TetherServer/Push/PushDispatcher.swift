@@ -24,7 +24,7 @@ package final class PushDispatcher: Sendable {
     /// Apple's provider (APNs, or the webhook), Google's (FCM, or the webhook).
     private let apple: (any PushProvider)?
     private let google: (any PushProvider)?
-    private let store: MessageStore
+    private let store: any PushRegistrationStoring
     private let metrics: ServerMetrics
     private let logger: Logger
     private let stream: AsyncStream<PushJob>
@@ -49,7 +49,7 @@ package final class PushDispatcher: Sendable {
         var channel: String
     }
 
-    package init(settings: PushSettings, apple: (any PushProvider)?, google: (any PushProvider)?, store: MessageStore,
+    package init(settings: PushSettings, apple: (any PushProvider)?, google: (any PushProvider)?, store: any PushRegistrationStoring,
                  metrics: ServerMetrics, logger: Logger, jitter: @escaping @Sendable () -> Double = { Double.random(in: 0..<1) }) {
         self.settings = settings
         self.apple = apple

@@ -196,7 +196,7 @@ extension TetherResponder {
         guard let id = target.id else { throw RequestError(response: Reply.objectsError(.notFound, "Requested resource not found.")) }
         try authorizeAppContext(target.keyset, wire, kind: target.kind, id: id, permission: .get)
         let includes = try AppContextIncludes(wire, other: nil)
-        guard let record = try await state.store.appContextObject(subscribeKey: target.keyset.subscribeKey, kind: target.kind, id: id) else {
+        guard let record = try await state.appContext.appContextObject(subscribeKey: target.keyset.subscribeKey, kind: target.kind, id: id) else {
             return Reply.objectsError(.notFound, "Requested object was not found.")
         }
         var w = JSONWriter()
@@ -221,8 +221,8 @@ extension TetherResponder {
         let patch = try Self.objectPatch(bytes, kind: target.kind)
         let ifMatch = request.headers[.ifMatch]
         let subscribeKey = target.keyset.subscribeKey
-        let updated = AppContextTimestamp.format(state.hub.currentCursor)
-        let outcome = try await state.store.setAppContextObject(subscribeKey: subscribeKey, kind: target.kind, id: id, patch: patch,
+        let updated = AppContextTimestamp.format(state.appContextTime)
+        let outcome = try await state.appContext.setAppContextObject(subscribeKey: subscribeKey, kind: target.kind, id: id, patch: patch,
                                                                 ifMatch: ifMatch, updated: updated)
         guard case .set(let record) = outcome else {
             let what = target.kind == .uuid ? "User" : "Channel"
@@ -246,7 +246,7 @@ extension TetherResponder {
         guard let id = target.id else { throw RequestError(response: Reply.objectsError(.notFound, "Requested resource not found.")) }
         try authorizeAppContext(target.keyset, wire, kind: target.kind, id: id, permission: .delete, method: "DELETE")
         let subscribeKey = target.keyset.subscribeKey
-        if try await state.store.removeAppContextObject(subscribeKey: subscribeKey, kind: target.kind, id: id) {
+        if try await state.appContext.removeAppContextObject(subscribeKey: subscribeKey, kind: target.kind, id: id) {
             publishObjectEvent(subscribeKey: subscribeKey, channels: [id], event: "delete", type: target.kind.rawValue,
                                data: .object(["id": .string(id)]))
         }
@@ -259,7 +259,7 @@ extension TetherResponder {
         try authorizeAppContext(target.keyset, wire, kind: target.kind, id: nil, permission: .get)
         let includes = try AppContextIncludes(wire, other: nil)
         let options = try AppContextListOptions(wire, sortable: ["id", "name", "updated", "status", "type"])
-        let records = try await state.store.appContextObjects(subscribeKey: target.keyset.subscribeKey, kind: target.kind,
+        let records = try await state.appContext.appContextObjects(subscribeKey: target.keyset.subscribeKey, kind: target.kind,
                                                               limit: AppContextBounds.scan)
         let byId = Dictionary(records.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
         let page = options.page(records.map { Self.filterView($0) }, tieBreak: ["id"])
@@ -300,11 +300,11 @@ extension TetherResponder {
         _ = try AppContextIncludes(wire, other: target.kind == .uuid ? "channel" : "uuid")
         _ = try AppContextListOptions(wire, sortable: Self.membershipSortable(target.kind))
         let (set, delete) = try Self.membershipChanges(bytes, kind: target.kind, id: id)
-        let updated = AppContextTimestamp.format(state.hub.currentCursor)
+        let updated = AppContextTimestamp.format(state.appContextTime)
         let subscribeKey = target.keyset.subscribeKey
         let changes: (set: [AppContextMembership], deleted: [(uuid: String, channel: String)])
         do {
-            changes = try await state.store.applyAppContextMemberships(
+            changes = try await state.appContext.applyAppContextMemberships(
                 subscribeKey: subscribeKey,
                 set: set.map { AppContextMembership(uuid: $0.uuid, channel: $0.channel, fields: $0.fields, updated: updated, eTag: "") },
                 delete: delete)
@@ -339,13 +339,13 @@ extension TetherResponder {
         let includes = try AppContextIncludes(wire, other: otherName)
         let options = try AppContextListOptions(wire, sortable: Self.membershipSortable(target.kind))
         let subscribeKey = target.keyset.subscribeKey
-        let memberships = try await state.store.appContextMemberships(subscribeKey: subscribeKey, of: target.kind, id: id,
+        let memberships = try await state.appContext.appContextMemberships(subscribeKey: subscribeKey, of: target.kind, id: id,
                                                                       limit: AppContextBounds.scan)
         func otherId(_ m: AppContextMembership) -> String { otherKind == .channel ? m.channel : m.uuid }
         // The other side's metadata is read when the response or the filter / sort needs it.
         let needsOther = includes.other || options.filter != nil || !options.sort.isEmpty
         let others = needsOther
-            ? try await state.store.appContextObjects(subscribeKey: subscribeKey, kind: otherKind, ids: Set(memberships.map(otherId)))
+            ? try await state.appContext.appContextObjects(subscribeKey: subscribeKey, kind: otherKind, ids: Set(memberships.map(otherId)))
             : [:]
         var byOther: [String: AppContextMembership] = [:]
         let views: [JSONValue] = memberships.map { m in

@@ -118,13 +118,12 @@ extension TetherResponder {
         try authorize(target.keyset, wire, method: "POST", channels: [target.channel], groups: [], permission: .write, body: bytes)
         let fields = try ActionBody(bytes)
         let subscribeKey = target.keyset.subscribeKey, channel = target.channel
-        let store = state.store
         let (timetoken, outcome) = try await state.hub.publishAfterWrite({ tt in
             Self.actionEnvelope(StoredAction(subscribeKey: subscribeKey, channel: channel, messageTimetoken: messageTimetoken,
                                              actionTimetoken: tt, type: fields.type, value: fields.value, uuid: uuid),
                                 event: "added", at: tt)
-        }, write: { tt in
-            let outcome = try await store.addAction(StoredAction(
+        }, write: { tt, actions in
+            let outcome = try await actions.addAction(StoredAction(
                 subscribeKey: subscribeKey, channel: channel, messageTimetoken: messageTimetoken, actionTimetoken: tt,
                 type: fields.type, value: fields.value, uuid: uuid))
             return (outcome == .added, outcome)
@@ -156,7 +155,6 @@ extension TetherResponder {
         let uuid = try target.uuid(wire)
         try authorize(target.keyset, wire, method: "DELETE", channels: [target.channel], groups: [], permission: .delete)
         let subscribeKey = target.keyset.subscribeKey, channel = target.channel
-        let store = state.store
         // The event names the removed action; the envelope is built from the request, which
         // matches the stored row whenever the event is delivered (same keys, same uuid).
         let removed = Mutex<StoredAction?>(nil)
@@ -165,8 +163,8 @@ extension TetherResponder {
                                                                   messageTimetoken: messageTimetoken, actionTimetoken: actionTimetoken,
                                                                   type: "", value: "", uuid: uuid)
             return Self.actionEnvelope(action, event: "removed", at: tt)
-        }, write: { _ in
-            let outcome = try await store.removeAction(subscribeKey: subscribeKey, channel: channel, messageTimetoken: messageTimetoken,
+        }, write: { _, actions in
+            let outcome = try await actions.removeAction(subscribeKey: subscribeKey, channel: channel, messageTimetoken: messageTimetoken,
                                                        actionTimetoken: actionTimetoken, uuid: uuid)
             if case .removed(let action) = outcome {
                 removed.withLock { $0 = action }
@@ -192,7 +190,7 @@ extension TetherResponder {
         let start = try wire.timetoken("start")
         let end = try wire.timetoken("end")
         let limit = min(try wire.integer("limit", in: ParameterBounds.actionsLimit) ?? ActionBounds.limit, ActionBounds.limit)
-        let page = try await state.store.actions(subscribeKey: target.keyset.subscribeKey, channel: target.channel, start: start,
+        let page = try await state.messageActions.actions(subscribeKey: target.keyset.subscribeKey, channel: target.channel, start: start,
                                                  end: end, limit: limit)
         var w = JSONWriter(capacity: 128 + page.actions.count * 160)
         w.raw("{\"status\":200,\"data\":[")

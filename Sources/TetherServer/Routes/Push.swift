@@ -107,7 +107,7 @@ extension TetherResponder {
         let remove = try PushRequest.channels(wire, "remove")
         try authorize(target.keyset, wire, channels: Array(Set(add + remove)).sorted(), groups: [], permission: .read)
         let settings = state.push.settings
-        switch try await state.store.changePushRegistrations(target.device, add: add, remove: remove,
+        switch try await state.pushRegistrations.changePushRegistrations(target.device, add: add, remove: remove,
                                                             maxChannelsPerDevice: settings.maxChannelsPerDevice,
                                                             maxDevicesPerChannel: settings.maxDevicesPerChannel) {
         case .modified:
@@ -125,7 +125,7 @@ extension TetherResponder {
         try authorize(target.keyset, wire, channels: [], groups: [], permission: .read)
         let count = try wire.integer("count", in: PushRegistrationBounds.listCount) ?? PushRegistrationBounds.defaultListCount
         let start = wire.query["start"].flatMap { $0.isEmpty ? nil : $0 }
-        let channels = try await state.store.pushChannels(target.device, after: start, limit: count)
+        let channels = try await state.pushRegistrations.pushChannels(target.device, after: start, limit: count)
         var w = JSONWriter(capacity: 16 + channels.count * 24)
         w.raw("[")
         for (i, channel) in channels.enumerated() {
@@ -140,7 +140,7 @@ extension TetherResponder {
     @inline(never) func removePushDevice(_ wire: WireRequest) async throws -> Response {
         let target = try PushRequest(wire, keysets: state.keysets, validatingToken: false)
         try authorize(target.keyset, wire, channels: [], groups: [], permission: .read)
-        try await state.store.removePushDevice(target.device)
+        try await state.pushRegistrations.removePushDevice(target.device)
         return Reply.json(.ok, "[1,\"Removed Device\"]")
     }
 }

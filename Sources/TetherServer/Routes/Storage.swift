@@ -164,7 +164,7 @@ extension TetherResponder {
         let (includeMeta, includeUUID) = (options.includeMeta, options.includeUUID)
         let (includeType, includeCustomType) = (options.includeType, options.includeCustomType)
         // One channel's messages as `"name":[…]` (or nothing when it has none).
-        let store = state.store
+        let store = state.messageActions
         let log = state.hub.messages
         let subscribeKey = keyset.subscribeKey
         @Sendable func channelEntry(_ channel: String, first: Bool) async throws -> (bytes: [UInt8], oldest: Timetoken?, full: Bool) {
