@@ -186,7 +186,9 @@ public struct TetherServer: Sendable {
                 hub: hub, store: store, clock: clock, logger: logger,
                 configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
                                                         uniquingKeysWith: { first, _ in first }),
-                maximumMemberships: configuration.file.maxPresenceMemberships ?? PresenceTracker.defaultMaximumMemberships)
+                maximumMemberships: configuration.file.maxPresenceMemberships ?? PresenceTracker.defaultMaximumMemberships,
+                // A cluster's presence deadlines: the injected clock anchored to the wall clock.
+                shared: shared, wallNow: { startedAt.adding(elapsed: clock.now()).storageValue / 10_000 })
             access = try AccessManager(store: store, logger: logger)
         } catch {
             throw StoreOpenError(classifying: error, path: path)
@@ -282,7 +284,7 @@ public struct TetherServer: Sendable {
             // first: each gets its drain notice and close before the long-polls are answered.
             services: [
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
-            ] + (state.hub.shared.map { [.init(service: SharedLogService(log: $0, hub: state.hub),
+            ] + (state.hub.shared.map { [.init(service: SharedLogService(log: $0, hub: state.hub, presence: state.presence),
                                                 successTerminationBehavior: .gracefullyShutdownGroup)] } ?? []) + [
 
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
@@ -337,10 +339,16 @@ struct StoreWriterService: Service {
 struct SharedLogService: Service {
     let log: SharedLog
     let hub: LongPollHub
+    let presence: PresenceService
 
     func run() async throws {
         await withDiscardingTaskGroup { group in
-            group.addTask { [hub] in await log.runReader { events, horizon in hub.ingest(events, through: horizon) } }
+            group.addTask { [hub, presence] in
+                await log.runReader { events, horizon in
+                    hub.ingest(events, through: horizon)
+                    presence.observe(events)
+                }
+            }
             await withGracefulShutdownHandler {
                 await log.runWriter()
             } onGracefulShutdown: {

@@ -58,6 +58,23 @@ enum SharedLogSchema {
             )
             """,
         ]),
+        (3, "presence", [
+            // One row per membership (present: `deadline_ms` set, Unix milliseconds) or state
+            // set ahead of a join (`deadline_ms` NULL). Written by whichever node got the request.
+            """
+            CREATE TABLE tether_presence (
+              sub_key text NOT NULL,
+              channel text COLLATE "C" NOT NULL,
+              uuid text COLLATE "C" NOT NULL,
+              deadline_ms bigint,
+              timeout_ms bigint NOT NULL,
+              state text,
+              PRIMARY KEY (sub_key, channel, uuid)
+            )
+            """,
+            "CREATE INDEX tether_presence_deadline ON tether_presence (deadline_ms) WHERE deadline_ms IS NOT NULL",
+            "CREATE INDEX tether_presence_uuid ON tether_presence (sub_key, uuid)",
+        ]),
     ]
 
     /// The newest version this build knows.
