@@ -413,8 +413,11 @@ struct MaintenanceService: Service {
                                    metadata: ["count": "\(dedup.evicted)", "max-entries": "\(hub.deduplication.maximumEntries)"])
                 }
                 rateLimits.sweep()
+                // A cluster's memberships are every node's (counted in PostgreSQL).
+                var memberships = presence.read { $0.membershipCount }
+                if let shared = presence.shared, let count = try? await shared.membershipCount() { memberships = count }
                 metrics.recordBounds(windowBytes: windows.bytes, windows: windows.windows,
-                                     presenceMemberships: presence.read { $0.membershipCount },
+                                     presenceMemberships: memberships,
                                      rateLimitBuckets: rateLimits.trackedBuckets)
                 access.removeExpired()
                 tick += 1
