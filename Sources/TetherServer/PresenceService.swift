@@ -65,7 +65,7 @@ public final class PresenceService: Sendable {
         var tracker = PresenceTracker(configurationBySubscribeKey: configurationBySubscribeKey, maximumMemberships: maximumMemberships)
         self.shared = shared.map { log in
             SharedPresence(log: log, now: wallNow ?? { Int64(LongPollHub.systemNow().storageValue / 10_000) },
-                           cacheLimit: maximumMemberships)
+                           configurations: configurationBySubscribeKey, cacheLimit: maximumMemberships)
         }
         let records = self.shared == nil ? try store.presenceRecords() : []
         tracker.restore(records, now: clock.now())

@@ -120,6 +120,49 @@ struct ClusterPresenceTests {
         }
     }
 
+    @Test func aCrowdedChannelAnnouncesIntervalsFromOneNode() async throws {
+        try await TestPostgres.withDatabase { url in
+            let reader = RunningLog(try await TestPostgres.open(url))
+            let logA = try await TestPostgres.open(url)
+            let logB = try await TestPostgres.open(url)
+            let now = Mutex<Int64>(9_000_000)
+            let config = ["k": PresenceConfiguration(announceMax: 2, interval: .seconds(10))]
+            let a = SharedPresence(log: logA, now: { now.withLock { $0 } }, configurations: config)
+            let b = SharedPresence(log: logB, now: { now.withLock { $0 } }, configurations: config)
+            for (node, uuid) in [(a, "u1"), (b, "u2"), (a, "u3"), (b, "u4")] {
+                try await node.heartbeat(subscribeKey: "k", uuid: uuid, channels: ["big"], timeout: .seconds(300), states: [:])
+            }
+            try await a.leave(subscribeKey: "k", uuid: "u1", channels: ["big"])
+            // The interval ends: both nodes sweep, one announces it; still crowded (3 > 2).
+            now.withLock { $0 += 10_000 }
+            async let sweptA = a.sweep()
+            async let sweptB = b.sweep()
+            _ = try await (sweptA, sweptB)
+            try await b.leave(subscribeKey: "k", uuid: "u2", channels: ["big"])
+            now.withLock { $0 += 10_000 }
+            _ = try await (a.sweep(), b.sweep())
+            // Back at announce-max: single events again.
+            try await a.leave(subscribeKey: "k", uuid: "u3", channels: ["big"])
+            let seen = await Self.waitForEvents(reader, count: 5)
+            #expect(seen == ["big join:u1=1", "big join:u2=2", "big interval:-=3", "big interval:-=2", "big leave:u3=1"])
+            let intervals = reader.delivered.withLock { all in
+                all.compactMap { entry -> [String: Any]? in
+                    guard let d = try? JSONSerialization.jsonObject(with: Data(entry.event.envelope.payload.utf8)) as? [String: Any],
+                          d["action"] as? String == "interval" else { return nil }
+                    return d
+                }
+            }
+            #expect(intervals.count == 2)
+            #expect(intervals.first?["join"] as? [String] == ["u3", "u4"])
+            #expect(intervals.first?["leave"] as? [String] == ["u1"])
+            #expect(intervals.last?["leave"] as? [String] == ["u2"])
+            #expect(intervals.last?["join"] == nil)
+            logA.close()
+            logB.close()
+            await reader.stop()
+        }
+    }
+
     // MARK: Two servers on one database
 
     private static func startNode(_ url: DatabaseURL, clock: TestClock<Duration>) async throws -> TestServer {

@@ -74,6 +74,19 @@ enum SharedLogSchema {
             """,
             "CREATE INDEX tether_presence_deadline ON tether_presence (deadline_ms) WHERE deadline_ms IS NOT NULL",
             "CREATE INDEX tether_presence_uuid ON tether_presence (sub_key, uuid)",
+            // Channels above announce-max: the deltas of the interval in progress and its end.
+            """
+            CREATE TABLE tether_presence_interval (
+              sub_key text NOT NULL,
+              channel text COLLATE "C" NOT NULL,
+              next_ms bigint NOT NULL,
+              joined text[] NOT NULL,
+              left_ text[] NOT NULL,
+              timed_out text[] NOT NULL,
+              PRIMARY KEY (sub_key, channel)
+            )
+            """,
+            "CREATE INDEX tether_presence_interval_next ON tether_presence_interval (next_ms)",
         ]),
     ]
 

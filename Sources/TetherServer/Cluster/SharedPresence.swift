@@ -23,6 +23,10 @@ import TetherServerCore
 /// picked with `FOR UPDATE SKIP LOCKED`, so each expired row is deleted — and its timeout
 /// announced — by exactly one node; a node that dies leaves its rows to the others' sweeps.
 ///
+/// **Interval mode.** A channel above announce-max collects its joins, leaves and timeouts in a
+/// row of `tether_presence_interval`; the node whose sweep takes the row when the interval ends
+/// announces the interval event, as the tracker does on one node.
+///
 /// **Few writes.** A heartbeat that would only move a deadline this node wrote itself, with more
 /// than half the timeout left, writes nothing (a per-node cache of what it wrote, forgotten on
 /// a leave or timeout seen in the log).
@@ -34,6 +38,7 @@ final class SharedPresence: Sendable {
     private let written: Mutex<[MembershipKey: Written]>
     /// The most entries the write cache holds (beyond it heartbeats simply write).
     private let cacheLimit: Int
+    private let configurations: [String: PresenceConfiguration]
     private var logger: Logger { log.logger }
 
     private struct MembershipKey: Hashable, Sendable {
@@ -48,8 +53,10 @@ final class SharedPresence: Sendable {
         var timeout: Int64
     }
 
-    init(log: SharedLog, now: @escaping @Sendable () -> Int64, cacheLimit: Int = PresenceTracker.defaultMaximumMemberships) {
+    init(log: SharedLog, now: @escaping @Sendable () -> Int64, configurations: [String: PresenceConfiguration] = [:],
+         cacheLimit: Int = PresenceTracker.defaultMaximumMemberships) {
         self.log = log
+        self.configurations = configurations
         self.now = now
         self.cacheLimit = cacheLimit
         self.written = Mutex([:])
@@ -269,7 +276,51 @@ final class SharedPresence: Sendable {
             }
             try await self.announce(events, connection)
         }
+        try await transaction { connection in try await self.endIntervals(now: nowMs, limit: limit, connection) }
         return count
+    }
+
+    private func configuration(for subscribeKey: String) -> PresenceConfiguration {
+        configurations[subscribeKey] ?? PresenceConfiguration()
+    }
+
+    /// Ends the due intervals of crowded channels (as the tracker's `endInterval`): one interval
+    /// event each, with the interval's deltas; the channel stays in interval mode while above
+    /// announce-max. Rows another node is ending are skipped.
+    private func endIntervals(now nowMs: Int64, limit: Int, _ connection: PostgresConnection) async throws {
+        var due: [(subscribeKey: String, channel: String, joined: [String], left: [String], timedOut: [String])] = []
+        for try await row in try await connection.query("""
+            SELECT sub_key, channel, joined, left_, timed_out FROM tether_presence_interval
+            WHERE next_ms <= \(nowMs) ORDER BY next_ms LIMIT \(limit) FOR UPDATE SKIP LOCKED
+            """, logger: logger).decode((String, String, [String], [String], [String]).self)
+        {
+            due.append(row)
+        }
+        guard !due.isEmpty else { return }
+        var events: [PresenceEvent] = []
+        for (subscribeKey, group) in Dictionary(grouping: due, by: \.subscribeKey) {
+            let config = configuration(for: subscribeKey)
+            let counts = try await Self.occupancies(subscribeKey: subscribeKey, channels: group.map(\.channel), connection, logger)
+            for entry in group.sorted(by: { $0.channel < $1.channel }) {
+                let occupancy = counts[entry.channel] ?? 0
+                let refresh = entry.joined.count + entry.left.count + entry.timedOut.count > config.maximumIntervalDelta
+                events.append(PresenceEvent(ChannelKey(subscribeKey: subscribeKey, channel: entry.channel),
+                                            .interval(join: entry.joined, leave: entry.left, timeout: entry.timedOut, hereNowRefresh: refresh),
+                                            uuid: nil, occupancy: occupancy, state: nil))
+                if occupancy > config.announceMax {
+                    try await connection.query("""
+                        UPDATE tether_presence_interval SET next_ms = \(nowMs + Self.milliseconds(config.interval)),
+                          joined = '{}', left_ = '{}', timed_out = '{}'
+                        WHERE sub_key = \(subscribeKey) AND channel = \(entry.channel)
+                        """, logger: logger)
+                } else {
+                    try await connection.query("""
+                        DELETE FROM tether_presence_interval WHERE sub_key = \(subscribeKey) AND channel = \(entry.channel)
+                        """, logger: logger)
+                }
+            }
+        }
+        try await announce(events, connection)
     }
 
     /// Forgets what this node wrote for memberships that ended (so the next heartbeat writes
@@ -396,8 +447,65 @@ final class SharedPresence: Sendable {
         log.wakeReader()
     }
 
-    /// Inserts the events into the shared log inside the caller's transaction.
+    /// Inserts the events into the shared log inside the caller's transaction. Joins, leaves and
+    /// timeouts on a channel above announce-max (or already in interval mode) become deltas of
+    /// its interval instead, as in the tracker.
     private func announce(_ events: [PresenceEvent], _ connection: PostgresConnection) async throws {
+        var direct: [PresenceEvent] = []
+        var inInterval: Set<ChannelKey> = []
+        var deltas: [ChannelKey: (joined: [String], left: [String], timedOut: [String])] = [:]
+        let membershipEvents = events.filter { event in
+            switch event.action {
+            case .join, .leave, .timeout: true
+            case .stateChange, .interval: false
+            }
+        }
+        for (subscribeKey, group) in Dictionary(grouping: membershipEvents, by: \.channel.subscribeKey) {
+            let channels = Array(Set(group.map(\.channel.channel)))
+            for try await channel in try await connection.query("""
+                SELECT channel FROM tether_presence_interval WHERE sub_key = \(subscribeKey) AND channel = ANY(\(channels)::text[])
+                FOR UPDATE
+                """, logger: logger).decode(String.self)
+            {
+                inInterval.insert(ChannelKey(subscribeKey: subscribeKey, channel: channel))
+            }
+        }
+        for event in events {
+            guard let uuid = event.uuid else {
+                direct.append(event)
+                continue
+            }
+            switch event.action {
+            case .join, .leave, .timeout:
+                if !inInterval.contains(event.channel), event.occupancy > configuration(for: event.channel.subscribeKey).announceMax {
+                    inInterval.insert(event.channel)
+                }
+                guard inInterval.contains(event.channel) else {
+                    direct.append(event)
+                    continue
+                }
+                var delta = deltas[event.channel] ?? ([], [], [])
+                switch event.action {
+                case .join: delta.joined.append(uuid)
+                case .leave: delta.left.append(uuid)
+                default: delta.timedOut.append(uuid)
+                }
+                deltas[event.channel] = delta
+            case .stateChange, .interval:
+                direct.append(event)
+            }
+        }
+        let nowMs = now()
+        for (key, delta) in deltas {
+            let next = nowMs + Self.milliseconds(configuration(for: key.subscribeKey).interval)
+            try await connection.query("""
+                INSERT INTO tether_presence_interval (sub_key, channel, next_ms, joined, left_, timed_out)
+                VALUES (\(key.subscribeKey), \(key.channel), \(next), \(delta.joined)::text[], \(delta.left)::text[], \(delta.timedOut)::text[])
+                ON CONFLICT (sub_key, channel) DO UPDATE SET joined = tether_presence_interval.joined || EXCLUDED.joined,
+                  left_ = tether_presence_interval.left_ || EXCLUDED.left_, timed_out = tether_presence_interval.timed_out || EXCLUDED.timed_out
+                """, logger: logger)
+        }
+        let events = direct
         try await log.appendWithin(connection, count: events.count) { index, tt in
             let event = events[index]
             return SubscribeEnvelope(timetoken: tt, subscribeKey: event.channel.subscribeKey,
