@@ -27,6 +27,9 @@ import TetherServerCore
 /// row of `tether_presence_interval`; the node whose sweep takes the row when the interval ends
 /// announces the interval event, as the tracker does on one node.
 ///
+/// **Lock order.** Rows are locked in channel order (membership rows, then interval rows, then
+/// the log's sequencer), and sweeps skip locked rows, so requests do not deadlock one another.
+///
 /// **Few writes.** A heartbeat that would only move a deadline this node wrote itself, with more
 /// than half the timeout left, writes nothing (a per-node cache of what it wrote, forgotten on
 /// a leave or timeout seen in the log).
@@ -109,7 +112,8 @@ final class SharedPresence: Sendable {
                 var found: Set<String> = []
                 for try await (channel, oldDeadline, oldState) in try await connection.query("""
                     SELECT channel, deadline_ms, state FROM tether_presence
-                    WHERE sub_key = \(subscribeKey) AND uuid = \(uuid) AND channel = ANY(\(rest)::text[]) FOR UPDATE
+                    WHERE sub_key = \(subscribeKey) AND uuid = \(uuid) AND channel = ANY(\(rest)::text[])
+                    ORDER BY channel FOR UPDATE
                     """, logger: logger).decode((String, Int64?, String?).self)
                 {
                     found.insert(channel)
@@ -215,7 +219,8 @@ final class SharedPresence: Sendable {
             var changed: [String] = []
             for try await (channel, deadline, oldState) in try await connection.query("""
                 SELECT channel, deadline_ms, state FROM tether_presence
-                WHERE sub_key = \(subscribeKey) AND uuid = \(uuid) AND channel = ANY(\(rest)::text[]) FOR UPDATE
+                WHERE sub_key = \(subscribeKey) AND uuid = \(uuid) AND channel = ANY(\(rest)::text[])
+                    ORDER BY channel FOR UPDATE
                 """, logger: logger).decode((String, Int64?, String?).self)
             where deadline != nil && oldState != state {
                 changed.append(channel)
@@ -464,7 +469,7 @@ final class SharedPresence: Sendable {
             let channels = Array(Set(group.map(\.channel.channel)))
             for try await channel in try await connection.query("""
                 SELECT channel FROM tether_presence_interval WHERE sub_key = \(subscribeKey) AND channel = ANY(\(channels)::text[])
-                FOR UPDATE
+                ORDER BY channel FOR UPDATE
                 """, logger: logger).decode(String.self)
             {
                 inInterval.insert(ChannelKey(subscribeKey: subscribeKey, channel: channel))
