@@ -50,14 +50,24 @@ public final class PresenceService: Sendable {
     private let logger: Logger
     private let doorbell: AsyncStream<Void>
     private let doorbellContinuation: AsyncStream<Void>.Continuation
+    /// A cluster's presence (PostgreSQL is the truth; the tracker stays empty), or `nil`.
+    let shared: SharedPresence?
 
     /// Creates the service and restores the memberships stored before the last stop or crash:
     /// each keeps its presence, silently, until `clock.now()` plus its timeout.
+    ///
+    /// In a cluster (`shared` set) memberships live in PostgreSQL (``SharedPresence``), with
+    /// deadlines on `wallNow` (Unix milliseconds), and nothing is restored from the store.
     init(hub: LongPollHub, store: MessageStore, clock: ElapsedClock, logger: Logger,
                 configurationBySubscribeKey: [String: PresenceConfiguration],
-                maximumMemberships: Int = PresenceTracker.defaultMaximumMemberships) throws {
+                maximumMemberships: Int = PresenceTracker.defaultMaximumMemberships,
+                shared: SharedLog? = nil, wallNow: (@Sendable () -> Int64)? = nil) throws {
         var tracker = PresenceTracker(configurationBySubscribeKey: configurationBySubscribeKey, maximumMemberships: maximumMemberships)
-        let records = try store.presenceRecords()
+        self.shared = shared.map { log in
+            SharedPresence(log: log, now: wallNow ?? { Int64(LongPollHub.systemNow().storageValue / 10_000) },
+                           configurations: configurationBySubscribeKey, cacheLimit: maximumMemberships)
+        }
+        let records = self.shared == nil ? try store.presenceRecords() : []
         tracker.restore(records, now: clock.now())
         if !records.isEmpty {
             logger.info("presence restored; occupants keep their presence if they heartbeat within their timeout",
@@ -93,6 +103,13 @@ public final class PresenceService: Sendable {
                           states: [String: String] = [:]) async {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
         guard !concrete.isEmpty else { return }
+        if let shared {
+            let timeout = configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
+            await report("heartbeat") {
+                try await shared.heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, states: states)
+            }
+            return
+        }
         let now = clock.now()
         await durableTransition { tracker in
             let timeout = tracker.configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
@@ -123,6 +140,11 @@ public final class PresenceService: Sendable {
     public func refresh(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?) async {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
         guard !concrete.isEmpty else { return }
+        if let shared {
+            let timeout = configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
+            await report("refresh") { try await shared.refresh(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout) }
+            return
+        }
         let now = clock.now()
         await durableTransition { tracker in
             let timeout = tracker.configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
@@ -134,6 +156,10 @@ public final class PresenceService: Sendable {
     /// An explicit leave; returns once it is durable (a restart never brings the uuid back).
     public func leave(subscribeKey: String, uuid: String, channels: [String], groups: [String]) async {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
+        if let shared {
+            await report("leave") { try await shared.leave(subscribeKey: subscribeKey, uuid: uuid, channels: concrete) }
+            return
+        }
         let now = clock.now()
         await durableTransition { $0.leave(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, now: now) }
     }
@@ -142,18 +168,101 @@ public final class PresenceService: Sendable {
     @discardableResult
     public func setState(subscribeKey: String, uuid: String, channels: [String], groups: [String], state: String) async -> [String] {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
+        if let shared {
+            await report("state") { try await shared.setState(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, state: state) }
+            return concrete
+        }
         await durableTransition { $0.setState(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, state: state) }
         return concrete
     }
 
-    /// Reads the tracker.
+    /// Reads the tracker (this node's presence; empty in a cluster, where the reads below
+    /// answer from PostgreSQL).
     public func read<T>(_ body: (borrowing PresenceTracker) -> T) -> T {
         locked.withLock { body($0.tracker) }
+    }
+
+    /// Here-now's data: the occupancy of each of `channels` that has occupants, with the sorted
+    /// occupants and their states when `includeUUIDs`.
+    ///
+    /// - Throws: ``StoreError`` in a cluster when PostgreSQL cannot answer.
+    package func hereNow(subscribeKey: String, channels: [String], includeUUIDs: Bool) async throws
+        -> [String: (occupancy: Int, occupants: [(uuid: String, state: String?)])]
+    {
+        var result: [String: (occupancy: Int, occupants: [(uuid: String, state: String?)])] = [:]
+        if let shared {
+            if includeUUIDs {
+                for (channel, occupants) in try await shared.occupants(subscribeKey: subscribeKey, channels: channels) {
+                    result[channel] = (occupants.count, occupants)
+                }
+            } else {
+                for (channel, count) in try await shared.occupancies(subscribeKey: subscribeKey, channels: channels) {
+                    result[channel] = (count, [])
+                }
+            }
+            return result
+        }
+        locked.withLock { locked in
+            for channel in channels {
+                if includeUUIDs {
+                    let occupants = locked.tracker.occupants(subscribeKey: subscribeKey, channel: channel)
+                    if !occupants.isEmpty { result[channel] = (occupants.count, occupants) }
+                } else {
+                    let count = locked.tracker.occupancy(subscribeKey: subscribeKey, channel: channel)
+                    if count > 0 { result[channel] = (count, []) }
+                }
+            }
+        }
+        return result
+    }
+
+    /// Every channel of a keyset with at least one occupant, sorted (every node's, in a cluster).
+    package func occupiedChannels(subscribeKey: String) async throws -> [String] {
+        if let shared { return try await shared.occupiedChannels(subscribeKey: subscribeKey) }
+        return read { $0.occupiedChannels(subscribeKey: subscribeKey) }
+    }
+
+    /// The channels `uuid` is present on, sorted (where-now; on any node, in a cluster).
+    package func whereNow(subscribeKey: String, uuid: String) async throws -> [String] {
+        if let shared { return try await shared.channels(subscribeKey: subscribeKey, uuid: uuid) }
+        return read { $0.channels(subscribeKey: subscribeKey, uuid: uuid) }
+    }
+
+    /// `uuid`'s state on each of `channels` where it has one.
+    package func states(subscribeKey: String, uuid: String, channels: [String]) async throws -> [String: String] {
+        if let shared { return try await shared.states(subscribeKey: subscribeKey, uuid: uuid, channels: channels) }
+        return read { tracker in
+            var result: [String: String] = [:]
+            for channel in channels {
+                if let state = tracker.state(subscribeKey: subscribeKey, uuid: uuid, channel: channel) { result[channel] = state }
+            }
+            return result
+        }
+    }
+
+    /// Cluster mode: notes presence events delivered from the log (a leave or timeout on any
+    /// node), so this node's next heartbeat of that membership writes again.
+    package func observe(_ events: [BufferedEvent]) {
+        shared?.observe(events)
+    }
+
+    /// Runs a cluster presence change; a failure (PostgreSQL unreachable) is logged, not thrown:
+    /// presence is realtime traffic, and the request it rides on is still answered.
+    private func report(_ what: String, _ body: () async throws -> Void) async {
+        do {
+            try await body()
+        } catch {
+            logger.warning("presence change not written to the shared database", metadata: ["change": "\(what)", "error": "\(error)"])
+        }
     }
 
     /// Runs the timeout loop and the presence journal until cancelled, then writes the changes
     /// still unsaved.
     public func run() async {
+        if let shared {
+            await runSweeps(shared)
+            return
+        }
         locked.withLock { locked in
             if case .notStarted = locked.journal { locked.journal = .running }
         }
@@ -176,6 +285,31 @@ public final class PresenceService: Sendable {
             }
         }
         for waiter in waiters { waiter.continuation.resume() }
+    }
+
+    /// Cluster mode: sweeps expired memberships once a second of the server's clock (every node
+    /// does; each expired row is taken by one of them), at once again while a sweep was full.
+    private func runSweeps(_ shared: SharedPresence) async {
+        while !Task.isCancelled {
+            do {
+                try await clock.sleep(.seconds(1))
+            } catch {
+                return
+            }
+            do {
+                while try await shared.sweep(limit: 1000) == 1000, !Task.isCancelled {}
+            } catch {
+                logger.warning("presence timeouts not swept; retrying", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+
+    /// Cluster mode: one sweep now, at the clock's current time (tests drive it after moving a
+    /// manual clock, whose intermediate wake-ups the loop may have taken); the memberships it
+    /// timed out.
+    package func sweepNow() async throws -> Int {
+        guard let shared else { return 0 }
+        return try await shared.sweep(limit: 1000)
     }
 
     /// Sleeps until the next deadline, at most one second at a time, so a timeout fires at its

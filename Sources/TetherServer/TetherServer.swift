@@ -188,7 +188,9 @@ public struct TetherServer: Sendable {
                 hub: hub, store: store, clock: clock, logger: logger,
                 configurationBySubscribeKey: Dictionary(keysets.all.map { ($0.subscribeKey, $0.presenceConfiguration) },
                                                         uniquingKeysWith: { first, _ in first }),
-                maximumMemberships: configuration.file.maxPresenceMemberships ?? PresenceTracker.defaultMaximumMemberships)
+                maximumMemberships: configuration.file.maxPresenceMemberships ?? PresenceTracker.defaultMaximumMemberships,
+                // A cluster's presence deadlines: the injected clock anchored to the wall clock.
+                shared: shared, wallNow: { startedAt.adding(elapsed: clock.now()).storageValue / 10_000 })
             access = try AccessManager(store: store, logger: logger, shared: shared.flatMap { log in sharedState.map { (log, $0) } })
         } catch {
             throw StoreOpenError(classifying: error, path: path)
@@ -285,7 +287,8 @@ public struct TetherServer: Sendable {
             // first: each gets its drain notice and close before the long-polls are answered.
             services: [
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
-            ] + (state.hub.shared.map { [.init(service: SharedLogService(log: $0, hub: state.hub, access: state.access),
+            ] + (state.hub.shared.map { [.init(service: SharedLogService(log: $0, hub: state.hub, access: state.access,
+                                                                         presence: state.presence),
                                                 successTerminationBehavior: .gracefullyShutdownGroup)] } ?? []) + [
 
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
@@ -341,11 +344,14 @@ struct SharedLogService: Service {
     let log: SharedLog
     let hub: LongPollHub
     let access: AccessManager
+    let presence: PresenceService
 
     func run() async throws {
         await withDiscardingTaskGroup { group in
-            group.addTask { [hub, access] in
-                await log.runReader { entries, horizon in Self.deliver(entries, through: horizon, hub: hub, access: access) }
+            group.addTask { [hub, access, presence] in
+                await log.runReader { entries, horizon in
+                    Self.deliver(entries, through: horizon, hub: hub, access: access, presence: presence)
+                }
             }
             await withGracefulShutdownHandler {
                 await log.runWriter()
@@ -359,7 +365,8 @@ struct SharedLogService: Service {
 
     /// Delivers a read of the log in its order: events go to the hub; a control entry is
     /// applied after every event before it and before every event after it.
-    static func deliver(_ entries: [SharedLogEntry], through horizon: Timetoken, hub: LongPollHub, access: AccessManager) {
+    static func deliver(_ entries: [SharedLogEntry], through horizon: Timetoken, hub: LongPollHub, access: AccessManager,
+                        presence: PresenceService) {
         var events: [BufferedEvent] = []
         for entry in entries {
             switch entry {
@@ -368,6 +375,7 @@ struct SharedLogService: Service {
             case .control(let control, let at):
                 if !events.isEmpty {
                     hub.ingest(events, through: Timetoken(at.rawValue - 1))
+                    presence.observe(events)
                     events.removeAll()
                 }
                 switch control {
@@ -379,6 +387,7 @@ struct SharedLogService: Service {
             }
         }
         hub.ingest(events, through: horizon)
+        presence.observe(events)
     }
 }
 
@@ -435,8 +444,11 @@ struct MaintenanceService: Service {
                                    metadata: ["count": "\(dedup.evicted)", "max-entries": "\(hub.deduplication.maximumEntries)"])
                 }
                 rateLimits.sweep()
+                // A cluster's memberships are every node's (counted in PostgreSQL).
+                var memberships = presence.read { $0.membershipCount }
+                if let shared = presence.shared, let count = try? await shared.membershipCount() { memberships = count }
                 metrics.recordBounds(windowBytes: windows.bytes, windows: windows.windows,
-                                     presenceMemberships: presence.read { $0.membershipCount },
+                                     presenceMemberships: memberships,
                                      rateLimitBuckets: rateLimits.trackedBuckets)
                 access.removeExpired()
                 tick += 1

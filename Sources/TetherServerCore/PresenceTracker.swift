@@ -105,6 +105,13 @@ public struct PresenceEvent: Sendable, Hashable {
     }
 }
 
+extension PresenceEvent {
+    /// An event made outside the tracker (a cluster's presence, where PostgreSQL decides).
+    package init(_ channel: ChannelKey, _ action: Action, uuid: String?, occupancy: Int, state: String?) {
+        self.init(channel: channel, action: action, uuid: uuid, occupancy: occupancy, state: state)
+    }
+}
+
 /// A presence membership as the store keeps it, so presence survives a restart: who is present
 /// where, with which timeout and state. The deadline is not kept: after a restart every restored
 /// member gets a fresh one, the restart time plus its timeout (docs/presence.md).

@@ -639,3 +639,36 @@ extension SharedLog {
         return versions
     }
 }
+
+extension SharedLog {
+    /// Numbers and inserts events inside the caller's transaction, which must commit right
+    /// after (the sequencer row stays locked until it does, as in the group-commit writer): the
+    /// events then exist exactly when the caller's other writes do, and in the order those
+    /// writes committed. `makeEnvelope` gets each event's timetoken. Wakes every node.
+    func appendWithin(_ connection: PostgresConnection, count: Int, _ makeEnvelope: (Int, Timetoken) -> SubscribeEnvelope)
+        async throws
+    {
+        guard count > 0 else { return }
+        let now = clock().storageValue
+        let last = try await connection.query("SELECT last_tt FROM tether_sequencer WHERE id = 1 FOR UPDATE", logger: logger)
+            .decode(Int64.self).first(where: { _ in true }) ?? 0
+        let first = max(last + 1, now)
+        var rows: [(Int64, SharedEvent)] = []
+        for index in 0..<count {
+            let tt = first + Int64(index)
+            rows.append((tt, SharedEvent(envelope: makeEnvelope(index, Timetoken(UInt64(tt))), isStored: false,
+                                         retentionHours: nil, dedupKey: nil)))
+        }
+        for chunk in stride(from: 0, to: rows.count, by: 1000) {
+            try await Self.insert(rows[chunk..<min(chunk + 1000, rows.count)], now: now, ephemeralSeconds: options.ephemeralSeconds,
+                                  connection: connection, logger: logger)
+        }
+        try await connection.query("UPDATE tether_sequencer SET last_tt = \(first + Int64(count) - 1) WHERE id = 1", logger: logger)
+        try await connection.query("SELECT pg_notify('tether_events', '')", logger: logger)
+    }
+
+    /// Rings this node's reader (after a commit made outside the writer).
+    func wakeReader() {
+        readerBellContinuation.yield()
+    }
+}

@@ -113,6 +113,36 @@ enum SharedLogSchema {
             // The cascade from a deleted event looks its actions up by message timetoken.
             "CREATE INDEX tether_message_action_message ON tether_message_action (message_tt)",
         ]),
+        (3, "presence", [
+            // One row per membership (present: `deadline_ms` set, Unix milliseconds) or state
+            // set ahead of a join (`deadline_ms` NULL). Written by whichever node got the request.
+            """
+            CREATE TABLE tether_presence (
+              sub_key text NOT NULL,
+              channel text COLLATE "C" NOT NULL,
+              uuid text COLLATE "C" NOT NULL,
+              deadline_ms bigint,
+              timeout_ms bigint NOT NULL,
+              state text,
+              PRIMARY KEY (sub_key, channel, uuid)
+            )
+            """,
+            "CREATE INDEX tether_presence_deadline ON tether_presence (deadline_ms) WHERE deadline_ms IS NOT NULL",
+            "CREATE INDEX tether_presence_uuid ON tether_presence (sub_key, uuid)",
+            // Channels above announce-max: the deltas of the interval in progress and its end.
+            """
+            CREATE TABLE tether_presence_interval (
+              sub_key text NOT NULL,
+              channel text COLLATE "C" NOT NULL,
+              next_ms bigint NOT NULL,
+              joined text[] NOT NULL,
+              left_ text[] NOT NULL,
+              timed_out text[] NOT NULL,
+              PRIMARY KEY (sub_key, channel)
+            )
+            """,
+            "CREATE INDEX tether_presence_interval_next ON tether_presence_interval (next_ms)",
+        ]),
         (4, "groups, grants and revocations", [
             """
             CREATE TABLE tether_channel_group (

@@ -62,22 +62,22 @@ extension TetherResponder {
         switch route {
         case .hereNowGlobal:
             if keyset.secretKey != nil { try requireAdmin(keyset, wire, method: "GET") }
-            return try hereNow(key: key, channels: nil, groups: [], wire)
+            return try await hereNow(key: key, channels: nil, groups: [], wire)
         case .hereNow where s.count == 4:
             let groups = try request.targets([], wire).groups
             try authorize(keyset, wire, channels: [], groups: groups, permission: .read)
-            return try hereNow(key: key, channels: nil, groups: groups, wire)
+            return try await hereNow(key: key, channels: nil, groups: groups, wire)
         case .hereNow:
             let (channels, groups) = try request.targets(wire.pathNames(5), wire)
             try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
-            return try hereNow(key: key, channels: channels, groups: groups, wire)
+            return try await hereNow(key: key, channels: channels, groups: groups, wire)
         case .whereNow:
             // No permission, as PubNub has it: where-now names channels, not their content.
             let uuid = s[5]
             do { try NameRules.validateUserId(uuid) } catch {
                 return Reply.error(.badRequest, service: "Presence", "Invalid uuid: \(error)")
             }
-            let channels = state.presence.read { $0.channels(subscribeKey: key, uuid: uuid) }
+            let channels = try await state.presence.whereNow(subscribeKey: key, uuid: uuid)
             var w = JSONWriter()
             w.raw("{\"status\":200,\"message\":\"OK\",\"payload\":{\"channels\":")
             w.stringArray(channels)
@@ -105,7 +105,7 @@ extension TetherResponder {
         case .getState:
             let (channels, groups) = try request.targets(wire.pathNames(5), wire)
             try authorize(keyset, wire, channels: channels, groups: groups, permission: .read)
-            return getState(key: key, uuid: s[7], channels: channels, groups: groups)
+            return try await getState(key: key, uuid: s[7], channels: channels, groups: groups)
         case .setState:
             let (channels, groups) = try request.targets(wire.pathNames(5), wire)
             let uuid = s[7]
@@ -132,7 +132,7 @@ extension TetherResponder {
         }
     }
 
-    private func hereNow(key: String, channels requested: [String]?, groups: [String], _ wire: WireRequest) throws(ParameterError) -> Response {
+    private func hereNow(key: String, channels requested: [String]?, groups: [String], _ wire: WireRequest) async throws -> Response {
         let options = try HereNowOptions(wire)
         let (includeState, includeUUIDs, limit, offset) = (options.includeState, options.includeUUIDs, options.limit, options.offset)
         let presence = state.presence
@@ -156,16 +156,10 @@ extension TetherResponder {
             w.raw("]")
         }
 
-        // The occupancy, and the sorted occupant list only when the answer shows it.
-        func lookUp(_ channel: String) -> (occupancy: Int, occupants: [(uuid: String, state: String?)]) {
-            guard includeUUIDs else { return (presence.read { $0.occupancy(subscribeKey: key, channel: channel) }, []) }
-            let occupants = presence.read { $0.occupants(subscribeKey: key, channel: channel) }
-            return (occupants.count, occupants)
-        }
-
         // One channel and no groups: the top-level shape (pubnub-wire §7.3).
         if let requested, requested.count == 1, groups.isEmpty {
-            let (occupancy, occupants) = lookUp(requested[0])
+            let found = try await presence.hereNow(subscribeKey: key, channels: requested, includeUUIDs: includeUUIDs)[requested[0]]
+            let (occupancy, occupants) = found ?? (0, [])
             var w = JSONWriter()
             w.raw("{\"status\":200,\"message\":\"OK\",\"service\":\"Presence\"")
             if includeUUIDs {
@@ -183,15 +177,16 @@ extension TetherResponder {
         } else if !groups.isEmpty {
             names = presence.concreteChannels(subscribeKey: key, channels: [], groups: groups)
         } else {
-            names = presence.read { $0.occupiedChannels(subscribeKey: key) }
+            names = try await presence.occupiedChannels(subscribeKey: key)
         }
+        // The occupancy, and the sorted occupant list only when the answer shows it.
+        let found = try await presence.hereNow(subscribeKey: key, channels: names, includeUUIDs: includeUUIDs)
         var w = JSONWriter(capacity: 1024)
         w.raw("{\"status\":200,\"message\":\"OK\",\"service\":\"Presence\",\"payload\":{\"channels\":{")
         var totalChannels = 0
         var totalOccupancy = 0
         for name in names {
-            let (occupancy, occupants) = lookUp(name)
-            if occupancy == 0 { continue }
+            guard let (occupancy, occupants) = found[name], occupancy > 0 else { continue }
             if totalChannels > 0 { w.raw(",") }
             totalChannels += 1
             totalOccupancy += occupancy
@@ -214,12 +209,12 @@ extension TetherResponder {
         return Reply.json(.ok, w.bytes)
     }
 
-    private func getState(key: String, uuid: String, channels: [String], groups: [String]) -> Response {
+    private func getState(key: String, uuid: String, channels: [String], groups: [String]) async throws -> Response {
         let presence = state.presence
         let concrete = presence.concreteChannels(subscribeKey: key, channels: channels, groups: groups)
         var w = JSONWriter()
         if channels.count == 1, groups.isEmpty {
-            let value = presence.read { $0.state(subscribeKey: key, uuid: uuid, channel: channels[0]) } ?? "{}"
+            let value = try await presence.states(subscribeKey: key, uuid: uuid, channels: channels)[channels[0]] ?? "{}"
             w.raw("{\"status\":200,\"uuid\":")
             w.string(uuid)
             w.raw(",\"service\":\"Presence\",\"message\":\"OK\",\"payload\":")
@@ -230,8 +225,9 @@ extension TetherResponder {
         } else {
             w.raw("{\"status\":200,\"message\":\"OK\",\"payload\":{\"channels\":{")
             var first = true
+            let states = try await presence.states(subscribeKey: key, uuid: uuid, channels: concrete)
             for channel in concrete {
-                guard let value = presence.read({ $0.state(subscribeKey: key, uuid: uuid, channel: channel) }) else { continue }
+                guard let value = states[channel] else { continue }
                 if !first { w.raw(",") }
                 first = false
                 w.string(channel)
