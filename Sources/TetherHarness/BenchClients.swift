@@ -387,11 +387,18 @@ final class PacedPublisher {
     private(set) var lateSends = 0
 
     /// Creates a publisher of `total` messages at `rate` per second.
-    init(request: PublishRequest, ledger: PublishLedger, rate: Int, total: Int) {
+    /// Message `n` of this publisher carries id `idOffset + n * idStride`, so several
+    /// publishers sharing a ledger (one per cluster node) interleave their ids, never repeat them.
+    private let idOffset: Int
+    private let idStride: Int
+
+    init(request: PublishRequest, ledger: PublishLedger, rate: Int, total: Int, idOffset: Int = 0, idStride: Int = 1) {
         self.request = request
         self.ledger = ledger
         self.interval = UInt64(1_000_000_000 / max(rate, 1))
         self.total = total
+        self.idOffset = idOffset
+        self.idStride = max(1, idStride)
     }
 
     /// Whether every message was sent.
@@ -428,7 +435,7 @@ final class PacedPublisher {
             let lag = now > scheduled ? now - scheduled : 0
             maxLag = max(maxLag, lag)
             if lag > 1_000_000 { lateSends += 1 }
-            connection.send(id: sent, now: now)
+            connection.send(id: idOffset + sent * idStride, now: now)
             sent += 1
         }
     }

@@ -86,7 +86,8 @@ extension BenchRunner {
                 let nodeRate = share(rate, index)
                 let nodeTotal = share(total, index)
                 let publisher = try await loop.submit {
-                    NIOLoopBound(PacedPublisher(request: request, ledger: ledger, rate: nodeRate, total: nodeTotal), eventLoop: loop)
+                    NIOLoopBound(PacedPublisher(request: request, ledger: ledger, rate: nodeRate, total: nodeTotal, idOffset: index,
+                                                idStride: nodes), eventLoop: loop)
                 }.get()
                 publishers.append(publisher)
                 publisherChannels += try await BenchConnector.connectMany(max(8, nodeRate / 50), to: target, group: loop) { _ in

@@ -474,7 +474,10 @@ package final class SharedLog: Sendable {
                         // A wake-up may have been missed while not listening.
                         self.readerBellContinuation.yield()
                         backoff = .milliseconds(100)
-                        for try await _ in notifications { self.readerBellContinuation.yield() }
+                        for try await _ in notifications {
+                            self.logger.trace("shared log wake-up")
+                            self.readerBellContinuation.yield()
+                        }
                     }
                 }
             } catch {
