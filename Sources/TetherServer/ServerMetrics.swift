@@ -53,6 +53,21 @@ public struct ServerMetrics: Sendable {
         Gauge(label: "tether_rate_limit_buckets", factory: factory).record(rateLimitBuckets)
     }
 
+    /// Cluster mode: `events` entries read from the shared log, and how far behind the clock
+    /// the node's visible cursor is (`seconds`; about a second when idle, growing while the
+    /// reader cannot read).
+    public func recordSharedLogRead(events: Int, lagSeconds: Double) {
+        if events > 0 { Counter(label: "tether_shared_log_entries_total", factory: factory).increment(by: events) }
+        Gauge(label: "tether_shared_log_lag_seconds", factory: factory).record(max(0, lagSeconds))
+    }
+
+    /// Cluster mode: a failed shared-log `operation` (`write`, `read`).
+    public func recordSharedLogError(_ operation: String) {
+        counters.counter(CounterCache.Key(label: "tether_shared_log_errors_total", first: operation, second: 0)) {
+            Counter(label: "tether_shared_log_errors_total", dimensions: [("operation", operation)], factory: factory)
+        }.increment()
+    }
+
     /// Counts one request to `endpoint` answered with `status`.
     public func recordRequest(endpoint: String, status: Int) {
         counters.counter(CounterCache.Key(label: "tether_requests_total", first: endpoint, second: status)) {

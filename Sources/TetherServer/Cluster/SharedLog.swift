@@ -329,6 +329,7 @@ package final class SharedLog: Sendable {
             readerBellContinuation.yield()
         case .failure(let error):
             note(error)
+            metrics.recordSharedLogError("write")
             logger.error("shared log write failed", metadata: ["error": "\(error)", "batch": "\(batch.count)"])
             for waiter in completion.waiters { waiter.resume(throwing: error) }
         }
@@ -437,6 +438,8 @@ package final class SharedLog: Sendable {
                                 cursor = max(horizon, events.last?.timetoken.storageValue ?? cursor)
                                 await deliver(events, Timetoken(UInt64(cursor)))
                             }
+                            self.metrics.recordSharedLogRead(
+                                events: events.count, lagSeconds: Double(self.clock().storageValue - cursor) / 10_000_000)
                             if events.count < 1000 { break }
                         }
                         if ContinuousClock.now - idleSince >= .seconds(1) {
@@ -453,6 +456,7 @@ package final class SharedLog: Sendable {
                         self.lastError.withLock { $0 = nil }
                     } catch {
                         if Task.isCancelled { return }
+                        self.metrics.recordSharedLogError("read")
                         self.note(Self.classify(error))
                         self.logger.warning("reading the shared log failed; retrying",
                                             metadata: ["error": "\(String(reflecting: error))"])
@@ -581,6 +585,11 @@ package final class SharedLog: Sendable {
     /// lost is `unavailable`; a full disk is `full`; anything else `failed`.
     static func classify(_ error: any Error) -> StoreError {
         if let error = error as? StoreError { return error }
+        // A failure inside `withTransaction` arrives wrapped: classify what actually failed.
+        if let error = error as? PostgresTransactionError,
+           let cause = error.closureError ?? error.commitError ?? error.beginError {
+            return classify(cause)
+        }
         if let error = error as? PSQLError {
             switch error.code {
             case .server:
