@@ -481,3 +481,56 @@ def test_several_nodes_migrate_a_fresh_database_at_once(cluster):
     for n in nodes:
         stored = [(int(m["timetoken"]), m["message"]["id"]) for m in fetch_all(n.origin, channel)]
         check_deliveries(f"history on {n.origin}", stored, {f"from-{i}": t for i, t in enumerate(tts)})
+
+
+def test_presence_of_a_killed_node_times_out_once_on_the_others(cluster, tmp_path):
+    """Issue #19 point 4 with real processes: heartbeats on any node count once in here-now on
+    every node; after SIGKILL of the node they were sent to, the occupant times out once the
+    timeout passes — one timeout event, seen by presence subscribers on both surviving nodes —
+    and here-now on every surviving node is right."""
+    from helpers import heartbeat_raw, occupants_raw, where_now_raw, write_config
+    config = write_config(str(tmp_path), presenceMinimumTimeoutSeconds=2)
+    args = node_args(cluster.database_url) + ["--config", config]
+    nodes = [cluster.factory.create(args=args).start() for _ in range(3)]
+    channel = unique("cluster-presence")
+    # Presence subscribers on the two nodes that survive, from a cursor before the join.
+    cursors = [subscribe_raw(n.origin, f"{channel}-pnpres", 0).json()["t"]["t"] for n in nodes[:2]]
+    events: list[list[dict]] = [[], []]
+    stop = threading.Event()
+
+    def follow(i: int) -> None:
+        cursor = cursors[i]
+        while not stop.is_set():
+            body = subscribe_raw(nodes[i].origin, f"{channel}-pnpres", cursor, timeout=15).json()
+            events[i].extend(m["d"] for m in body["m"])
+            cursor = body["t"]["t"]
+
+    threads = [threading.Thread(target=follow, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    # The same uuid heartbeats on node C, then on node B: one join.
+    heartbeat_raw(nodes[2].origin, channel, "walker", heartbeat=3)
+    heartbeat_raw(nodes[1].origin, channel, "walker", heartbeat=3)
+    heartbeat_raw(nodes[2].origin, channel, "sitter", heartbeat=3)
+    for n in nodes:
+        assert occupants_raw(n.origin, channel) == ["sitter", "walker"]
+        assert where_now_raw(n.origin, "walker") == [channel]
+    # `walker` keeps heartbeating on A; `sitter` only ever talked to C, which dies.
+    nodes[2].kill()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and occupants_raw(nodes[0].origin, channel) != ["walker"]:
+        heartbeat_raw(nodes[0].origin, channel, "walker", heartbeat=3)
+        time.sleep(0.5)
+    for n in nodes[:2]:
+        assert occupants_raw(n.origin, channel) == ["walker"]
+        assert where_now_raw(n.origin, "sitter") == []
+    wait_until(lambda: all(any(e.get("action") == "timeout" for e in ev) for ev in events), 20,
+               what="the timeout event on both surviving nodes")
+    time.sleep(1)  # a second sweep on each node would announce a second timeout
+    stop.set()
+    for ev in events:
+        actions = [(e.get("action"), e.get("uuid")) for e in ev]
+        assert actions.count(("join", "walker")) == 1, actions
+        assert actions.count(("join", "sitter")) == 1, actions
+        assert actions.count(("timeout", "sitter")) == 1, actions
+        assert ("timeout", "walker") not in actions, actions
