@@ -85,6 +85,20 @@ struct SharedLogTests {
         }
     }
 
+    @Test func aMigrationMissingBelowTheNewestIsApplied() async throws {
+        try await TestPostgres.withDatabase { url in
+            try await TestPostgres.open(url).close()
+            // As if a release had skipped version 3 while recording 4.
+            try await DatabaseAdmin.run(on: url, "DROP TABLE tether_presence_interval")
+            try await DatabaseAdmin.run(on: url, "DROP TABLE tether_presence")
+            try await DatabaseAdmin.run(on: url, "DELETE FROM tether_schema_migrations WHERE version = 3")
+            let log = try await TestPostgres.open(url)
+            #expect(try await log.appliedSchemaVersions() == SharedLogSchema.migrations.map(\.version))
+            try await DatabaseAdmin.run(on: url, "SELECT count(*) FROM tether_presence")
+            log.close()
+        }
+    }
+
     @Test func anUnreachableDatabaseIsNamedWithoutItsPassword() async throws {
         let url = try DatabaseURL("postgres://tether:hunter22@127.0.0.1:1/tether?sslmode=disable")
         do {

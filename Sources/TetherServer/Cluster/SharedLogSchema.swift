@@ -187,10 +187,18 @@ enum SharedLogSchema {
                   applied_at timestamptz NOT NULL DEFAULT now()
                 )
                 """, logger: logger)
-            let current = try await connection.query("SELECT COALESCE(max(version), 0) FROM tether_schema_migrations",
-                                                     logger: logger).decode(Int.self).first(where: { _ in true }) ?? 0
-            if current > latestVersion { throw SharedLogError.newerSchema(found: current, supported: latestVersion) }
-            for migration in migrations where migration.version > current {
+            var applied = Set<Int>()
+            for try await version in try await connection.query("SELECT version FROM tether_schema_migrations", logger: logger)
+                .decode(Int.self)
+            {
+                applied.insert(version)
+            }
+            if let newest = applied.max(), newest > latestVersion {
+                throw SharedLogError.newerSchema(found: newest, supported: latestVersion)
+            }
+            // Every migration not yet recorded, in order (not only those above the highest
+            // recorded: a database is never left without one this build expects).
+            for migration in migrations where !applied.contains(migration.version) {
                 logger.notice("migrating the shared database", metadata: [
                     "version": "\(migration.version)", "name": "\(migration.name)", "database": "\(url)",
                 ])
