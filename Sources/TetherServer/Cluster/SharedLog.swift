@@ -269,14 +269,18 @@ package final class SharedLog: Sendable {
               try await client.withTransaction(logger: logger) { connection in
                 let claimed = self.queue.withLock { $0.claim(ids) }
                 if claimed.isEmpty { return [:] }
-                let last = try await connection.query("SELECT last_tt FROM tether_sequencer WHERE id = 1 FOR UPDATE",
-                                                      logger: self.logger).decode(Int64.self).first(where: { _ in true }) ?? 0
                 let events = batch.filter { claimed.contains($0.id) }.compactMap { entry in entry.write.shared.map { (entry.id, $0) } }
+                // Locks the sequencer (to the commit) and takes one timetoken per event in one
+                // round trip; a repeat leaves its timetoken unused (timetokens need not be dense).
+                let count = Int64(events.count)
+                let last = try await connection.query("""
+                    UPDATE tether_sequencer SET last_tt = GREATEST(last_tt + 1, \(now)) + \(count) - 1 WHERE id = 1 RETURNING last_tt
+                    """, logger: self.logger).decode(Int64.self).first(where: { _ in true }) ?? 0
                 let known = try await Self.remembered(events.compactMap(\.1.dedupKey), connection: connection, logger: self.logger)
                 var outcomes: [UInt64: SharedWriteResult] = [:]
                 var fresh: [DedupKey: Int64] = [:]
                 var rows: [(Int64, SharedEvent)] = []
-                var next = max(last + 1, now)
+                var next = last - count + 1
                 for (id, event) in events {
                     if let key = event.dedupKey, let original = known[key] ?? fresh[key] {
                         outcomes[id] = SharedWriteResult(outcome: .repeated(Timetoken(UInt64(original))))
@@ -301,9 +305,6 @@ package final class SharedLog: Sendable {
                     try await Self.insert(rows[chunk..<min(chunk + 1000, rows.count)], now: now,
                                           ephemeralSeconds: self.options.ephemeralSeconds, connection: connection, logger: self.logger)
                 }
-                try await connection.query("UPDATE tether_sequencer SET last_tt = \(next - 1) WHERE id = 1", logger: self.logger)
-                // Delivered at commit, once per transaction; carries nothing but the wake-up.
-                try await connection.query("SELECT pg_notify('tether_events', '')", logger: self.logger)
                 return outcomes
               }
             })
@@ -365,7 +366,6 @@ package final class SharedLog: Sendable {
         var binds = PostgresBindings(capacity: rows.count * 11)
         var tuples: [String] = []
         var records: [String] = []
-        var recordBinds = PostgresBindings()
         for (tt, event) in rows {
             let e = event.envelope
             let base = binds.count
@@ -389,26 +389,32 @@ package final class SharedLog: Sendable {
             binds.append(expires)
             tuples.append("(" + (1...11).map { "$\(base + $0)" }.joined(separator: ", ") + ")")
             if let key = event.dedupKey {
-                let r = recordBinds.count
-                recordBinds.append(key.subscribeKey)
-                recordBinds.append(key.publisher)
-                recordBinds.append(key.requestID)
-                recordBinds.append(tt)
-                recordBinds.append(e.channel)
-                recordBinds.append(now)
+                let r = binds.count
+                binds.append(key.subscribeKey)
+                binds.append(key.publisher)
+                binds.append(key.requestID)
+                binds.append(tt)
+                binds.append(e.channel)
+                binds.append(now)
                 records.append("(" + (1...6).map { "$\(r + $0)" }.joined(separator: ", ") + ")")
             }
         }
-        try await connection.query(PostgresQuery(unsafeSQL: """
-            INSERT INTO tether_event (tt, sub_key, channel, kind, publisher, payload, meta, custom_type, seqn, stored, expires_at)
-            VALUES \(tuples.joined(separator: ", "))
-            """, binds: binds), logger: logger)
+        // One statement: the events, their request ids, and the wake-up (delivered at commit,
+        // once per transaction however many statements ask; it carries nothing else).
+        var sql = """
+            WITH events AS (
+              INSERT INTO tether_event (tt, sub_key, channel, kind, publisher, payload, meta, custom_type, seqn, stored, expires_at)
+              VALUES \(tuples.joined(separator: ", ")) RETURNING 1)
+            """
         if !records.isEmpty {
-            try await connection.query(PostgresQuery(unsafeSQL: """
-                INSERT INTO tether_publish_record (sub_key, publisher, request_id, tt, channel, created_at)
-                VALUES \(records.joined(separator: ", ")) ON CONFLICT DO NOTHING
-                """, binds: recordBinds), logger: logger)
+            sql += """
+                , records AS (
+                  INSERT INTO tether_publish_record (sub_key, publisher, request_id, tt, channel, created_at)
+                  VALUES \(records.joined(separator: ", ")) ON CONFLICT DO NOTHING RETURNING 1)
+                """
         }
+        sql += " SELECT pg_notify('tether_events', '')"
+        try await connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger)
     }
 
     // MARK: Reading every node's events
