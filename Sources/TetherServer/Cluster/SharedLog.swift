@@ -95,8 +95,6 @@ package struct SharedLogOptions: Sendable {
 package final class SharedLog: Sendable {
     private typealias Waiter = CheckedContinuation<SharedWriteResult, any Error>
 
-    /// The schema this build writes; a database at a newer version is refused.
-    package static let schemaVersion = 1
     /// The notification channel of the wake-ups.
     static let wakeChannel = "tether_events"
 
