@@ -267,6 +267,23 @@ package struct Bench: AsyncParsableCommand {
     /// Checks the options.
     package func validate() throws {
         guard duration > 0 else { throw ValidationError("--duration must be positive") }
+        if scenario == .cluster {
+            let counts = clusterNodes.split(separator: ",", omittingEmptySubsequences: false)
+                .map { Int($0.trimmingCharacters(in: .whitespaces)) }
+            guard !counts.isEmpty, counts.allSatisfy({ $0.map { (0...16).contains($0) } ?? false }) else {
+                throw ValidationError("--cluster-nodes takes node counts from 0 (one node on SQLite) to 16, e.g. 0,1,2,3")
+            }
+            guard (1...100_000).contains(clusterSubscribers) else {
+                throw ValidationError("--cluster-subscribers must be between 1 and 100000")
+            }
+            guard (1...1_000).contains(clusterPublishers) else { throw ValidationError("--cluster-publishers must be between 1 and 1000") }
+            guard (1...1_000_000).contains(rate) else { throw ValidationError("--rate must be between 1 and 1000000") }
+            if counts.contains(where: { ($0 ?? 0) > 0 }) {
+                guard let databaseURL, databaseURL.hasPrefix("postgres://") || databaseURL.hasPrefix("postgresql://") else {
+                    throw ValidationError("--cluster-nodes above 0 needs --database-url postgres://… (scripts/postgres starts one)")
+                }
+            }
+        }
         let counts = subscriberCounts
         guard !counts.isEmpty, counts.count == subscribers.split(separator: ",").count, counts.allSatisfy({ $0 > 0 }) else {
             throw ValidationError("--subscribers must be a comma-separated list of positive numbers")
@@ -504,13 +521,8 @@ package struct Bench: AsyncParsableCommand {
 
     /// The cluster scenario: each configuration on freshly spawned nodes.
     func measureCluster(runner: BenchRunner) async throws -> [ClusterResult] {
+        // Checked by validate().
         let counts = clusterNodes.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
-        guard !counts.isEmpty, counts.allSatisfy({ (0...16).contains($0) }) else {
-            throw BenchError("--cluster-nodes takes node counts from 0 (SQLite) to 16, e.g. 0,1,2,3")
-        }
-        if counts.contains(where: { $0 > 0 }), databaseURL == nil {
-            throw BenchError("the cluster scenario needs --database-url postgres://… for node counts above 0 (scripts/postgres starts one)")
-        }
         var results: [ClusterResult] = []
         for count in counts {
             let arguments = count == 0 ? [] : ["--database-url", databaseURL ?? ""]

@@ -244,17 +244,16 @@ public final class LongPollHub: Sendable {
         do {
             outcome = try await shared.append(SharedEvent(envelope: envelope, isStored: stored != nil,
                                                           retentionHours: retentionHours, dedupKey: key))
-        } catch let error as StoreError where error.code == .outcomeUnknown {
-            // Whether it committed is unknown here; a repeat of the request id asks the log again.
-            if let key { release(key) }
-            throw error
         } catch {
+            // Not written — or, for `outcomeUnknown`, not known here: either way a repeat of the
+            // request id asks the log, which answers with the original if it committed.
             if let key { release(key) }
             throw error
         }
         if let key { settle(key, timetoken: outcome.timetoken, at: dedupClock()) }
-        if case .repeated = outcome { metrics.recordDedupHit() }
-        return HubPublishResult(timetoken: outcome.timetoken, isRepeat: outcome != .appended(outcome.timetoken))
+        guard case .repeated = outcome else { return HubPublishResult(timetoken: outcome.timetoken, isRepeat: false) }
+        metrics.recordDedupHit()
+        return HubPublishResult(timetoken: outcome.timetoken, isRepeat: true)
     }
 
     /// Cluster mode: delivers events the shared log committed (every node's), in timetoken

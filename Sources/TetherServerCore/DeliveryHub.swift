@@ -276,8 +276,11 @@ public struct DeliveryHub: Sendable {
     /// further commit. Events at or below the visible cursor were already taken and are
     /// skipped. A hub fed this way never reserves: its cursor only follows the log.
     public mutating func ingest(_ events: [BufferedEvent], through horizon: Timetoken, now: Timetoken) -> [WaiterID] {
+        // A hub fed by a log never reserves; a reservation here would be a mixed-up caller, and
+        // skipping the log's events because of it would lose them.
+        assert(inFlight.isEmpty, "a hub fed by ingest(_:through:now:) must not reserve")
         var woken: [WaiterID] = []
-        for event in events where inFlight.isEmpty && event.timetoken > sequencer.last {
+        for event in events where event.timetoken > sequencer.last {
             let key = ChannelKey(subscribeKey: event.envelope.subscribeKey, channel: event.envelope.channel)
             // The window's coverage is the cursor before this event: every later event of the
             // channel arrives through here, in order.

@@ -84,3 +84,34 @@ def test_console_cost_scenario_compares_server_cpu_per_publish():
     assert re.search(r"overhead as run: [\d.]+ subscribe cycles per publish .*→ -?[\d.]+ % of the server's CPU per publish "
                      r"\(goal < 2 %: (met|NOT met)\)", out), out
     assert re.search(r"over-estimate: recorder -?\d+ ns per publish-equivalent", out), out
+
+
+def test_cluster_scenario_checks_every_delivery_across_nodes(postgres_database):
+    """SQLite baseline and two nodes on one PostgreSQL, at a toy size: every delivery checked."""
+    import json
+    out = bench("--scenario", "cluster", "--database-url", postgres_database, "--cluster-nodes", "0,2",
+                "--duration", "2", "--warmup", "1", "--rate", "100", "--cluster-subscribers", "4",
+                "--cluster-publishers", "2", "--json")
+    results = json.loads(out)["cluster"]
+    assert [(r["store"], r["nodes"]) for r in results] == [("sqlite", 1), ("postgres", 2)]
+    for r in results:
+        assert (r["lost"], r["duplicates"], r["outOfOrder"], r["publishErrors"]) == (0, 0, 0, 0), r
+        assert r["pacedPublished"] > 0 and r["publishesPerSecond"] > 0, r
+        assert len(r["nodeCPUPercent"]) == r["nodes"], r
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--cluster-nodes", "0,17"], "--cluster-nodes"),
+    (["--cluster-nodes", "two"], "--cluster-nodes"),
+    (["--cluster-nodes", "0,,1"], "--cluster-nodes"),
+    (["--cluster-nodes", "1"], "--database-url"),
+    (["--cluster-nodes", "1", "--database-url", "mysql://u@h/db"], "--database-url"),
+    (["--cluster-nodes", "0", "--cluster-subscribers", "0"], "--cluster-subscribers"),
+    (["--cluster-nodes", "0", "--cluster-subscribers", "99999999999"], "--cluster-subscribers"),
+    (["--cluster-nodes", "0", "--cluster-publishers", "-1"], "--cluster-publishers"),
+    (["--cluster-nodes", "0", "--rate", "0"], "--rate"),
+])
+def test_cluster_scenario_refuses_hostile_options(args, says):
+    proc = subprocess.run([TETHER_BIN, "bench", "--scenario", "cluster", *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0, proc.stdout
+    assert says in proc.stderr, proc.stderr

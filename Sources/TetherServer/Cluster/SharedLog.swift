@@ -433,29 +433,29 @@ package final class SharedLog: Sendable {
             }
             group.addTask {
                 var cursor = self.startHorizon.storageValue
-                var idleSince = ContinuousClock.now
+                var lastEvent = ContinuousClock.now
+                /// Reads and delivers everything up to the current horizon, page by page.
+                func drain() async throws {
+                    while true {
+                        let (events, horizon) = try await self.read(after: cursor, limit: 1000)
+                        if horizon > cursor || !events.isEmpty {
+                            cursor = max(horizon, events.last?.timetoken.storageValue ?? cursor)
+                            await deliver(events, Timetoken(UInt64(cursor)))
+                        }
+                        if !events.isEmpty { lastEvent = .now }
+                        self.metrics.recordSharedLogRead(
+                            events: events.count, lagSeconds: Double(self.clock().storageValue - cursor) / 10_000_000)
+                        if events.count < 1000 { return }
+                    }
+                }
                 for await _ in self.readerBell {
                     do {
-                        while true {
-                            let (events, horizon) = try await self.read(after: cursor, limit: 1000)
-                            if horizon > cursor || !events.isEmpty {
-                                cursor = max(horizon, events.last?.timetoken.storageValue ?? cursor)
-                                await deliver(events, Timetoken(UInt64(cursor)))
-                            }
-                            self.metrics.recordSharedLogRead(
-                                events: events.count, lagSeconds: Double(self.clock().storageValue - cursor) / 10_000_000)
-                            if events.count < 1000 { break }
-                        }
-                        if ContinuousClock.now - idleSince >= .seconds(1) {
-                            idleSince = .now
-                            // Idle: move the sequencer up to the clock (never down), so the
-                            // cursor handed to new subscribers and `/time/0` follows the time.
-                            let raised = try await self.raiseSequencer(to: self.clock().storageValue)
-                            if raised > cursor {
-                                let (events, horizon) = try await self.read(after: cursor, limit: 1000)
-                                cursor = max(horizon, events.last?.timetoken.storageValue ?? cursor)
-                                await deliver(events, Timetoken(UInt64(cursor)))
-                            }
+                        try await drain()
+                        if ContinuousClock.now - lastEvent >= .seconds(1) {
+                            lastEvent = .now
+                            // Idle for a second: move the sequencer up to the clock (never down),
+                            // so the cursor handed to new subscribers and `/time/0` follows the time.
+                            if try await self.raiseSequencer(to: self.clock().storageValue) > cursor { try await drain() }
                         }
                         self.lastError.withLock { $0 = nil }
                     } catch {
