@@ -427,6 +427,12 @@ public struct KeysetRegistry: Sendable {
     /// The limits that apply to a keyset.
     public func limits(for keyset: Keyset) -> Limits { keyset.limits ?? defaultLimits }
 
+    /// The largest `POST` publish body any keyset reads (the message, compressed or
+    /// percent-encoded, at most four times its limit, plus slack).
+    var largestPublishBody: Int {
+        (bySubscribeKey.values.map { limits(for: $0).maxMessageBytes } + [defaultLimits.maxMessageBytes]).max()! * 4 + 1024
+    }
+
     /// All keysets.
     public var all: [Keyset] { Array(bySubscribeKey.values) }
 }

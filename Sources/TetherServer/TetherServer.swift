@@ -243,9 +243,16 @@ public struct TetherServer: Sendable {
         // The HTTP parser's limits sit above the largest URI limit, so an over-long URI reaches
         // the responder and gets the protocol's JSON 414 instead of the parser's bare 400.
         let headerLimit = max(256 * 1024, KeysetRegistry(configuration: configuration.file).largestURILimit * 2)
+        // The hot routes are answered by `HotPathHandler`, which also owns the idle timeout
+        // (Hummingbird's would not see the hot requests).
+        let responder = TetherResponder(state: state)
+        let logger = logger
+        let idle = configuration.subscribeTimeout + .seconds(30)
+        let maxBody = state.keysets.largestPublishBody
         let http1Configuration = HTTP1Channel.Configuration(
-            additionalChannelHandlers: [ParserErrorResponder(), InputClosedCloser()],
-            idleTimeout: configuration.subscribeTimeout + .seconds(30),
+            additionalChannelHandlers: [ParserErrorResponder(), InputClosedCloser(),
+                                        HotPathHandler(responder: responder, logger: logger, maxBodyBytes: maxBody, idleTimeout: idle)],
+            idleTimeout: nil,
             httpDecoderConfiguration: .init(maxHeaderFieldSize: headerLimit, maxHeaderListSize: headerLimit))
         let http1: HTTPServerBuilder
         if configuration.webSocket.enabled {

@@ -1,0 +1,295 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+import NIOHTTPTypes
+import Synchronization
+
+/// Answers the hot routes of the wire — publish and signal, subscribe, time — from the
+/// connection's channel pipeline instead of through Hummingbird's per-connection request loop
+/// (an async stream of request parts, a streamed request body, and an async response writer
+/// that hops to the event loop for every part). The answer is still ``TetherResponder``'s:
+/// the same routing, checks, handlers and error bodies; only the transport around it is
+/// lighter (docs/benchmarks.md, "Where a request's CPU and memory go").
+///
+/// Everything else (uploads, App Context, history, the console, the admin API) is passed on
+/// to Hummingbird unchanged. Responses stay in request order: a hot request that arrives while
+/// a passed-on request is being answered is passed on too, and requests that arrive while a
+/// hot one is being answered wait here (reading from the socket stops meanwhile).
+///
+/// The handler also owns the connection's idle timeout (Hummingbird's never sees the hot
+/// requests, so it would take a busy connection for an idle one), and a graceful shutdown's
+/// quiesce: a connection in the middle of a hot answer closes after it.
+final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPRequestPart
+    typealias InboundOut = HTTPRequestPart
+    typealias OutboundIn = HTTPResponsePart
+    typealias OutboundOut = HTTPResponsePart
+
+    private let responder: TetherResponder
+    private let logger: Logger
+    /// The largest body a hot `POST` may declare; a larger or unsized one is passed on.
+    private let maxBodyBytes: Int
+    private let idleTimeout: TimeAmount
+
+    private enum Reading {
+        case idle
+        case forwarding
+        case collecting(HTTPRequest, ByteBuffer?)
+    }
+
+    private var reading = Reading.idle
+    /// Requests passed on whose response has not ended.
+    private var forwardedInFlight = 0
+    /// A hot request is being answered.
+    private var answering = false
+    /// Parts that arrived while a hot request was being answered, replayed after its answer.
+    private var held = CircularBuffer<HTTPRequestPart>()
+    private var readPending = false
+    private var closeAfterAnswer = false
+    private var lastActivity = NIODeadline.now()
+    private var idleTimer: Scheduled<Void>?
+
+    init(responder: TetherResponder, logger: Logger, maxBodyBytes: Int, idleTimeout: TimeAmount) {
+        self.responder = responder
+        self.logger = logger
+        self.maxBodyBytes = maxBodyBytes
+        self.idleTimeout = idleTimeout
+    }
+
+    // MARK: Inbound
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let part = unwrapInboundIn(data)
+        if answering || !held.isEmpty {
+            held.append(part)
+            return
+        }
+        process(part, context: context)
+    }
+
+    private func process(_ part: HTTPRequestPart, context: ChannelHandlerContext) {
+        lastActivity = .now()
+        switch reading {
+        case .idle:
+            guard case .head(let head) = part else {
+                context.fireChannelRead(wrapInboundOut(part))
+                return
+            }
+            if forwardedInFlight == 0, isHot(head) {
+                reading = .collecting(head, nil)
+            } else {
+                reading = .forwarding
+                forwardedInFlight += 1
+                context.fireChannelRead(wrapInboundOut(part))
+            }
+        case .forwarding:
+            if case .end = part { reading = .idle }
+            context.fireChannelRead(wrapInboundOut(part))
+        case .collecting(let head, var body):
+            switch part {
+            case .head:
+                // The decoder never starts a request inside another; pass it on if it did.
+                reading = .forwarding
+                forwardedInFlight += 1
+                context.fireChannelRead(wrapInboundOut(part))
+            case .body(var buffer):
+                reading = .idle  // let `body` be uniquely referenced while appending
+                if body == nil { body = buffer } else { body!.writeBuffer(&buffer) }
+                reading = .collecting(head, body)
+            case .end:
+                reading = .idle
+                answer(head, body: body, context: context)
+            }
+        }
+    }
+
+    /// Whether the request goes the hot way: a `GET` publish, signal, subscribe or time, or a
+    /// `POST` publish whose declared body fits.
+    private func isHot(_ head: HTTPRequest) -> Bool {
+        guard let path = head.path else { return false }
+        switch head.method {
+        case .get:
+            return path.hasPrefix("/v2/subscribe/") || path.hasPrefix("/publish/") || path.hasPrefix("/signal/")
+                || path.hasPrefix("/time/")
+        case .post:
+            guard path.hasPrefix("/publish/"), head.headerFields[.transferEncoding] == nil,
+                  let length = head.headerFields[.contentLength].flatMap({ Int($0) }), length <= maxBodyBytes
+            else { return false }
+            return head.headerFields[.expect] == nil
+        default:
+            return false
+        }
+    }
+
+    private func answer(_ head: HTTPRequest, body: ByteBuffer?, context: ChannelHandlerContext) {
+        answering = true
+        if head.headerFields[.connection] == "close" { closeAfterAnswer = true }
+        let request = Request(head: head, body: RequestBody(buffer: body ?? ByteBuffer()))
+        let channel = context.channel
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let responder = responder
+        let requestContext = TetherRequestContext(source: .init(channel: channel, logger: logger))
+        Task {
+            let (head, body) = await responder.respondCollected(to: request, context: requestContext)
+            channel.eventLoop.execute {
+                let (handler, context) = bound.value
+                handler.write(head, body, context: context)
+            }
+        }
+    }
+
+    private func write(_ head: HTTPResponse, _ body: ByteBuffer, context: ChannelHandlerContext) {
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(body)), promise: nil) }
+        answering = false
+        lastActivity = .now()
+        if closeAfterAnswer || head.headerFields[.connection] == "close" {
+            held.removeAll()
+            context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in context.close(promise: nil) }
+            return
+        }
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        while !answering, let part = held.popFirst() {
+            process(part, context: context)
+        }
+        if !answering, readPending {
+            readPending = false
+            context.read()
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // A request cut short mid-body: nothing of it is answered or stored.
+        if case .collecting = reading { reading = .idle }
+        context.fireErrorCaught(error)
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is ChannelShouldQuiesceEvent, answering {
+            closeAfterAnswer = true
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    // MARK: Outbound
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if case .end = unwrapOutboundIn(data) {
+            forwardedInFlight = max(0, forwardedInFlight - 1)
+            lastActivity = .now()
+        }
+        context.write(data, promise: promise)
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if answering {
+            readPending = true
+        } else {
+            context.read()
+        }
+    }
+
+    // MARK: Idle timeout
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        scheduleIdleCheck(context: context, in: idleTimeout)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        idleTimer?.cancel()
+        idleTimer = nil
+    }
+
+    private func scheduleIdleCheck(context: ChannelHandlerContext, in delay: TimeAmount) {
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        idleTimer = context.eventLoop.scheduleTask(in: delay) {
+            let (handler, context) = bound.value
+            handler.idleCheck(context: context)
+        }
+    }
+
+    private func idleCheck(context: ChannelHandlerContext) {
+        idleTimer = nil
+        guard context.channel.isActive else { return }
+        let busy: Bool
+        if case .idle = reading { busy = answering || forwardedInFlight > 0 } else { busy = true }
+        let idleFor = NIODeadline.now() - lastActivity
+        if !busy, idleFor >= idleTimeout {
+            context.close(promise: nil)
+            return
+        }
+        scheduleIdleCheck(context: context, in: busy ? idleTimeout : idleTimeout - idleFor)
+    }
+}
+
+extension TetherResponder {
+    /// ``respond(to:context:)`` for the hot path: the response head (with `Date` and
+    /// `Content-Length`) and its body in one buffer.
+    func respondCollected(to request: Request, context: TetherRequestContext) async -> (HTTPResponse, ByteBuffer) {
+        var response: Response
+        do {
+            response = try await respond(to: request, context: context)
+        } catch {
+            response = Response(status: .internalServerError)
+        }
+        let sink = CollectedBody()
+        do {
+            try await response.body.write(CollectingBodyWriter(sink: sink))
+        } catch {
+            state.logger.error("response body failed", metadata: ["error": "\(error)"])
+        }
+        var head = response.head
+        let body = sink.buffer.withLock { $0 }
+        head.headerFields[.contentLength] = String(body.readableBytes)
+        head.headerFields[.date] = HTTPDate.now()
+        return (head, body)
+    }
+}
+
+/// Where ``CollectingBodyWriter`` puts a response body.
+final class CollectedBody: Sendable {
+    let buffer = Mutex(ByteBuffer())
+}
+
+/// A response body writer that keeps what it is given.
+struct CollectingBodyWriter: ResponseBodyWriter {
+    let sink: CollectedBody
+
+    mutating func write(_ buffer: ByteBuffer) async throws {
+        var buffer = buffer
+        sink.buffer.withLock { $0.writeBuffer(&buffer) }
+    }
+
+    consuming func finish(_ trailingHeaders: HTTPFields?) async throws {}
+}
+
+/// The `Date` header's value (RFC 9110 IMF-fixdate), made at most once a second per thread.
+enum HTTPDate {
+    private static let cache = Mutex<(Int, String)>((0, ""))
+
+    static func now() -> String {
+        let seconds = time(nil)
+        if let cached = cache.withLock({ $0.0 == seconds ? $0.1 : nil }) { return cached }
+        let text = format(seconds)
+        cache.withLock { $0 = (seconds, text) }
+        return text
+    }
+
+    static func format(_ seconds: Int) -> String {
+        var t = time_t(seconds)
+        var parts = tm()
+        gmtime_r(&t, &parts)
+        let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
+        let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
+        return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
+            + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
+    }
+}
