@@ -9,6 +9,7 @@ import Logging
 import NIOCore
 import NIOHTTPTypes
 import Synchronization
+import TetherProtocol
 
 /// Answers the hot routes of the wire — publish and signal, subscribe, time — from the
 /// connection's channel pipeline instead of through Hummingbird's per-connection request loop
@@ -131,7 +132,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         answering = true
         if head.headerFields[.connection] == "close" { closeAfterAnswer = true }
         if head.path == "/time/0" {
-            var body = ByteBuffer(string: "[\(responder.state.hub.currentCursor.rawValue)]")
+            let body = ByteBuffer(string: "[\(responder.state.hub.currentCursor.rawValue)]")
             var h = HTTPResponse(status: .ok)
             h.headerFields = [.contentType: "text/javascript; charset=\"UTF-8\"", .cacheControl: "no-cache", .accessControlAllowOrigin: "*",
                               .accessControlAllowMethods: "GET, POST, DELETE, OPTIONS", .contentLength: String(body.readableBytes), .date: HTTPDate.now()]
@@ -160,7 +161,10 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         lastActivity = .now()
         if closeAfterAnswer || head.headerFields[.connection] == "close" {
             held.removeAll()
-            context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in context.close(promise: nil) }
+            let promise = context.eventLoop.makePromise(of: Void.self)
+            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
+            let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+            promise.futureResult.whenComplete { _ in bound.value.close(promise: nil) }
             return
         }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
@@ -285,9 +289,9 @@ enum HTTPDate {
 
     static func now() -> String {
         let seconds = time(nil)
-        if let cached = cache.withLock({ $0.0 == seconds ? $0.1 : nil }) { return cached }
+        if let cached = cache.withLock({ $0.0 == seconds ? $0.1 : nil }) as String? { return cached }
         let text = format(seconds)
-        cache.withLock { $0 = (seconds, text) }
+        cache.withLock { $0 = (seconds, text) } as Void
         return text
     }
 
