@@ -55,6 +55,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var closeAfterAnswer = false
     private var lastActivity = NIODeadline.now()
     private var idleTimer: Scheduled<Void>?
+    /// Runs the answers' tasks on this connection's event loop.
+    private var executor: EventLoopTaskExecutor!
 
     init(responder: TetherResponder, logger: Logger, maxBodyBytes: Int, idleTimeout: TimeAmount) {
         self.responder = responder
@@ -131,25 +133,23 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private func answer(_ head: HTTPRequest, body: ByteBuffer?, context: ChannelHandlerContext) {
         answering = true
         if head.headerFields[.connection] == "close" { closeAfterAnswer = true }
-        if head.path == "/time/0" {
-            let body = ByteBuffer(string: "[\(responder.state.hub.currentCursor.rawValue)]")
-            var h = HTTPResponse(status: .ok)
-            h.headerFields = [.contentType: "text/javascript; charset=\"UTF-8\"", .cacheControl: "no-cache", .accessControlAllowOrigin: "*",
-                              .accessControlAllowMethods: "GET, POST, DELETE, OPTIONS", .contentLength: String(body.readableBytes), .date: HTTPDate.now()]
-            _ = body.readableBytes
-            write(h, body, context: context)
-            return
-        }
         let request = Request(head: head, body: RequestBody(buffer: body ?? ByteBuffer()))
         let channel = context.channel
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let responder = responder
         let requestContext = TetherRequestContext(source: .init(channel: channel, logger: logger))
-        Task {
+        // The answer runs on this connection's event loop: no hop to the concurrency pool
+        // and back, which cost more than the rest of a simple request (docs/benchmarks.md).
+        Task(executorPreference: executor) {
             let (head, body) = await responder.respondCollected(to: request, context: requestContext)
-            channel.eventLoop.execute {
+            if channel.eventLoop.inEventLoop {
                 let (handler, context) = bound.value
                 handler.write(head, body, context: context)
+            } else {
+                channel.eventLoop.execute {
+                    let (handler, context) = bound.value
+                    handler.write(head, body, context: context)
+                }
             }
         }
     }
@@ -212,6 +212,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     // MARK: Idle timeout
 
     func handlerAdded(context: ChannelHandlerContext) {
+        executor = EventLoopTaskExecutor(context.eventLoop)
         scheduleIdleCheck(context: context, in: idleTimeout)
     }
 
@@ -304,5 +305,19 @@ enum HTTPDate {
         func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
         return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
             + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
+    }
+}
+
+/// A task executor that runs jobs on one NIO event loop, so a request's task runs where its
+/// connection's I/O does.
+final class EventLoopTaskExecutor: TaskExecutor {
+    let loop: any EventLoop
+
+    init(_ loop: any EventLoop) { self.loop = loop }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        let executor = asUnownedTaskExecutor()
+        loop.execute { job.runSynchronously(on: executor) }
     }
 }
