@@ -32,8 +32,10 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundIn = HTTPResponsePart
     typealias OutboundOut = HTTPResponsePart
 
-    private let responder: TetherResponder
-    private let logger: Logger
+    /// What answers a hot request: ``TetherResponder/respondCollected(to:context:)``.
+    typealias Answer = @Sendable (Request, any Channel) async -> (HTTPResponse, ByteBuffer)
+
+    private let answerRequest: Answer
     /// The largest body a hot `POST` may declare; a larger or unsized one is passed on.
     private let maxBodyBytes: Int
     private let idleTimeout: TimeAmount
@@ -58,9 +60,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// Runs the answers' tasks on this connection's event loop.
     private var executor: EventLoopTaskExecutor!
 
-    init(responder: TetherResponder, logger: Logger, maxBodyBytes: Int, idleTimeout: TimeAmount) {
-        self.responder = responder
-        self.logger = logger
+    init(maxBodyBytes: Int, idleTimeout: TimeAmount, answer: @escaping Answer) {
+        self.answerRequest = answer
         self.maxBodyBytes = maxBodyBytes
         self.idleTimeout = idleTimeout
     }
@@ -77,7 +78,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func process(_ part: HTTPRequestPart, context: ChannelHandlerContext) {
-        lastActivity = .now()
+        lastActivity = context.eventLoop.now
         switch reading {
         case .idle:
             guard case .head(let head) = part else {
@@ -136,12 +137,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         let request = Request(head: head, body: RequestBody(buffer: body ?? ByteBuffer()))
         let channel = context.channel
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        let responder = responder
-        let requestContext = TetherRequestContext(source: .init(channel: channel, logger: logger))
+        let answerRequest = answerRequest
         // The answer runs on this connection's event loop: no hop to the concurrency pool
         // and back, which cost more than the rest of a simple request (docs/benchmarks.md).
         Task(executorPreference: executor) {
-            let (head, body) = await responder.respondCollected(to: request, context: requestContext)
+            let (head, body) = await answerRequest(request, channel)
             if channel.eventLoop.inEventLoop {
                 let (handler, context) = bound.value
                 handler.write(head, body, context: context)
@@ -158,7 +158,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         context.write(wrapOutboundOut(.head(head)), promise: nil)
         if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(body)), promise: nil) }
         answering = false
-        lastActivity = .now()
+        lastActivity = context.eventLoop.now
         if closeAfterAnswer || head.headerFields[.connection] == "close" {
             held.removeAll()
             let promise = context.eventLoop.makePromise(of: Void.self)
@@ -184,7 +184,9 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if event is ChannelShouldQuiesceEvent, answering {
+        // Shutting down: a connection in the middle of a hot request closes after its answer
+        // (Hummingbird's handler never saw the request and would close it at once).
+        if event is ChannelShouldQuiesceEvent, answering || isReadingRequest {
             closeAfterAnswer = true
             return
         }
@@ -196,7 +198,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         if case .end = unwrapOutboundIn(data) {
             forwardedInFlight = max(0, forwardedInFlight - 1)
-            lastActivity = .now()
+            lastActivity = context.eventLoop.now
         }
         context.write(data, promise: promise)
     }
@@ -213,6 +215,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     func handlerAdded(context: ChannelHandlerContext) {
         executor = EventLoopTaskExecutor(context.eventLoop)
+        lastActivity = context.eventLoop.now
         scheduleIdleCheck(context: context, in: idleTimeout)
     }
 
@@ -229,17 +232,28 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
+    /// Whether a request's head has arrived and its end not yet.
+    private var isReadingRequest: Bool {
+        if case .idle = reading { return false }
+        return true
+    }
+
+    /// Hummingbird's rule: a connection is closed after `idleTimeout` without reading anything,
+    /// unless a request it sent whole is being answered (a long-poll). A request whose body
+    /// stops arriving does not hold the connection open.
     private func idleCheck(context: ChannelHandlerContext) {
         idleTimer = nil
         guard context.channel.isActive else { return }
-        let busy: Bool
-        if case .idle = reading { busy = answering || forwardedInFlight > 0 } else { busy = true }
-        let idleFor = NIODeadline.now() - lastActivity
-        if !busy, idleFor >= idleTimeout {
+        if !isReadingRequest, answering || forwardedInFlight > 0 {
+            scheduleIdleCheck(context: context, in: idleTimeout)
+            return
+        }
+        let idleFor = context.eventLoop.now - lastActivity
+        if idleFor >= idleTimeout {
             context.close(promise: nil)
             return
         }
-        scheduleIdleCheck(context: context, in: busy ? idleTimeout : idleTimeout - idleFor)
+        scheduleIdleCheck(context: context, in: idleTimeout - idleFor)
     }
 }
 

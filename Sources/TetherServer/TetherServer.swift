@@ -251,7 +251,10 @@ public struct TetherServer: Sendable {
         let maxBody = state.keysets.largestPublishBody
         let http1Configuration = HTTP1Channel.Configuration(
             additionalChannelHandlers: [ParserErrorResponder(), InputClosedCloser(),
-                                        HotPathHandler(responder: responder, logger: logger, maxBodyBytes: maxBody, idleTimeout: idle)],
+                                        HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle) { request, channel in
+                                            await responder.respondCollected(
+                                                to: request, context: TetherRequestContext(source: .init(channel: channel, logger: logger)))
+                                        }],
             idleTimeout: nil,
             httpDecoderConfiguration: .init(maxHeaderFieldSize: headerLimit, maxHeaderListSize: headerLimit))
         let http1: HTTPServerBuilder

@@ -1,0 +1,187 @@
+import HTTPTypes
+import Hummingbird
+import NIOCore
+import NIOEmbedded
+import NIOHTTPTypes
+import Synchronization
+import Testing
+
+@testable import TetherServer
+
+/// `HotPathHandler` in an embedded pipeline: which requests it answers and which it passes on,
+/// that answers keep request order, and its idle timeout and shutdown rules (driven by the
+/// embedded loop's clock, not by sleeping). The whole server through it is covered by every
+/// other server test and the conformance suite.
+///
+/// The tests are synchronous: the embedded loop runs the answers' tasks (their executor is the
+/// loop) when the test runs the loop, on the test's thread.
+@Suite struct HotPathTests {
+    /// Answers `200` with the request's path as the body, or holds the answer until released.
+    final class Answers: Sendable {
+        let answered = Mutex<[String]>([])
+
+        var answer: HotPathHandler.Answer {
+            { request, _ in
+                let path = request.uri.string
+                self.answered.withLock { $0.append(path) }
+                var head = HTTPResponse(status: .ok)
+                head.headerFields[.contentLength] = String(path.utf8.count)
+                return (head, ByteBuffer(string: path))
+            }
+        }
+    }
+
+    static let idle = TimeAmount.seconds(310)
+
+    func pipeline(_ answers: Answers, maxBody: Int = 1024) throws -> EmbeddedChannel {
+        let channel = EmbeddedChannel()
+        try channel.pipeline.syncOperations.addHandler(HotPathHandler(maxBodyBytes: maxBody, idleTimeout: Self.idle, answer: answers.answer))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        return channel
+    }
+
+    func request(_ channel: EmbeddedChannel, _ method: HTTPRequest.Method, _ path: String, headers: HTTPFields = [:],
+                 body: String? = nil) throws {
+        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: method, scheme: nil, authority: nil, path: path,
+                                                                  headerFields: headers)))
+        if let body { try channel.writeInbound(HTTPRequestPart.body(ByteBuffer(string: body))) }
+        try channel.writeInbound(HTTPRequestPart.end(nil))
+    }
+
+    /// What was passed on to the next handler: the paths of request heads.
+    func forwarded(_ channel: EmbeddedChannel) throws -> [String] {
+        var paths: [String] = []
+        while let part = try channel.readInbound(as: HTTPRequestPart.self) {
+            if case .head(let head) = part { paths.append(head.path ?? "") }
+        }
+        return paths
+    }
+
+    /// What was written to the client: the bodies of whole responses, in order.
+    func responses(_ channel: EmbeddedChannel) throws -> [String] {
+        var bodies: [String] = []
+        var body = ""
+        while let part = try channel.readOutbound(as: HTTPResponsePart.self) {
+            switch part {
+            case .head: body = ""
+            case .body(let buffer): body += String(buffer: buffer)
+            case .end: bodies.append(body)
+            }
+        }
+        return bodies
+    }
+
+    @Test func hotRoutesAreAnsweredAndTheRestPassedOn() throws {
+        let answers = Answers()
+        let channel = try pipeline(answers)
+        try request(channel, .get, "/time/0")
+        try request(channel, .get, "/publish/p/s/0/ch/0/1")
+        try request(channel, .get, "/signal/p/s/0/ch/0/1")
+        try request(channel, .get, "/v2/subscribe/s/ch/0?tt=0")
+        try request(channel, .post, "/publish/p/s/0/ch/0", headers: [.contentLength: "1"], body: "2")
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["/time/0", "/publish/p/s/0/ch/0/1", "/signal/p/s/0/ch/0/1", "/v2/subscribe/s/ch/0?tt=0",
+                                           "/publish/p/s/0/ch/0"])
+        #expect(try forwarded(channel).isEmpty)
+
+        // Not hot: other routes and methods, a POST body larger than the limit, without a
+        // length, or chunked.
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try request(channel, .delete, "/publish/p/s/0/ch/0/1")
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try request(channel, .post, "/publish/p/s/0/big/0", headers: [.contentLength: "1025"], body: String(repeating: "1", count: 1025))
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try request(channel, .post, "/publish/p/s/0/unsized/0", body: "1")
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try request(channel, .post, "/publish/p/s/0/chunked/0", headers: [.transferEncoding: "chunked"], body: "1")
+        channel.embeddedEventLoop.run()
+        #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch", "/publish/p/s/0/ch/0/1", "/publish/p/s/0/big/0",
+                                           "/publish/p/s/0/unsized/0", "/publish/p/s/0/chunked/0"])
+        #expect(answers.answered.withLock { $0.count } == 5)
+        _ = try channel.finish()
+    }
+
+    @Test func aHotRequestBehindAPassedOnOneIsPassedOnToo() throws {
+        let answers = Answers()
+        let channel = try pipeline(answers)
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
+        try request(channel, .get, "/time/0")
+        channel.embeddedEventLoop.run()
+        // Both go to Hummingbird, which answers them in order.
+        #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch", "/time/0"])
+        #expect(answers.answered.withLock { $0.isEmpty })
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        // Once both are answered, the next hot one is answered here again.
+        try request(channel, .get, "/time/0")
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["", "", "/time/0"])
+        _ = try channel.finish()
+    }
+
+    @Test func requestsBehindAHotOneWaitForItsAnswer() throws {
+        let answers = Answers()
+        let channel = try pipeline(answers)
+        // Three requests in one read: hot, not hot, hot. The embedded loop has not run the
+        // first answer's task yet, so the other two must wait.
+        try request(channel, .get, "/time/0")
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
+        try request(channel, .get, "/publish/p/s/0/ch/0/1")
+        #expect(try forwarded(channel).isEmpty, "nothing passed on before the hot answer is written")
+        channel.embeddedEventLoop.run()
+        // The hot answer is written; then the history request is passed on, and the publish
+        // behind it goes to Hummingbird too (after the history answer).
+        #expect(try responses(channel) == ["/time/0"])
+        #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch", "/publish/p/s/0/ch/0/1"])
+        #expect(answers.answered.withLock { $0 } == ["/time/0"])
+        _ = try channel.finish()
+    }
+
+    @Test func connectionCloseIsHonoured() throws {
+        let channel = try pipeline(Answers())
+        try request(channel, .get, "/time/0", headers: [.connection: "close"])
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["/time/0"])
+        #expect(!channel.isActive)
+    }
+
+    @Test func idleConnectionsCloseAndAnsweringOnesDoNot() throws {
+        let channel = try pipeline(Answers())
+        // A passed-on request being answered (a long-poll) keeps the connection.
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
+        channel.embeddedEventLoop.advanceTime(by: Self.idle * 2)
+        #expect(channel.isActive)
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        // Idle from its answer on: closed one idle timeout later, not before.
+        channel.embeddedEventLoop.advanceTime(by: Self.idle - .seconds(1))
+        #expect(channel.isActive)
+        channel.embeddedEventLoop.advanceTime(by: Self.idle + .seconds(1))
+        #expect(!channel.isActive)
+    }
+
+    @Test func aRequestWhoseBodyStopsDoesNotHoldTheConnection() throws {
+        let channel = try pipeline(Answers())
+        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/publish/p/s/0/c/0",
+                                                                  headerFields: [.contentLength: "10"])))
+        try channel.writeInbound(HTTPRequestPart.body(ByteBuffer(string: "12")))
+        channel.embeddedEventLoop.advanceTime(by: Self.idle * 2 + .seconds(1))
+        #expect(!channel.isActive)
+    }
+
+    @Test func shutdownClosesAfterTheHotAnswer() throws {
+        let channel = try pipeline(Answers())
+        try request(channel, .get, "/time/0")
+        channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+        #expect(channel.isActive, "the hot request is answered first")
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["/time/0"])
+        #expect(!channel.isActive)
+    }
+
+    @Test func theDateHeaderIsIMFFixdate() {
+        #expect(HTTPDate.format(0) == "Thu, 01 Jan 1970 00:00:00 GMT")
+        #expect(HTTPDate.format(1_795_709_968) == "Thu, 26 Nov 2026 16:19:28 GMT")
+        #expect(HTTPDate.format(951_782_400) == "Tue, 29 Feb 2000 00:00:00 GMT")
+    }
+}
