@@ -168,9 +168,13 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             return
         }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        var replayed = false
         while !answering, let part = held.popFirst() {
             process(part, context: context)
+            replayed = true
         }
+        // Parts passed on reach Hummingbird's request stream at the read's completion.
+        if replayed { context.fireChannelReadComplete() }
         if !answering, readPending {
             readPending = false
             context.read()
