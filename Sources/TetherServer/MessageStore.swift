@@ -101,8 +101,10 @@ public final class MessageStore: Sendable {
     /// Who settles writes answered "outcome unknown", by write id (see ``append(_:settledLate:)``).
     private let lateSettlers = Mutex<[UInt64: @Sendable (Bool) -> Void]>([:])
     private let observation = Mutex(Observation(condition: .writable, at: .now, probing: nil))
-    private let doorbell: AsyncStream<Void>
-    private let doorbellContinuation: AsyncStream<Void>.Continuation
+    /// Rung by every queued write; the writer thread waits on it.
+    private let doorbell = DispatchSemaphore(value: 0)
+    /// Set by ``finish()``: the writer writes what is queued and stops.
+    private let finishing = Atomic<Bool>(false)
     private let metrics: ServerMetrics
 
     /// The SQLite file path.
@@ -131,7 +133,6 @@ public final class MessageStore: Sendable {
         self.logger = logger
         self.metrics = metrics
         self.queue = Mutex(StoreWriteQueue(limit: options.writeQueueLimit))
-        (doorbell, doorbellContinuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
         try migrator.migrate(pool)
         if let maximumBytes = options.maximumBytes { try setMaximumSize(maximumBytes) }
     }
@@ -367,7 +368,7 @@ public final class MessageStore: Sendable {
         try await withCheckedThrowingContinuation { (continuation: Waiter) in
             let accepted = queue.withLock { $0.enqueue(id: id, write, waiter: continuation, deadline: deadline) }
             if accepted {
-                doorbellContinuation.yield()
+                doorbell.signal()
             } else {
                 continuation.resume(throwing: StoreError(.queueFull, "store write queue is full"))
             }
@@ -401,83 +402,110 @@ public final class MessageStore: Sendable {
         }
     }
 
-    /// Runs the group-commit writer until `doorbell` finishes (see ``finish()``).
+    /// Runs the group-commit writer until ``finish()`` (or until the calling task is
+    /// cancelled), then returns once everything queued is written.
+    ///
+    /// The writer is a thread of its own that writes each batch synchronously: a publish's
+    /// write then costs one wake-up of this thread and one of the publisher's event loop,
+    /// instead of also hopping through the concurrency pool and GRDB's queue
+    /// (docs/benchmarks.md, "Where a request's CPU and memory go").
     public func runWriter() async {
         await withDiscardingTaskGroup { group in
             group.addTask { await self.runDeadlines() }
-            await runBatches()
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                    let thread = Thread {
+                        self.runBatches()
+                        done.resume()
+                    }
+                    thread.name = "tether-store-writer"
+                    thread.start()
+                }
+            } onCancel: {
+                self.finish()
+            }
             group.cancelAll()
         }
     }
 
-    private func runBatches() async {
-        for await _ in doorbell {
-            while true {
-                let batch = queue.withLock { $0.takeBatch() }
-                if batch.isEmpty { break }
-                let ids = batch.map(\.id)
-                let started = ContinuousClock.now
-                let outcome: Result<Int, StoreError>
-                do {
-                    outcome = .success(try await pool.write { db in
-                        // Claimed inside the transaction: a write withdrawn while the writer
-                        // waited for the lock is never inserted.
-                        let claimed = self.queue.withLock { $0.claim(ids) }
-                        if claimed.isEmpty { return 0 }
-                        let statement = try db.cachedStatement(sql: """
-                            INSERT INTO message (sub_key, channel, timetoken, kind, publisher, payload, meta, custom_type, seqn, expires_at)
-                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                            """)
-                        var highest: Int64 = 0
-                        var records: [PublishRecord] = []
-                        for (id, write) in batch where claimed.contains(id) {
-                            if let record = write.record {
-                                records.append(record)
-                                highest = max(highest, record.timetoken.storageValue)
-                            }
-                            guard let m = write.message else { continue }
-                            let tt = m.timetoken.storageValue
-                            highest = max(highest, tt)
-                            try statement.execute(arguments: [
-                                m.subscribeKey, m.channel, tt, m.kind.rawValue, m.publisher, m.payload, m.meta,
-                                m.customMessageType, m.sequence, m.expiresAt.map { $0.storageValue },
-                            ])
+    /// The writer thread: every ring of the doorbell writes what is queued, in batches.
+    private func runBatches() {
+        while true {
+            doorbell.wait()
+            writeQueued()
+            if finishing.load(ordering: .acquiring) {
+                writeQueued()
+                return
+            }
+        }
+    }
+
+    private func writeQueued() {
+        while true {
+            let batch = queue.withLock { $0.takeBatch() }
+            if batch.isEmpty { break }
+            let ids = batch.map(\.id)
+            let started = ContinuousClock.now
+            let outcome: Result<Int, StoreError>
+            do {
+                outcome = .success(try pool.write { db in
+                    // Claimed inside the transaction: a write withdrawn while the writer
+                    // waited for the lock is never inserted.
+                    let claimed = self.queue.withLock { $0.claim(ids) }
+                    if claimed.isEmpty { return 0 }
+                    let statement = try db.cachedStatement(sql: """
+                        INSERT INTO message (sub_key, channel, timetoken, kind, publisher, payload, meta, custom_type, seqn, expires_at)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        """)
+                    var highest: Int64 = 0
+                    var records: [PublishRecord] = []
+                    for (id, write) in batch where claimed.contains(id) {
+                        if let record = write.record {
+                            records.append(record)
+                            highest = max(highest, record.timetoken.storageValue)
                         }
-                        // In the same transaction as the messages: a publish is remembered
-                        // exactly when it is stored (issue #15).
-                        if !records.isEmpty { try Self.insert(records, into: db) }
-                        // A cached statement: parsed (and authorised by GRDB) once, not every batch.
-                        try db.cachedStatement(sql: """
-                            INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
-                            ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
-                            """).execute(arguments: [highest])
-                        return claimed.count
-                    })
-                } catch {
-                    outcome = .failure(StoreError.classify(error))
-                }
-                let completion = queue.withLock { $0.finish(ids) }
-                let settlers = lateSettlers.withLock { all in completion.late.compactMap { all.removeValue(forKey: $0) } }
-                switch outcome {
-                case .success(let written):
-                    if written > 0 {
-                        metrics.recordStoreWrite(duration: ContinuousClock.now - started, batchSize: written)
-                        observe(.writable)
+                        guard let m = write.message else { continue }
+                        let tt = m.timetoken.storageValue
+                        highest = max(highest, tt)
+                        try statement.execute(arguments: [
+                            m.subscribeKey, m.channel, tt, m.kind.rawValue, m.publisher, m.payload, m.meta,
+                            m.customMessageType, m.sequence, m.expiresAt.map { $0.storageValue },
+                        ])
                     }
-                    if !completion.late.isEmpty {
-                        logger.warning("stored messages whose publishers were answered 'outcome unknown'; delivered at their timetokens",
-                                       metadata: ["count": "\(completion.late.count)"])
-                    }
-                    for waiter in completion.waiters { waiter.resume() }
-                    for settle in settlers { settle(true) }
-                case .failure(let error):
-                    observe(StoreCondition(error))
-                    logger.error("store write failed", metadata: [
-                        "error": "\(error)", "code": "\(error.code)", "batch": "\(batch.count)", "late": "\(completion.late.count)",
-                    ])
-                    for waiter in completion.waiters { waiter.resume(throwing: error) }
-                    for settle in settlers { settle(false) }
+                    // In the same transaction as the messages: a publish is remembered
+                    // exactly when it is stored (issue #15).
+                    if !records.isEmpty { try Self.insert(records, into: db) }
+                    // A cached statement: parsed (and authorised by GRDB) once, not every batch.
+                    try db.cachedStatement(sql: """
+                        INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
+                        ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
+                        """).execute(arguments: [highest])
+                    return claimed.count
+                })
+            } catch {
+                outcome = .failure(StoreError.classify(error))
+            }
+            let completion = queue.withLock { $0.finish(ids) }
+            let settlers = lateSettlers.withLock { all in completion.late.compactMap { all.removeValue(forKey: $0) } }
+            switch outcome {
+            case .success(let written):
+                if written > 0 {
+                    metrics.recordStoreWrite(duration: ContinuousClock.now - started, batchSize: written)
+                    observe(.writable)
                 }
+                if !completion.late.isEmpty {
+                    logger.warning("stored messages whose publishers were answered 'outcome unknown'; delivered at their timetokens",
+                                   metadata: ["count": "\(completion.late.count)"])
+                }
+                for waiter in completion.waiters { waiter.resume() }
+                for settle in settlers { settle(true) }
+            case .failure(let error):
+                observe(StoreCondition(error))
+                logger.error("store write failed", metadata: [
+                    "error": "\(error)", "code": "\(error.code)", "batch": "\(batch.count)", "late": "\(completion.late.count)",
+                ])
+                for waiter in completion.waiters { waiter.resume(throwing: error) }
+                for settle in settlers { settle(false) }
             }
         }
     }
@@ -524,7 +552,10 @@ public final class MessageStore: Sendable {
     }
 
     /// Stops the writer after it has written everything queued.
-    public func finish() { doorbellContinuation.finish() }
+    public func finish() {
+        finishing.store(true, ordering: .releasing)
+        doorbell.signal()
+    }
 
     /// Checkpoints the WAL into the database file and closes it.
     public func close() throws {
