@@ -10,6 +10,7 @@ import NIOCore
 import NIOHTTPTypes
 import Synchronization
 import TetherProtocol
+import TetherServerCore
 
 /// Answers the hot routes of the wire — publish and signal, subscribe, time — from the
 /// connection's channel pipeline instead of through Hummingbird's per-connection request loop
@@ -32,8 +33,9 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundIn = HTTPResponsePart
     typealias OutboundOut = HTTPResponsePart
 
-    /// What answers a hot request: ``TetherResponder/respondCollected(to:context:)``.
-    typealias Answer = @Sendable (Request, any Channel) async -> (HTTPResponse, ByteBuffer)
+    /// What answers a hot request: ``TetherResponder/respondCollected(to:context:)``; `nil`
+    /// when a subscribe parked in the hub instead (its slot's wake-up runs it again).
+    typealias Answer = @Sendable (Request, any Channel, LongPollSlot?) async -> (HTTPResponse, ByteBuffer)?
 
     private let answerRequest: Answer
     /// The largest body a hot `POST` may declare; a larger or unsized one is passed on.
@@ -135,13 +137,31 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         answering = true
         if head.headerFields[.connection] == "close" { closeAfterAnswer = true }
         let request = Request(head: head, body: RequestBody(buffer: body ?? ByteBuffer()))
+        var slot: LongPollSlot?
+        if head.method == .get, head.path?.hasPrefix("/v2/subscribe/") == true {
+            // A long-poll with nothing to deliver parks in the hub without a task; its wake-up
+            // runs the request again on this loop (a client gone needs no answer).
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            let loop = context.eventLoop
+            slot = LongPollSlot { slot, reason in
+                guard reason != .clientGone else { return }
+                loop.execute {
+                    let (handler, context) = bound.value
+                    handler.run(request, slot, context: context)
+                }
+            }
+        }
+        run(request, slot, context: context)
+    }
+
+    private func run(_ request: Request, _ slot: LongPollSlot?, context: ChannelHandlerContext) {
         let channel = context.channel
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let answerRequest = answerRequest
         // The answer runs on this connection's event loop: no hop to the concurrency pool
-        // and back, which cost more than the rest of a simple request (docs/benchmarks.md).
+        // and back (docs/benchmarks.md).
         Task(executorPreference: executor) {
-            let (head, body) = await answerRequest(request, channel)
+            guard let (head, body) = await answerRequest(request, channel, slot) else { return }
             if channel.eventLoop.inEventLoop {
                 let (handler, context) = bound.value
                 handler.write(head, body, context: context)
@@ -264,13 +284,15 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 extension TetherResponder {
     /// ``respond(to:context:)`` for the hot path: the response head (with `Date` and
     /// `Content-Length`) and its body in one buffer.
-    func respondCollected(to request: Request, context: TetherRequestContext) async -> (HTTPResponse, ByteBuffer) {
+    /// `nil` when the request is a long-poll that parked in the hub (``LongPollSlot``).
+    func respondCollected(to request: Request, context: TetherRequestContext) async -> (HTTPResponse, ByteBuffer)? {
         var response: Response
         do {
             response = try await respond(to: request, context: context)
         } catch {
             response = Response(status: .internalServerError)
         }
+        if let slot = context.longPollSlot, slot.parked.exchange(false, ordering: .acquiringAndReleasing) { return nil }
         let sink = CollectedBody()
         do {
             try await response.body.write(CollectingBodyWriter(sink: sink))
@@ -283,6 +305,28 @@ extension TetherResponder {
         head.headerFields[.date] = HTTPDate.now()
         return (head, body)
     }
+}
+
+/// A hot subscribe's state across the waits it parks in the hub without a task: when it must
+/// answer and the cursor it reads after (set by its first run, kept by the runs after a
+/// wake-up), its signature verdict, whether its last run parked, and what runs it again.
+final class LongPollSlot: Sendable {
+    /// The long-poll's answer deadline and the cursor it reads after; `nil` until its first
+    /// run sets them.
+    let resumePoint = Mutex<(deadline: NIODeadline, after: Timetoken)?>(nil)
+    /// Set when a run parked (its answer is not written).
+    let parked = Atomic<Bool>(false)
+    /// The first run's verdict on the request's signature (its timestamp is only fresh then).
+    let signature = Mutex<AccessManager.SignatureVerdict?>(nil)
+    private let onWake: @Sendable (LongPollSlot, WakeReason) -> Void
+
+    init(onWake: @escaping @Sendable (LongPollSlot, WakeReason) -> Void) { self.onWake = onWake }
+
+    /// The parked wait ended: run the request again (or not, for a client gone).
+    func wake(_ reason: WakeReason) { onWake(self, reason) }
+
+    /// How the hub parks this long-poll.
+    var parking: LongPollParking { LongPollParking { [self] reason in wake(reason) } }
 }
 
 /// Where ``CollectingBodyWriter`` puts a response body.

@@ -22,8 +22,22 @@ public struct SubscribePage: Sendable {
 public final class LongPollHub: Sendable {
     /// What a parked long-poll leaves with the waiter machine: what resumes it.
     private struct Parked {
-        var continuation: CheckedContinuation<WakeReason, Never>
+        /// A task awaiting the wake-up, or (a long-poll parked without a task, see
+        /// ``LongPollParking``) the function that answers it.
+        enum Resume {
+            case task(CheckedContinuation<WakeReason, Never>)
+            case callback(@Sendable (WakeReason) -> Void)
+        }
+
+        var resume: Resume
         var timer: Scheduled<Void>
+
+        func wake(_ reason: WakeReason) {
+            switch resume {
+            case .task(let continuation): continuation.resume(returning: reason)
+            case .callback(let callback): callback(reason)
+            }
+        }
     }
 
     /// Someone awaiting a number of parked long-polls (``waitUntilWaiting(_:)``).
@@ -427,11 +441,13 @@ public final class LongPollHub: Sendable {
     /// Serves a subscribe continuation from cursor `after`: returns at once when events are
     /// available (from memory or the store, at most `limit`), otherwise waits until one
     /// arrives, `timeout` passes, the server shuts down, or the client disconnects (throws
-    /// `CancellationError`).
+    /// `CancellationError`). With `parking`, it does not wait: it parks the long-poll with
+    /// `parking`'s callback and throws ``LongPollParked``, and the callback is called once
+    /// with why the wait ended (the caller then serves the request again).
     package func receive(
         _ spec: SubscriptionSpec, after: Timetoken, limit: Int, timeout: TimeAmount, channel: any Channel,
         access: AccessManager.Check? = nil, recheck: (@Sendable () -> AccessManager.Check)? = nil,
-        filter: FilterExpression? = nil
+        filter: FilterExpression? = nil, parking: LongPollParking? = nil
     ) async throws -> SubscribePage {
         // The subscriber's filter: meta and payload parsed per event (a missing or unparsable
         // field makes its comparisons false, pubnub-wire §10).
@@ -487,6 +503,12 @@ public final class LongPollHub: Sendable {
                 metrics.recordDeliveries(envelopes.count)
                 return SubscribePage(cursor: envelopes.isEmpty ? max(after, cursor) : cursor, envelopes: envelopes, gaps: gaps)
             case .wait(let id):
+                if let parking {
+                    // Parked without a task: the caller's task ends here, and `parking`
+                    // answers the request again when the wait ends.
+                    park(id, deadline: waitDeadline(), channel: channel, parking: parking)
+                    throw LongPollParked()
+                }
                 let reason = await wait(id, deadline: waitDeadline(), channel: channel)
                 if reason == .accessChanged || (reason == .timeout && NIODeadline.now() < responseDeadline), let recheck {
                     let check = recheck()
@@ -507,7 +529,9 @@ public final class LongPollHub: Sendable {
         }
     }
 
-    private func wait(_ id: WaiterID, deadline: NIODeadline, channel: any Channel) async -> WakeReason {
+    /// Watches `channel`'s closing (once per connection): a waiter parked on it is woken as
+    /// `clientGone` when it closes.
+    private func watchClose(_ channel: any Channel) {
         let connection = ObjectIdentifier(channel)
         switch state.withLock({ $0.waiters.watch(connection) }) {
         case .observeClose:
@@ -520,6 +544,38 @@ public final class LongPollHub: Sendable {
         case .none:
             break
         }
+    }
+
+    /// Parks a registered waiter with a callback instead of a task's continuation: what it
+    /// holds while it waits is this small record, its timer and its registration.
+    private func park(_ id: WaiterID, deadline: NIODeadline, channel: any Channel, parking: LongPollParking) {
+        watchClose(channel)
+        metrics.longPollStarted()
+        let metrics = metrics
+        let wake: @Sendable (WakeReason) -> Void = { reason in
+            metrics.longPollEnded()
+            parking.wake(reason)
+        }
+        let timer = channel.eventLoop.scheduleTask(deadline: deadline) { [weak self] in
+            guard let self else { return }
+            self.wake([id], reason: .timeout)
+        }
+        let (action, reached) = state.withLock { s in
+            let action = s.waiters.park(id, Parked(resume: .callback(wake), timer: timer), connection: ObjectIdentifier(channel),
+                                        connectionIsOpen: channel.isActive, deadline: deadline, now: .now())
+            if case .resume(_, unregister: true) = action { s.core.unregister(id) }
+            return (action, s.reachedCounts())
+        }
+        for watcher in reached { watcher.resume() }
+        if case .resume(let reason, _) = action {
+            timer.cancel()
+            wake(reason)
+        }
+    }
+
+    private func wait(_ id: WaiterID, deadline: NIODeadline, channel: any Channel) async -> WakeReason {
+        let connection = ObjectIdentifier(channel)
+        watchClose(channel)
         metrics.longPollStarted()
         defer { metrics.longPollEnded() }
         return await withTaskCancellationHandler {
@@ -528,7 +584,7 @@ public final class LongPollHub: Sendable {
                     guard let self else { return }
                     self.wake([id], reason: .timeout)
                 }
-                let parked = Parked(continuation: continuation, timer: timer)
+                let parked = Parked(resume: .task(continuation), timer: timer)
                 let (action, reached) = state.withLock { s in
                     let action = s.waiters.park(id, parked, connection: connection, connectionIsOpen: channel.isActive,
                                                 deadline: deadline, now: .now())
@@ -558,7 +614,7 @@ public final class LongPollHub: Sendable {
         }
         for parked in resumed {
             parked.timer.cancel()
-            parked.continuation.resume(returning: reason)
+            parked.wake(reason)
         }
         for watcher in reached { watcher.resume() }
     }
@@ -602,6 +658,18 @@ public final class LongPollHub: Sendable {
 }
 
 /// What a publish through ``LongPollHub/publish(_:store:dedupKey:)`` came to.
+/// How a long-poll waits without a task (the hot path's subscribe): `wake` is called once, on
+/// any thread, with why its wait ended.
+package struct LongPollParking: Sendable {
+    let wake: @Sendable (WakeReason) -> Void
+
+    package init(wake: @escaping @Sendable (WakeReason) -> Void) { self.wake = wake }
+}
+
+/// Thrown by ``LongPollHub/receive(_:after:limit:timeout:channel:access:recheck:filter:parking:)``
+/// when it parked the long-poll with its `parking` callback instead of waiting.
+package struct LongPollParked: Error {}
+
 package struct HubPublishResult: Sendable, Equatable {
     /// The event's timetoken (the original one for a repeat).
     package var timetoken: Timetoken

@@ -12,6 +12,9 @@ public struct TetherRequestContext: RequestContext {
     public var coreContext: CoreRequestContextStorage
     /// The client connection.
     public let channel: any Channel
+    /// A hot-path subscribe's parking state (`HotPathHandler`): with it, a long-poll with
+    /// nothing to deliver parks in the hub without holding a task.
+    var longPollSlot: LongPollSlot?
 
     /// Creates the context for a request on `source.channel`.
     public init(source: ApplicationRequestContextSource) {

@@ -66,6 +66,8 @@ public struct TetherResponder: HTTPResponder {
             response.headers[.connection] = "close"
             response.headers[.tetherDraining] = "1"
         }
+        // A long-poll parked without a task is answered by a later run, which counts it.
+        if endpoint == Self.parkedEndpoint { return response }
         state.metrics.recordRequest(endpoint: endpoint, status: response.status.code)
         if response.status.code >= 500 {
             state.logger.error("request failed", metadata: ["endpoint": "\(endpoint)", "status": "\(response.status.code)"])
@@ -197,11 +199,16 @@ public struct TetherResponder: HTTPResponder {
         return .handler(route, handler)
     }
 
+    /// What ``route(_:context:)`` answers for a long-poll that parked (never written).
+    static let parkedEndpoint = "parked"
+
     /// The answer to what a handler threw.
     @inline(never)
     private func failure(_ error: any Error, route: Route) -> (String, Response) {
         do {
             throw error
+        } catch is LongPollParked {
+            return (Self.parkedEndpoint, Response(status: .ok))
         } catch let refusal as Refusal {
             return (route.rawValue, refusal.response)
         } catch let error as RequestError {

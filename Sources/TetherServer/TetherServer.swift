@@ -251,9 +251,10 @@ public struct TetherServer: Sendable {
         let maxBody = state.keysets.largestPublishBody
         let http1Configuration = HTTP1Channel.Configuration(
             additionalChannelHandlers: [ParserErrorResponder(), InputClosedCloser(),
-                                        HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle) { request, channel in
-                                            await responder.respondCollected(
-                                                to: request, context: TetherRequestContext(source: .init(channel: channel, logger: logger)))
+                                        HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle) { request, channel, slot in
+                                            var context = TetherRequestContext(source: .init(channel: channel, logger: logger))
+                                            context.longPollSlot = slot
+                                            return await responder.respondCollected(to: request, context: context)
                                         }],
             idleTimeout: nil,
             httpDecoderConfiguration: .init(maxHeaderFieldSize: headerLimit, maxHeaderListSize: headerLimit))

@@ -88,6 +88,27 @@ import TetherTestingServer
         await server.stop()
     }
 
+    /// A signed long-poll that waits longer than the signature window is still answered: the
+    /// signature was verified when the request arrived, and a long-poll served again after a
+    /// wait parked in the hub keeps that verdict (it re-checks grants, not the timestamp).
+    /// Waits 3 s of wall time: the signature window is the server's wall clock.
+    @Test func aSignedLongPollOutlivesItsSignatureWindow() async throws {
+        let server = try await start()
+        let handshake = try await server.get(signed("/v2/subscribe/sub-s/late/0", ["tt": "0", "uuid": "admin"]))
+        let cursor = (json(handshake.body)["t"] as? [String: Any])?["t"] as? String ?? ""
+        #expect(handshake.status == 200 && !cursor.isEmpty, "\(handshake.body)")
+        // Signed 58 s ago: inside the 60 s window when it arrives, outside it 3 s later.
+        let stale = Int64(Date().timeIntervalSince1970) - 58
+        async let waiting = server.get(signed("/v2/subscribe/sub-s/late/0", ["tt": cursor, "uuid": "admin"], timestamp: stale))
+        #expect(await server.longPollsWaiting(1))
+        try await Task.sleep(for: .seconds(3))
+        #expect(try await server.get(signed("/publish/pub-s/sub-s/0/late/0/1", ["uuid": "server"])).status == 200)
+        let answer = try await waiting
+        #expect(answer.status == 200, "\(answer.body)")
+        #expect(((json(answer.body)["m"] as? [[String: Any]]) ?? []).count == 1)
+        await server.stop()
+    }
+
     private func grantToken(_ server: TestServer, _ body: String, keyset: Keyset = AccessTests.keyset) async throws -> String {
         let path = "/v3/pam/\(keyset.subscribeKey)/grant"
         let response = try await server.send(signed(path, ["uuid": "admin"], method: "POST", body: body, keyset: keyset), method: .POST,

@@ -21,7 +21,7 @@ import Testing
         let answered = Mutex<[String]>([])
 
         var answer: HotPathHandler.Answer {
-            { request, _ in
+            { request, _, _ in
                 let path = request.uri.string
                 self.answered.withLock { $0.append(path) }
                 var head = HTTPResponse(status: .ok)

@@ -23,6 +23,29 @@ import TetherServer
         await server.stop()
     }
 
+    /// A long-poll waits parked in the hub without a task, and is served again when it wakes;
+    /// that second run is not a new subscribe: a uuid that left while it waited is not joined
+    /// again by it (its end only refreshes presence where the uuid still is).
+    @Test func aUuidThatLeftWhileItsLongPollWaitedIsNotJoinedAgain() async throws {
+        let server = try await TestServer.start()
+        let cursor = try await server.handshake("room")
+        func occupancy() async throws -> Int {
+            let (_, body, _) = try await server.get("/v2/presence/sub-key/demo/channel/room")
+            let object = try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: Any]
+            return object?["occupancy"] as? Int ?? -1
+        }
+        #expect(try await occupancy() == 1)
+        async let waiting = server.subscribe("room", tt: cursor)
+        #expect(await server.longPollsWaiting(1))
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/room/leave?uuid=tester")
+        #expect(try await occupancy() == 0)
+        let tt = try await server.publish("room", "1")
+        let (_, messages, _) = try await waiting
+        #expect(messages.map(\.publishTimetoken) == [String(tt.rawValue)])
+        #expect(try await occupancy() == 0, "the long-poll's answer did not join tester again")
+        await server.stop()
+    }
+
     @Test func aLongPollStopsWaitingWhenItsClientDisconnects() async throws {
         let server = try await TestServer.start()
         let cursor = try await server.handshake("idle")

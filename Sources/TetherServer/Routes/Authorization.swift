@@ -8,10 +8,16 @@ extension TetherResponder {
     /// Verifies the request signature (when present) and checks `permission` on the resources.
     /// Throws a 403 with only the denied channels and groups listed.
     @discardableResult
+    ///
+    /// `verified` is a verdict on this request's signature taken earlier (a long-poll served again
+    /// after a parked wait keeps its first run's, whose timestamp has since left the window).
     func authorize(_ keyset: Keyset, _ wire: WireRequest, method: String = "GET", channels: [String], groups: [String],
-                   permission: Permissions, body: [UInt8] = []) throws(RequestError) -> AccessManager.Check {
+                   permission: Permissions, body: [UInt8] = [], verified: AccessManager.SignatureVerdict? = nil)
+        throws(RequestError) -> AccessManager.Check
+    {
         guard keyset.secretKey != nil else { return AccessManager.Check(decision: .allowed, validUntil: nil) }
-        let verdict = state.access.verifySignature(keyset: keyset, method: method, rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: body)
+        let verdict = verified
+            ?? state.access.verifySignature(keyset: keyset, method: method, rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: body)
         if case .invalid(let reason) = verdict {
             throw RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: reason)))
         }

@@ -1,5 +1,6 @@
 import HTTPTypes
 import Hummingbird
+import NIOCore
 import Synchronization
 @_spi(Benchmarks) import TetherProtocol
 import TetherServerCore
@@ -77,10 +78,18 @@ extension TetherResponder {
         let keyset = request.keyset
         let names = request.channels
         let groups = request.groups
-        let check = try authorize(keyset, wire, channels: names, groups: groups, permission: .read)
+        // A hot-path long-poll served again after a parked wait keeps its first run's signature
+        // verdict and deadline, and its heartbeat was that run's (a uuid that left meanwhile is
+        // not joined again).
+        let slot = context.longPollSlot
+        let resumed = slot?.resumePoint.withLock { $0 }
+        let signature = slot?.signature.withLock { $0 } ?? (keyset.secretKey == nil ? AccessManager.SignatureVerdict.absent
+            : state.access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: []))
+        let check = try authorize(keyset, wire, channels: names, groups: groups, permission: .read, verified: signature)
+        slot?.signature.withLock { $0 = signature }
         let options = try SubscribeRequest.Options(wire, channels: names)
         // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
-        if let uuid = options.uuid {
+        if let uuid = options.uuid, resumed == nil {
             await state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
                                            timeoutSeconds: options.heartbeat, states: options.states)
         }
@@ -93,23 +102,33 @@ extension TetherResponder {
         }
         let spec = SubscriptionSpec(subscribeKey: keyset.subscribeKey, names: names, groups: groups)
         // A cursor from the future is treated as current rather than waited for.
-        let after = min(options.cursor, state.hub.currentCursor)
+        // (A run after a parked wait reads from where the first one did.)
+        let after = resumed?.after ?? min(options.cursor, state.hub.currentCursor)
         let access = state.access
         let accessRequest = AccessRequest(channels: names, groups: groups, permission: .read, uuid: wire.query["uuid"])
         let auth = wire.query["auth"]
-        let signature = keyset.secretKey == nil ? AccessManager.SignatureVerdict.absent
-            : access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: [])
         var recheck: (@Sendable () -> AccessManager.Check)?
         if keyset.secretKey != nil {
             recheck = { access.check(accessRequest, keyset: keyset, auth: auth, signature: signature) }
         }
-        state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress,
-                                     channels: names, groups: groups, cursor: options.cursor, channel: context.channel)
+        if resumed == nil {
+            state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress,
+                                         channels: names, groups: groups, cursor: options.cursor, channel: context.channel)
+        }
+        let deadline = resumed?.deadline ?? NIODeadline.now() + state.subscribeTimeout
+        let remaining = deadline - NIODeadline.now()
+        slot?.resumePoint.withLock { $0 = (deadline, after) }
         let page: SubscribePage
         do {
+            // Parks without a task only while time is left (an expired wait reads once more
+            // and answers in this run).
             page = try await state.hub.receive(
-                spec, after: after, limit: request.limits.maxEnvelopesPerResponse, timeout: state.subscribeTimeout,
-                channel: context.channel, access: check, recheck: recheck, filter: request.filter)
+                spec, after: after, limit: request.limits.maxEnvelopesPerResponse, timeout: max(remaining, .zero),
+                channel: context.channel, access: check, recheck: recheck, filter: request.filter,
+                parking: remaining > .zero ? slot?.parking : nil)
+        } catch is LongPollParked {
+            slot?.parked.store(true, ordering: .releasing)
+            throw LongPollParked()
         } catch {
             state.console?.longPollEnded(uuid: options.uuid, channel: context.channel, page: nil)
             throw error
