@@ -46,6 +46,70 @@ import TetherServer
         await server.stop()
     }
 
+    /// Long-polls that park and wake while publishes race them: 24 subscribers on 4 channels
+    /// follow their cursors while 8 publishers send 240 messages; every subscriber receives
+    /// every message of its channel exactly once, in publish order.
+    @Test func parkedLongPollsRacingPublishesLoseAndRepeatNothing() async throws {
+        var started = try await TestServer.start()
+        // 24 long-polls and 8 publishers at once: a client with a connection for each.
+        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(
+            connectionPool: .init(idleTimeout: .seconds(30), concurrentHTTP1ConnectionsPerHostSoftLimit: 64)))
+        started.client = client
+        let server = started
+        let channels = (0..<4).map { "race-\($0)" }
+        var starts: [String: Timetoken] = [:]
+        for channel in channels { starts[channel] = try await server.handshake(channel) }
+        let perPublisher = 30
+        // (p + i) % 4 spreads each publisher's messages evenly: 60 per channel.
+        let perChannel = 8 * perPublisher / channels.count
+        enum Outcome { case sent([(String, String)]), received(String, [String]) }
+        let outcomes = try await withThrowingTaskGroup(of: Outcome.self) { group in
+            for s in 0..<24 {
+                let channel = channels[s % channels.count]
+                let start = starts[channel]!
+                group.addTask {
+                    var cursor = start
+                    var got: [String] = []
+                    while got.count < perChannel {
+                        let (next, messages, _) = try await server.subscribe(channel, tt: cursor, timeout: .seconds(20))
+                        got += messages.compactMap(\.publishTimetoken)
+                        cursor = next
+                    }
+                    return .received(channel, got)
+                }
+            }
+            for p in 0..<8 {
+                group.addTask {
+                    var sent: [(String, String)] = []
+                    for i in 0..<perPublisher {
+                        let channel = channels[(p + i) % channels.count]
+                        sent.append((channel, String(try await server.publish(channel, "\(p * 1000 + i)").rawValue)))
+                    }
+                    return .sent(sent)
+                }
+            }
+            var all: [Outcome] = []
+            for try await outcome in group { all.append(outcome) }
+            return all
+        }
+        var published: [(String, String)] = []
+        var received: [(String, [String])] = []
+        for outcome in outcomes {
+            switch outcome {
+            case .sent(let sent): published += sent
+            case .received(let channel, let got): received.append((channel, got))
+            }
+        }
+        // Timetokens are decimal strings of one length, so text order is numeric order.
+        let expected = Dictionary(grouping: published, by: \.0).mapValues { $0.map(\.1).sorted() }
+        #expect(received.count == 24)
+        for (channel, got) in received {
+            #expect(got == expected[channel], "\(channel): \(got.count) received, \(expected[channel]?.count ?? 0) published")
+        }
+        try await client.shutdown()
+        await server.stop()
+    }
+
     @Test func aLongPollStopsWaitingWhenItsClientDisconnects() async throws {
         let server = try await TestServer.start()
         let cursor = try await server.handshake("idle")

@@ -11,6 +11,8 @@ import TetherTestingServer
 /// ``InProcessServer``), plus the raw HTTP requests the server tests send it.
 struct TestServer {
     let inProcess: InProcessServer
+    /// The client requests go through (the shared one holds at most 8 connections per host).
+    var client: HTTPClient = .shared
     var server: TetherServer { inProcess.server }
     var baseURL: String { inProcess.baseURL }
     var directory: String { inProcess.directory }
@@ -45,7 +47,7 @@ struct TestServer {
         request.method = method
         for (name, value) in headers { request.headers.add(name: name, value: value) }
         if let body { request.body = .bytes(ByteBuffer(bytes: body)) }
-        let response = try await HTTPClient.shared.execute(request, timeout: timeout)
+        let response = try await client.execute(request, timeout: timeout)
         let bytes = try await response.body.collect(upTo: 16 * 1024 * 1024)
         return (Int(response.status.code), String(buffer: bytes), response.headers)
     }
