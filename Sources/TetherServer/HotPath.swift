@@ -7,6 +7,7 @@ import HTTPTypes
 import Hummingbird
 import Logging
 import NIOCore
+import NIOHTTP1
 import NIOHTTPTypes
 import Synchronization
 import TetherProtocol
@@ -57,13 +58,19 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var held = CircularBuffer<HTTPRequestPart>()
     private var readPending = false
     private var closeAfterAnswer = false
+    /// A request passed on asked for `Connection: close`: Hummingbird answers it and closes, so
+    /// nothing after it is read.
+    private var inputDone = false
     private var lastActivity = NIODeadline.now()
     private var idleTimer: Scheduled<Void>?
     /// Runs the answers' tasks on this connection's event loop.
     private var executor: EventLoopTaskExecutor!
+    /// The server's count of answers in flight (graceful shutdown waits for them).
+    private let inFlight: HotPathTasks
 
-    init(maxBodyBytes: Int, idleTimeout: TimeAmount, answer: @escaping Answer) {
+    init(maxBodyBytes: Int, idleTimeout: TimeAmount, tasks: HotPathTasks = HotPathTasks(), answer: @escaping Answer) {
         self.answerRequest = answer
+        self.inFlight = tasks
         self.maxBodyBytes = maxBodyBytes
         self.idleTimeout = idleTimeout
     }
@@ -80,6 +87,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func process(_ part: HTTPRequestPart, context: ChannelHandlerContext) {
+        guard !inputDone else { return }
         lastActivity = context.eventLoop.now
         switch reading {
         case .idle:
@@ -92,6 +100,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             } else {
                 reading = .forwarding
                 forwardedInFlight += 1
+                if head.headerFields[.connection] == "close" { inputDone = true }
                 context.fireChannelRead(wrapInboundOut(part))
             }
         case .forwarding:
@@ -107,6 +116,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             case .body(var buffer):
                 reading = .idle  // let `body` be uniquely referenced while appending
                 if body == nil { body = buffer } else { body!.writeBuffer(&buffer) }
+                guard body!.readableBytes <= maxBodyBytes else {
+                    // Never reached (a hot request declares a body that fits): a bound anyway.
+                    context.close(promise: nil)
+                    return
+                }
                 reading = .collecting(head, body)
             case .end:
                 reading = .idle
@@ -115,12 +129,16 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    /// Whether the request goes the hot way: a `GET` publish, signal, subscribe or time, or a
-    /// `POST` publish whose declared body fits.
+    /// Whether the request goes the hot way: a `GET` publish, signal, subscribe or time without
+    /// a body, or a `POST` publish whose declared body fits.
     private func isHot(_ head: HTTPRequest) -> Bool {
         guard let path = head.path else { return false }
         switch head.method {
         case .get:
+            // A GET with a body (which nothing reads) goes to Hummingbird, which discards it
+            // as it streams instead of collecting it.
+            guard head.headerFields[.transferEncoding] == nil, head.headerFields[.contentLength].map({ $0 == "0" }) ?? true
+            else { return false }
             return path.hasPrefix("/v2/subscribe/") || path.hasPrefix("/publish/") || path.hasPrefix("/signal/")
                 || path.hasPrefix("/time/")
         case .post:
@@ -144,9 +162,14 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             let loop = context.eventLoop
             slot = LongPollSlot { slot, reason in
-                guard reason != .clientGone else { return }
                 loop.execute {
                     let (handler, context) = bound.value
+                    guard reason != .clientGone else {
+                        // Gone: nothing to answer; the connection is closed (it is, or the
+                        // waiter machine found it so).
+                        context.close(promise: nil)
+                        return
+                    }
                     handler.run(request, slot, context: context)
                 }
             }
@@ -158,9 +181,12 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         let channel = context.channel
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let answerRequest = answerRequest
+        let inFlight = inFlight
+        inFlight.started()
         // The answer runs on this connection's event loop: no hop to the concurrency pool
         // and back (docs/benchmarks.md).
         Task(executorPreference: executor) {
+            defer { inFlight.ended() }
             guard let (head, body) = await answerRequest(request, channel, slot) else { return }
             if channel.eventLoop.inEventLoop {
                 let (handler, context) = bound.value
@@ -183,8 +209,10 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             held.removeAll()
             let promise = context.eventLoop.makePromise(of: Void.self)
             context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
+            // Output only, as Hummingbird does: the peer reads the answer, then closes (a full
+            // close with unread input would reset the connection and could lose the answer).
             let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-            promise.futureResult.whenComplete { _ in bound.value.close(promise: nil) }
+            promise.futureResult.whenComplete { _ in bound.value.close(mode: .output, promise: nil) }
             return
         }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
@@ -202,6 +230,14 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // A request behind a hot answer failed to parse: answer the hot one, then close (passed
+        // on now, Hummingbird's 400 would go out before the hot answer).
+        if answering, error is HTTPParserError {
+            held.removeAll()
+            inputDone = true
+            closeAfterAnswer = true
+            return
+        }
         // A request cut short mid-body: nothing of it is answered or stored.
         if case .collecting = reading { reading = .idle }
         context.fireErrorCaught(error)
@@ -210,7 +246,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         // Shutting down: a connection in the middle of a hot request closes after its answer
         // (Hummingbird's handler never saw the request and would close it at once).
-        if event is ChannelShouldQuiesceEvent, answering || isReadingRequest {
+        if event is ChannelShouldQuiesceEvent, answering || isCollecting {
             closeAfterAnswer = true
             return
         }
@@ -254,6 +290,12 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             let (handler, context) = bound.value
             handler.idleCheck(context: context)
         }
+    }
+
+    /// Whether a hot request's head has arrived and its end not yet.
+    private var isCollecting: Bool {
+        if case .collecting = reading { return true }
+        return false
     }
 
     /// Whether a request's head has arrived and its end not yet.
@@ -318,15 +360,26 @@ final class LongPollSlot: Sendable {
     let parked = Atomic<Bool>(false)
     /// The first run's verdict on the request's signature (its timestamp is only fresh then).
     let signature = Mutex<AccessManager.SignatureVerdict?>(nil)
+    /// What ends a parked long-poll whose client went away (set by the run that parked it:
+    /// the console's record of it, the 499 it counts as).
+    let onGone = Mutex<(@Sendable () -> Void)?>(nil)
     private let onWake: @Sendable (LongPollSlot, WakeReason) -> Void
 
     init(onWake: @escaping @Sendable (LongPollSlot, WakeReason) -> Void) { self.onWake = onWake }
 
-    /// The parked wait ended: run the request again (or not, for a client gone).
-    func wake(_ reason: WakeReason) { onWake(self, reason) }
+    /// The parked wait ended: run the request again (or end it, for a client gone).
+    func wake(_ reason: WakeReason) {
+        if reason == .clientGone, let gone = onGone.withLock({ $0.take() }) { gone() }
+        onWake(self, reason)
+    }
 
-    /// How the hub parks this long-poll.
-    var parking: LongPollParking { LongPollParking { [self] reason in wake(reason) } }
+    /// How the hub parks this long-poll: it reports the cursor the run had read up to (the next
+    /// run reads after it), then wakes it once.
+    var parking: LongPollParking {
+        LongPollParking(parkedAfter: { [self] after in
+            resumePoint.withLock { point in point = point.map { ($0.deadline, after) } }
+        }, wake: { [self] reason in wake(reason) })
+    }
 }
 
 /// Where ``CollectingBodyWriter`` puts a response body.
@@ -382,4 +435,15 @@ final class EventLoopTaskExecutor: TaskExecutor {
         let executor = asUnownedTaskExecutor()
         loop.execute { job.runSynchronously(on: executor) }
     }
+}
+
+/// The hot path's answers in flight, server-wide: they run in tasks of their own, so graceful
+/// shutdown waits for them (``HotPathDrainService``) before presence and the store stop — as it
+/// waits for Hummingbird's per-connection tasks.
+final class HotPathTasks: Sendable {
+    private let count = Atomic<Int>(0)
+
+    func started() { count.add(1, ordering: .relaxed) }
+    func ended() { count.subtract(1, ordering: .releasing) }
+    var running: Int { count.load(ordering: .acquiring) }
 }

@@ -503,9 +503,11 @@ public final class LongPollHub: Sendable {
                 metrics.recordDeliveries(envelopes.count)
                 return SubscribePage(cursor: envelopes.isEmpty ? max(after, cursor) : cursor, envelopes: envelopes, gaps: gaps)
             case .wait(let id):
-                if let parking {
+                // (Retention gaps found on the way are only reported by this run: it waits.)
+                if let parking, gaps.isEmpty {
                     // Parked without a task: the caller's task ends here, and `parking`
-                    // answers the request again when the wait ends.
+                    // answers the request again when the wait ends, from this cursor.
+                    parking.parkedAfter(after)
                     park(id, deadline: waitDeadline(), channel: channel, parking: parking)
                     throw LongPollParked()
                 }
@@ -661,9 +663,14 @@ public final class LongPollHub: Sendable {
 /// How a long-poll waits without a task (the hot path's subscribe): `wake` is called once, on
 /// any thread, with why its wait ended.
 package struct LongPollParking: Sendable {
+    /// Told the cursor the long-poll has read up to, just before it parks.
+    let parkedAfter: @Sendable (Timetoken) -> Void
     let wake: @Sendable (WakeReason) -> Void
 
-    package init(wake: @escaping @Sendable (WakeReason) -> Void) { self.wake = wake }
+    package init(parkedAfter: @escaping @Sendable (Timetoken) -> Void, wake: @escaping @Sendable (WakeReason) -> Void) {
+        self.parkedAfter = parkedAfter
+        self.wake = wake
+    }
 }
 
 /// Thrown by ``LongPollHub/receive(_:after:limit:timeout:channel:access:recheck:filter:parking:)``

@@ -249,9 +249,10 @@ public struct TetherServer: Sendable {
         let logger = logger
         let idle = configuration.subscribeTimeout + .seconds(30)
         let maxBody = state.keysets.largestPublishBody
+        let hotTasks = HotPathTasks()
         let http1Configuration = HTTP1Channel.Configuration(
             additionalChannelHandlers: [ParserErrorResponder(), InputClosedCloser(),
-                                        HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle) { request, channel, slot in
+                                        HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks) { request, channel, slot in
                                             var context = TetherRequestContext(source: .init(channel: channel, logger: logger))
                                             context.longPollSlot = slot
                                             return await responder.respondCollected(to: request, context: context)
@@ -304,6 +305,9 @@ public struct TetherServer: Sendable {
 
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: PushDispatcherService(push: state.push), successTerminationBehavior: .gracefullyShutdownGroup),
+                // Stops right after the HTTP server: the hot path's answers still running finish
+                // before presence and the store stop.
+                .init(service: HotPathDrainService(tasks: hotTasks), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: app),
                 .init(service: MaintenanceService(hub: state.hub, store: state.store, access: state.access,
                                                   rateLimits: state.rateLimits, presence: state.presence,
@@ -332,6 +336,20 @@ public struct TetherServer: Sendable {
 /// The service group of a running ``TetherServer``, shared by its copies.
 private final class RunningGroup: Sendable {
     let group = Mutex<ServiceGroup?>(nil)
+}
+
+/// Waits, once the HTTP server has stopped, for the hot path's answers still in flight (at most
+/// 10 s): they run in tasks of their own, not in the server's per-connection tasks.
+struct HotPathDrainService: Service {
+    let tasks: HotPathTasks
+
+    func run() async throws {
+        do { try await gracefulShutdown() } catch { return }  // cancelled: nothing to wait for
+        let deadline = ContinuousClock.now + .seconds(10)
+        while tasks.running > 0, ContinuousClock.now < deadline {
+            do { try await Task.sleep(for: .milliseconds(10)) } catch { return }
+        }
+    }
 }
 
 /// Runs the store's group-commit writer; on shutdown it writes what is queued, checkpoints the

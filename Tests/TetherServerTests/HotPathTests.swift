@@ -2,6 +2,7 @@ import HTTPTypes
 import Hummingbird
 import NIOCore
 import NIOEmbedded
+import NIOHTTP1
 import NIOHTTPTypes
 import Synchronization
 import Testing
@@ -152,6 +153,62 @@ import Testing
         #expect(completions.count == completed + 1, "the replayed requests' read is completed, or Hummingbird never sees them")
         #expect(answers.answered.withLock { $0 } == ["/time/0"])
         _ = try channel.finish()
+    }
+
+    @Test func aGetWithABodyIsPassedOn() throws {
+        let answers = Answers()
+        let channel = try pipeline(answers)
+        // Nothing reads a GET's body: Hummingbird discards it as it streams, where the hot
+        // path would have to hold it.
+        try request(channel, .get, "/time/0", headers: [.transferEncoding: "chunked"], body: "xx")
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try request(channel, .get, "/time/0", headers: [.contentLength: "2"], body: "xx")
+        channel.embeddedEventLoop.run()
+        #expect(try forwarded(channel) == ["/time/0", "/time/0"])
+        #expect(answers.answered.withLock { $0.isEmpty })
+        _ = try channel.finish()
+    }
+
+    @Test func nothingIsReadAfterAPassedOnRequestThatClosesTheConnection() throws {
+        let answers = Answers()
+        let channel = try pipeline(answers)
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch", headers: [.connection: "close"])
+        try request(channel, .get, "/publish/p/s/0/ch/0/1")
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try request(channel, .get, "/publish/p/s/0/ch/0/2")
+        channel.embeddedEventLoop.run()
+        #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch"])
+        #expect(answers.answered.withLock { $0.isEmpty }, "nothing published after the closing request")
+        _ = try channel.finish()
+    }
+
+    @Test func shutdownWhileAPassedOnRequestIsReadIsPassedOn() throws {
+        let channel = try pipeline(Answers())
+        final class Quiesces: ChannelInboundHandler, @unchecked Sendable {
+            typealias InboundIn = HTTPRequestPart
+            var seen = 0
+            func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+                if event is ChannelShouldQuiesceEvent { seen += 1 }
+            }
+        }
+        let quiesces = Quiesces()
+        try channel.pipeline.syncOperations.addHandler(quiesces)
+        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/v1/files/x",
+                                                                  headerFields: [.contentLength: "10"])))
+        channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+        #expect(quiesces.seen == 1, "Hummingbird's side closes the connection after its answer")
+        _ = try channel.finish()
+    }
+
+    @Test func aParseErrorBehindAHotAnswerClosesAfterIt() throws {
+        let channel = try pipeline(Answers())
+        try request(channel, .get, "/time/0")
+        channel.pipeline.fireErrorCaught(HTTPParserError.invalidCharactersUsed)
+        #expect(channel.isActive)
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["/time/0"], "the hot answer first, and no 400 from the other side before it")
+        #expect(throws: Never.self) { try channel.throwIfErrorCaught() }
+        #expect(!channel.isActive, "closed after the answer")
     }
 
     @Test func connectionCloseIsHonoured() throws {

@@ -118,6 +118,17 @@ extension TetherResponder {
         let deadline = resumed?.deadline ?? NIODeadline.now() + state.subscribeTimeout
         let remaining = deadline - NIODeadline.now()
         slot?.resumePoint.withLock { $0 = (deadline, after) }
+        if let slot {
+            // If its client goes while it waits parked, the long-poll ends there: recorded as
+            // a run that throws `CancellationError` is.
+            let console = state.console, metrics = state.metrics, uuid = options.uuid, channel = context.channel
+            slot.onGone.withLock {
+                $0 = {
+                    console?.longPollEnded(uuid: uuid, channel: channel, page: nil)
+                    metrics.recordRequest(endpoint: "client-closed", status: 499)
+                }
+            }
+        }
         let page: SubscribePage
         do {
             // Parks without a task only while time is left (an expired wait reads once more
