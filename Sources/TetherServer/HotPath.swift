@@ -211,8 +211,14 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
             // Output only, as Hummingbird does: the peer reads the answer, then closes (a full
             // close with unread input would reset the connection and could lose the answer).
+            // A peer that never closes its side (a pooled client that has not looked at the
+            // socket yet) would hold the connection, and a graceful shutdown, open: it is
+            // closed fully a second later.
             let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-            promise.futureResult.whenComplete { _ in bound.value.close(mode: .output, promise: nil) }
+            promise.futureResult.whenComplete { _ in
+                bound.value.close(mode: .output, promise: nil)
+                bound.value.eventLoop.scheduleTask(in: .seconds(1)) { bound.value.close(promise: nil) }
+            }
             return
         }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
