@@ -399,7 +399,7 @@ struct CollectingBodyWriter: ResponseBodyWriter {
 
     mutating func write(_ buffer: ByteBuffer) async throws {
         var buffer = buffer
-        sink.buffer.withLock { $0.writeBuffer(&buffer) }
+        sink.buffer.withLock { _ = $0.writeBuffer(&buffer) }
     }
 
     consuming func finish(_ trailingHeaders: HTTPFields?) async throws {}

@@ -214,14 +214,17 @@ public final class LongPollHub: Sendable {
         let message = stored?(timetoken)
         let rememberedAt = key == nil ? Timetoken.zero : dedupClock()
         let record = key.map { PublishRecord(key: $0, timetoken: timetoken, channel: probe.channel, createdAt: rememberedAt) }
+        let event = BufferedEvent(envelope: envelope, isStored: message != nil)
         if message != nil || record != nil {
+            // Delivered as soon as its transaction commits, on the store's writer; the publisher
+            // is answered once the commit is durable (``MessageStore``).
+            let write = StoreWrite(message: message, record: record, onCommitted: { [self] in commit(event) })
             do {
-                try await store.append(StoreWrite(message: message, record: record)) { [self] committed in
+                try await store.append(write) { [self] committed in
                     // The publisher was told "outcome unknown"; the reservation was kept in
-                    // flight, so a message that did commit is delivered at its timetoken, never
+                    // flight, so a message that did commit was delivered at its timetoken, never
                     // skipped by a cursor that moved on. A repeat waits for this outcome too.
                     if committed {
-                        commit(BufferedEvent(envelope: envelope, isStored: message != nil))
                         if let key { settle(key, timetoken: timetoken, at: rememberedAt) }
                     } else {
                         wake(state.withLock { $0.core.abandon(timetoken) }, reason: .event)
@@ -236,8 +239,9 @@ public final class LongPollHub: Sendable {
                 if let key { release(key) }
                 throw error
             }
+        } else {
+            commit(event)
         }
-        commit(BufferedEvent(envelope: envelope, isStored: message != nil))
         if let key { settle(key, timetoken: timetoken, at: rememberedAt) }
         return HubPublishResult(timetoken: timetoken, isRepeat: false)
     }

@@ -79,10 +79,18 @@ public struct RetentionGap: Sendable, Hashable {
 /// The embedded durable store: one SQLite file in WAL mode through GRDB.
 ///
 /// Writes go through a bounded group-commit queue: concurrent publishes are written in one
-/// transaction and each is acknowledged only after that transaction is durable
-/// (`synchronous=FULL` unless ``StoreOptions/durability`` says `normal`). A write that waits
-/// longer than ``StoreOptions/writeTimeout`` is answered with an error (see ``StoreWriteQueue``
-/// for what is then certain). Reads run concurrently on WAL readers.
+/// transaction and each is acknowledged only after that transaction is durable. A write that
+/// waits longer than ``StoreOptions/writeTimeout`` is answered with an error (see
+/// ``StoreWriteQueue`` for what is then certain). Reads run concurrently on WAL readers.
+///
+/// With ``StoreOptions/durability`` `full` (the default) durability is pipelined: a batch
+/// commits without SQLite's own fsync, its messages are delivered at once, and a sync thread
+/// then `fdatasync`s the WAL — covering every batch committed since its last sync — before their
+/// publishers are answered. The writer meanwhile commits the next batch. A message can thus
+/// reach subscribers before it would survive a power loss (never before it would survive the
+/// server process being killed); its publisher is only ever told "stored" after both. Every
+/// other write (grants, groups, App Context, ...) stays `synchronous=FULL`. With `normal`,
+/// nothing is synced: a commit survives the process being killed, not the machine losing power.
 public final class MessageStore: Sendable {
     private typealias Waiter = CheckedContinuation<Void, any Error>
     private struct Observation {
@@ -105,7 +113,26 @@ public final class MessageStore: Sendable {
     private let doorbell = DispatchSemaphore(value: 0)
     /// Set by ``finish()``: the writer writes what is queued and stops.
     private let finishing = Atomic<Bool>(false)
+    /// Whether batches are made durable by the sync thread (`durability full`).
+    private let syncsSeparately: Bool
+    /// Committed batches waiting for the sync thread, oldest first.
+    private let unsynced = Mutex<[CommittedBatch]>([])
+    /// Rung for every committed batch handed to the sync thread.
+    private let syncDoorbell = DispatchSemaphore(value: 0)
+    /// Set once the writer has stopped: the sync thread syncs what is left and stops.
+    private let syncFinishing = Atomic<Bool>(false)
+    private let wal: WALSync
+    /// Tests: runs on the sync thread before each sync; throwing stands for a failed `fdatasync`,
+    /// blocking for a slow disk.
+    let syncProbe = Mutex<(@Sendable () throws -> Void)?>(nil)
     private let metrics: ServerMetrics
+
+    /// A committed batch not yet answered.
+    private struct CommittedBatch {
+        var ids: [UInt64]
+        var started: ContinuousClock.Instant
+        var written: Int
+    }
 
     /// The SQLite file path.
     public let path: String
@@ -117,6 +144,8 @@ public final class MessageStore: Sendable {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         self.path = Self.databasePath(in: directory)
         self.options = options
+        self.syncsSeparately = options.durability == .full
+        self.wal = WALSync(databasePath: path, directory: directory)
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         let pool = try DatabasePool(path: path, configuration: configuration)
@@ -415,7 +444,21 @@ public final class MessageStore: Sendable {
             await withTaskCancellationHandler {
                 await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
                     let thread = Thread {
+                        let syncStopped = DispatchSemaphore(value: 0)
+                        if self.syncsSeparately {
+                            let syncer = Thread {
+                                self.runSyncs()
+                                syncStopped.signal()
+                            }
+                            syncer.name = "tether-store-sync"
+                            syncer.start()
+                        }
                         self.runBatches()
+                        if self.syncsSeparately {
+                            self.syncFinishing.store(true, ordering: .releasing)
+                            self.syncDoorbell.signal()
+                            syncStopped.wait()
+                        }
                         done.resume()
                     }
                     thread.name = "tether-store-writer"
@@ -446,67 +489,135 @@ public final class MessageStore: Sendable {
             if batch.isEmpty { break }
             let ids = batch.map(\.id)
             let started = ContinuousClock.now
-            let outcome: Result<Int, StoreError>
+            var delivered: [@Sendable () -> Void] = []
+            let written: Int
             do {
-                outcome = .success(try pool.write { db in
-                    // Claimed inside the transaction: a write withdrawn while the writer
-                    // waited for the lock is never inserted.
-                    let claimed = self.queue.withLock { $0.claim(ids) }
-                    if claimed.isEmpty { return 0 }
-                    let statement = try db.cachedStatement(sql: """
-                        INSERT INTO message (sub_key, channel, timetoken, kind, publisher, payload, meta, custom_type, seqn, expires_at)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                        """)
-                    var highest: Int64 = 0
-                    var records: [PublishRecord] = []
-                    for (id, write) in batch where claimed.contains(id) {
-                        if let record = write.record {
-                            records.append(record)
-                            highest = max(highest, record.timetoken.storageValue)
+                written = try pool.writeWithoutTransaction { db in
+                    // With `durability full` this commit skips SQLite's fsync: the sync thread
+                    // makes it durable (``runSyncs()``). Set back at once, so every other
+                    // write on this connection stays fully synchronous.
+                    if syncsSeparately { try db.cachedStatement(sql: "PRAGMA synchronous = NORMAL").execute() }
+                    defer { if syncsSeparately { try? db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute() } }
+                    var count = 0
+                    try db.inTransaction {
+                        // Claimed inside the transaction: a write withdrawn while the writer
+                        // waited for the lock is never inserted.
+                        let claimed = self.queue.withLock { $0.claim(ids) }
+                        if claimed.isEmpty { return .commit }
+                        let statement = try db.cachedStatement(sql: """
+                            INSERT INTO message (sub_key, channel, timetoken, kind, publisher, payload, meta, custom_type, seqn, expires_at)
+                            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                            """)
+                        var highest: Int64 = 0
+                        var records: [PublishRecord] = []
+                        for (id, write) in batch where claimed.contains(id) {
+                            if let onCommitted = write.onCommitted { delivered.append(onCommitted) }
+                            if let record = write.record {
+                                records.append(record)
+                                highest = max(highest, record.timetoken.storageValue)
+                            }
+                            guard let m = write.message else { continue }
+                            let tt = m.timetoken.storageValue
+                            highest = max(highest, tt)
+                            try statement.execute(arguments: [
+                                m.subscribeKey, m.channel, tt, m.kind.rawValue, m.publisher, m.payload, m.meta,
+                                m.customMessageType, m.sequence, m.expiresAt.map { $0.storageValue },
+                            ])
                         }
-                        guard let m = write.message else { continue }
-                        let tt = m.timetoken.storageValue
-                        highest = max(highest, tt)
-                        try statement.execute(arguments: [
-                            m.subscribeKey, m.channel, tt, m.kind.rawValue, m.publisher, m.payload, m.meta,
-                            m.customMessageType, m.sequence, m.expiresAt.map { $0.storageValue },
-                        ])
+                        // In the same transaction as the messages: a publish is remembered
+                        // exactly when it is stored (issue #15).
+                        if !records.isEmpty { try Self.insert(records, into: db) }
+                        // A cached statement: parsed (and authorised by GRDB) once, not every batch.
+                        try db.cachedStatement(sql: """
+                            INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
+                            ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
+                            """).execute(arguments: [highest])
+                        count = claimed.count
+                        return .commit
                     }
-                    // In the same transaction as the messages: a publish is remembered
-                    // exactly when it is stored (issue #15).
-                    if !records.isEmpty { try Self.insert(records, into: db) }
-                    // A cached statement: parsed (and authorised by GRDB) once, not every batch.
-                    try db.cachedStatement(sql: """
-                        INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
-                        ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
-                        """).execute(arguments: [highest])
-                    return claimed.count
-                })
+                    return count
+                }
             } catch {
-                outcome = .failure(StoreError.classify(error))
+                delivered.removeAll()
+                answer(ids, started: started, outcome: .failure(StoreError.classify(error)), committed: false)
+                continue
             }
-            let completion = queue.withLock { $0.finish(ids) }
-            let settlers = lateSettlers.withLock { all in completion.late.compactMap { all.removeValue(forKey: $0) } }
-            switch outcome {
-            case .success(let written):
-                if written > 0 {
-                    metrics.recordStoreWrite(duration: ContinuousClock.now - started, batchSize: written)
-                    observe(.writable)
-                }
-                if !completion.late.isEmpty {
-                    logger.warning("stored messages whose publishers were answered 'outcome unknown'; delivered at their timetokens",
-                                   metadata: ["count": "\(completion.late.count)"])
-                }
-                for waiter in completion.waiters { waiter.resume() }
-                for settle in settlers { settle(true) }
-            case .failure(let error):
-                observe(StoreCondition(error))
-                logger.error("store write failed", metadata: [
-                    "error": "\(error)", "code": "\(error.code)", "batch": "\(batch.count)", "late": "\(completion.late.count)",
-                ])
-                for waiter in completion.waiters { waiter.resume(throwing: error) }
-                for settle in settlers { settle(false) }
+            // Committed: delivered now, answered once durable.
+            queue.withLock { $0.committed(ids) }
+            for deliver in delivered { deliver() }
+            if syncsSeparately {
+                unsynced.withLock { $0.append(CommittedBatch(ids: ids, started: started, written: written)) }
+                syncDoorbell.signal()
+            } else {
+                answer(ids, started: started, outcome: .success(written), committed: true)
             }
+        }
+    }
+
+    /// The sync thread: every ring makes the WAL durable once for all batches committed since
+    /// the last sync, then answers their publishers. It stops once the writer has stopped and
+    /// everything it committed is synced.
+    private func runSyncs() {
+        while true {
+            syncDoorbell.wait()
+            while true {
+                let batches = unsynced.withLock { pending in
+                    defer { pending.removeAll(keepingCapacity: true) }
+                    return pending
+                }
+                if batches.isEmpty { break }
+                let synced: Result<Void, StoreError>
+                do {
+                    try syncProbe.withLock { $0 }?()
+                    try wal.sync()
+                    synced = .success(())
+                } catch {
+                    synced = .failure(StoreError.classify(error))
+                }
+                for batch in batches {
+                    answer(batch.ids, started: batch.started, outcome: synced.map { batch.written }, committed: true)
+                }
+            }
+            if syncFinishing.load(ordering: .acquiring), unsynced.withLock({ $0.isEmpty }) { return }
+        }
+    }
+
+    /// Answers the writes of batch `ids`: written (`outcome` success), never written (its
+    /// transaction failed), or — `committed` with a failure — committed and delivered, but the
+    /// sync that makes it durable failed.
+    private func answer(_ ids: [UInt64], started: ContinuousClock.Instant, outcome: Result<Int, StoreError>, committed: Bool) {
+        let completion = queue.withLock { $0.finish(ids) }
+        let settlers = lateSettlers.withLock { all in completion.late.compactMap { all.removeValue(forKey: $0) } }
+        switch outcome {
+        case .success(let written):
+            if written > 0 {
+                metrics.recordStoreWrite(duration: ContinuousClock.now - started, batchSize: written)
+                observe(.writable)
+            }
+            if !completion.late.isEmpty {
+                logger.warning("stored messages whose publishers were answered 'outcome unknown'; delivered at their timetokens",
+                               metadata: ["count": "\(completion.late.count)"])
+            }
+            for waiter in completion.waiters { waiter.resume() }
+            for settle in settlers { settle(true) }
+        case .failure(let error) where committed:
+            // Committed, visible and delivered, but the file system did not confirm it durable:
+            // the publishers hear "outcome unknown", and their publishes count as stored.
+            observe(.failing)
+            logger.critical("store sync failed: committed messages may not survive a power loss", metadata: [
+                "error": "\(error)", "batch": "\(completion.waiters.count + completion.late.count)",
+            ])
+            let unknown = StoreError(.outcomeUnknown, "store write may not be durable: the sync failed", cause: error)
+            for waiter in completion.waiters { waiter.resume(throwing: unknown) }
+            let answered = lateSettlers.withLock { all in completion.ids.compactMap { all.removeValue(forKey: $0) } }
+            for settle in settlers + answered { settle(true) }
+        case .failure(let error):
+            observe(StoreCondition(error))
+            logger.error("store write failed", metadata: [
+                "error": "\(error)", "code": "\(error.code)", "batch": "\(ids.count)", "late": "\(completion.late.count)",
+            ])
+            for waiter in completion.waiters { waiter.resume(throwing: error) }
+            for settle in settlers { settle(false) }
         }
     }
 
@@ -564,6 +675,7 @@ public final class MessageStore: Sendable {
         }
         try pool.close()
         try probeQueue.close()
+        wal.release()
     }
 
     /// Reads stored messages for a subscribe catch-up range, oldest first, at most `limit`.

@@ -7,8 +7,11 @@
 /// - **queued**: waiting for the writer. Can transition to: taken, withdrawn.
 /// - **taken**: in the writer's next batch, the writer waiting for SQLite's write lock.
 ///   Can transition to: claimed, withdrawn, failed.
-/// - **claimed**: being inserted; its transaction may commit. Can transition to: done, failed,
-///   outcome unknown.
+/// - **claimed**: being inserted; its transaction may commit. Can transition to: committed,
+///   done, failed, outcome unknown.
+/// - **committed**: its transaction committed (the message is delivered) and the store is
+///   making the WAL durable (``committed(_:)``; the embedded store only). Can transition to:
+///   done, outcome unknown.
 ///
 /// A publisher whose deadline passes *withdraws* a queued or taken write: the writer will never
 /// insert it, so "not stored" is certain. Once claimed, the transaction can no longer be
@@ -51,6 +54,8 @@ struct StoreWriteQueue<Waiter> {
     private var queued: [Entry] = []
     private var taken: [UInt64: Waiter] = [:]
     private var claimed: [UInt64: Waiter] = [:]
+    /// Committed writes waiting for the sync that makes them durable.
+    private var syncing: [UInt64: Waiter] = [:]
     /// Claimed writes whose waiter was already answered "outcome unknown".
     private var orphaned: Set<UInt64> = []
     /// When each write not yet answered times out (queued, taken or claimed writes only).
@@ -117,19 +122,29 @@ struct StoreWriteQueue<Waiter> {
             return .withdrawn(queued.remove(at: index).waiter)
         }
         if let waiter = taken.removeValue(forKey: id) { return .withdrawn(waiter) }
-        if let waiter = claimed.removeValue(forKey: id) {
+        if let waiter = claimed.removeValue(forKey: id) ?? syncing.removeValue(forKey: id) {
             orphaned.insert(id)
             return .outcomeUnknown(waiter)
         }
         return .alreadyDone
     }
 
-    /// The transaction of batch `ids` ended (committed, or failed before or after claiming).
+    /// The transaction of batch `ids` committed, and is not yet durable: its claimed writes wait
+    /// for the sync, their deadlines still running (a passed deadline is "outcome unknown").
+    mutating func committed(_ ids: [UInt64]) {
+        for id in ids {
+            if let waiter = claimed.removeValue(forKey: id) { syncing[id] = waiter }
+        }
+    }
+
+    /// The writes of batch `ids` are answered: their transaction failed (before or after
+    /// claiming), or it committed and — after ``committed(_:)``, when the store syncs
+    /// separately — the sync ended.
     mutating func finish(_ ids: [UInt64]) -> Completion {
         var completion = Completion(waiters: [], late: [])
         for id in ids {
             deadlines.removeValue(forKey: id)
-            if let waiter = claimed.removeValue(forKey: id) ?? taken.removeValue(forKey: id) {
+            if let waiter = claimed.removeValue(forKey: id) ?? syncing.removeValue(forKey: id) ?? taken.removeValue(forKey: id) {
                 completion.waiters.append(waiter)
                 completion.ids.append(id)
             } else if orphaned.remove(id) != nil {
@@ -147,4 +162,9 @@ struct StoreWrite: Sendable {
     var record: PublishRecord?
     /// A cluster's event (``SharedLog``), numbered by the log when it commits.
     var shared: SharedEvent? = nil
+    /// Called by the embedded store's writer once the write's transaction has committed —
+    /// before the WAL sync that makes it durable against power loss, after which the write's
+    /// publisher is answered. The hub delivers the message here (docs/operations.md,
+    /// "Storage and durability").
+    var onCommitted: (@Sendable () -> Void)? = nil
 }

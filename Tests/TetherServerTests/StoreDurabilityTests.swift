@@ -126,6 +126,83 @@ import TetherTesting
         #expect(!queue.hasDeadlines)
     }
 
+    @Test func aCommittedWriteKeepsItsDeadlineUntilItIsSynced() {
+        var queue = StoreWriteQueue<String>(limit: 10)
+        let message = StoredMessage(subscribeKey: "k", channel: "c", timetoken: Timetoken(1), publisher: nil, payload: "1",
+                                    meta: nil, customMessageType: nil, sequence: nil, expiresAt: nil)
+        let start = ContinuousClock.now
+        let a = queue.makeID(), b = queue.makeID()
+        let accepted = [queue.enqueue(id: a, StoreWrite(message: message), waiter: "a", deadline: start + .seconds(1)),
+                        queue.enqueue(id: b, StoreWrite(message: message), waiter: "b", deadline: start + .seconds(2))]
+        #expect(accepted == [true, true])
+        _ = queue.takeBatch()
+        let claimed = queue.claim([a, b])
+        #expect(claimed == [a, b])
+        queue.committed([a, b])
+        // Committed, not yet synced: still unanswered, so a passed deadline answers it, and
+        // "outcome unknown" (it is committed: it will not be withdrawn).
+        let due = queue.expireDue(now: start + .seconds(1))
+        guard case .outcomeUnknown("a") = due.first, due.count == 1 else { Issue.record("a not unknown: \(due)"); return }
+        // The sync ends: `b` is answered now, `a` late (its publisher already heard).
+        let synced = queue.finish([a, b])
+        #expect(synced.waiters == ["b"])
+        #expect(synced.ids == [b])
+        #expect(synced.late == [a])
+        #expect(!queue.hasDeadlines)
+        guard case .alreadyDone = queue.expire(b) else { Issue.record("b answered twice"); return }
+    }
+
+    @Test func aStoredPublishIsDeliveredAtCommitAndAcknowledgedOnlyOnceSynced() async throws {
+        let server = try await TestServer.start(file: ConfigurationFile(subscribeTimeoutSeconds: 30))
+        let store = server.server.state.store
+        // The sync thread is held (a slow disk): commits are delivered, nothing is acknowledged.
+        let held = DispatchSemaphore(value: 0)
+        let syncing = Atomic<Int>(0)
+        store.syncProbe.withLock { probe in
+            probe = {
+                syncing.add(1, ordering: .relaxed)
+                held.wait()
+            }
+        }
+        let cursor = try await server.handshake("d")
+        async let page = server.subscribe("d", tt: cursor, timeout: .seconds(20))
+        #expect(await server.longPollsWaiting(1))
+        let answered = Atomic<Bool>(false)
+        let publish = Task {
+            defer { answered.store(true, ordering: .releasing) }
+            return try await server.get("/publish/demo/demo/0/d/0/%22first%22?uuid=tester&requestid=r-1")
+        }
+        let delivered = try await page
+        #expect(delivered.messages.map { $0["d"] as? String } == ["first"])
+        #expect(await eventually { syncing.load(ordering: .relaxed) == 1 })
+        let answeredEarly = answered.load(ordering: .acquiring)
+        #expect(!answeredEarly)  // the sync thread is still held
+        held.signal()
+        let first = try await publish.value
+        #expect(first.status == 200)
+        #expect(try store.writerSynchronousSetting() == 2)  // other writes stay fully synchronous
+
+        // A sync that fails: committed and delivered, so the publisher hears "may be stored"
+        // and a repeat of its request id is answered with the same timetoken, not stored twice.
+        struct DiskGone: Error {}
+        store.syncProbe.withLock { probe in probe = { throw DiskGone() } }
+        let next = try await server.handshake("d")
+        async let second = server.subscribe("d", tt: next, timeout: .seconds(20))
+        #expect(await server.longPollsWaiting(1))
+        let failed = try await server.get("/publish/demo/demo/0/d/0/%22second%22?uuid=tester&requestid=r-2")
+        #expect(failed.status == 504)
+        #expect(failed.body.contains("may be stored"))
+        #expect(try await second.messages.map { $0["d"] as? String } == ["second"])
+        #expect(try await server.get("/health").body.contains("\"store\":\"failing\""))
+        store.syncProbe.withLock { probe in probe = nil }
+        let repeated = try await server.get("/publish/demo/demo/0/d/0/%22second%22?uuid=tester&requestid=r-2")
+        #expect(repeated.status == 200)
+        let history = try await server.object("/v3/history/sub-key/demo/channel/d?max=25")
+        let stored = ((history["channels"] as? [String: Any])?["d"] as? [[String: Any]]) ?? []
+        #expect(stored.map { $0["message"] as? String } == ["first", "second"])
+        await server.stop()
+    }
+
     // MARK: - Disk full
 
     @Test func aFullStoreFailsStoredPublishesClearlyWhileRealtimeFlowsAndRecovers() async throws {
