@@ -83,14 +83,13 @@ public struct RetentionGap: Sendable, Hashable {
 /// waits longer than ``StoreOptions/writeTimeout`` is answered with an error (see
 /// ``StoreWriteQueue`` for what is then certain). Reads run concurrently on WAL readers.
 ///
-/// With ``StoreOptions/durability`` `full` (the default) durability is pipelined: a batch
-/// commits without SQLite's own fsync, its messages are delivered at once, and a sync thread
-/// then `fdatasync`s the WAL — covering every batch committed since its last sync — before their
-/// publishers are answered. The writer meanwhile commits the next batch. A message can thus
-/// reach subscribers before it would survive a power loss (never before it would survive the
-/// server process being killed); its publisher is only ever told "stored" after both. Every
-/// other write (grants, groups, App Context, ...) stays `synchronous=FULL`. With `normal`,
-/// nothing is synced: a commit survives the process being killed, not the machine losing power.
+/// With ``StoreOptions/durability`` `full` (the default) a batch commits without SQLite's own
+/// fsync, its messages are delivered at once, and the writer then `fdatasync`s the WAL itself
+/// (``WALSync``) before the batch's publishers are answered. A message can thus reach
+/// subscribers before it would survive a power loss (never before it would survive the server
+/// process being killed); its publisher is only ever told "stored" after both. Every other
+/// write (grants, groups, App Context, ...) stays `synchronous=FULL`. With `normal`, nothing is
+/// synced: a commit survives the process being killed, not the machine losing power.
 public final class MessageStore: Sendable {
     private typealias Waiter = CheckedContinuation<Void, any Error>
     private struct Observation {
@@ -113,26 +112,13 @@ public final class MessageStore: Sendable {
     private let doorbell = DispatchSemaphore(value: 0)
     /// Set by ``finish()``: the writer writes what is queued and stops.
     private let finishing = Atomic<Bool>(false)
-    /// Whether batches are made durable by the sync thread (`durability full`).
+    /// Whether the writer syncs each batch's commit itself, after delivering it (`durability full`).
     private let syncsSeparately: Bool
-    /// Committed batches waiting for the sync thread, oldest first.
-    private let unsynced = Mutex<[CommittedBatch]>([])
-    /// Rung for every committed batch handed to the sync thread.
-    private let syncDoorbell = DispatchSemaphore(value: 0)
-    /// Set once the writer has stopped: the sync thread syncs what is left and stops.
-    private let syncFinishing = Atomic<Bool>(false)
     private let wal: WALSync
-    /// Tests: runs on the sync thread before each sync; throwing stands for a failed `fdatasync`,
+    /// Tests: runs on the writer before each sync; throwing stands for a failed `fdatasync`,
     /// blocking for a slow disk.
     let syncProbe = Mutex<(@Sendable () throws -> Void)?>(nil)
     private let metrics: ServerMetrics
-
-    /// A committed batch not yet answered.
-    private struct CommittedBatch {
-        var ids: [UInt64]
-        var started: ContinuousClock.Instant
-        var written: Int
-    }
 
     /// The SQLite file path.
     public let path: String
@@ -444,21 +430,7 @@ public final class MessageStore: Sendable {
             await withTaskCancellationHandler {
                 await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
                     let thread = Thread {
-                        let syncStopped = DispatchSemaphore(value: 0)
-                        if self.syncsSeparately {
-                            let syncer = Thread {
-                                self.runSyncs()
-                                syncStopped.signal()
-                            }
-                            syncer.name = "tether-store-sync"
-                            syncer.start()
-                        }
                         self.runBatches()
-                        if self.syncsSeparately {
-                            self.syncFinishing.store(true, ordering: .releasing)
-                            self.syncDoorbell.signal()
-                            syncStopped.wait()
-                        }
                         done.resume()
                     }
                     thread.name = "tether-store-writer"
@@ -493,9 +465,9 @@ public final class MessageStore: Sendable {
             let written: Int
             do {
                 written = try pool.writeWithoutTransaction { db in
-                    // With `durability full` this commit skips SQLite's fsync: the sync thread
-                    // makes it durable (``runSyncs()``). Set back at once, so every other
-                    // write on this connection stays fully synchronous.
+                    // With `durability full` this commit skips SQLite's fsync: the writer syncs
+                    // once the batch is delivered. Set back at once, so every other write on
+                    // this connection stays fully synchronous.
                     if syncsSeparately { try db.cachedStatement(sql: "PRAGMA synchronous = NORMAL").execute() }
                     defer { if syncsSeparately { try? db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute() } }
                     var count = 0
@@ -545,40 +517,19 @@ public final class MessageStore: Sendable {
             // Committed: delivered now, answered once durable.
             queue.withLock { $0.committed(ids) }
             for deliver in delivered { deliver() }
-            if syncsSeparately {
-                unsynced.withLock { $0.append(CommittedBatch(ids: ids, started: started, written: written)) }
-                syncDoorbell.signal()
-            } else {
+            guard syncsSeparately else {
                 answer(ids, started: started, outcome: .success(written), committed: true)
+                continue
             }
-        }
-    }
-
-    /// The sync thread: every ring makes the WAL durable once for all batches committed since
-    /// the last sync, then answers their publishers. It stops once the writer has stopped and
-    /// everything it committed is synced.
-    private func runSyncs() {
-        while true {
-            syncDoorbell.wait()
-            while true {
-                let batches = unsynced.withLock { pending in
-                    defer { pending.removeAll(keepingCapacity: true) }
-                    return pending
-                }
-                if batches.isEmpty { break }
-                let synced: Result<Void, StoreError>
-                do {
-                    try syncProbe.withLock { $0 }?()
-                    try wal.sync()
-                    synced = .success(())
-                } catch {
-                    synced = .failure(StoreError.classify(error))
-                }
-                for batch in batches {
-                    answer(batch.ids, started: batch.started, outcome: synced.map { batch.written }, committed: true)
-                }
+            let synced: Result<Int, StoreError>
+            do {
+                try syncProbe.withLock { $0 }?()
+                try wal.sync()
+                synced = .success(written)
+            } catch {
+                synced = .failure(StoreError.classify(error))
             }
-            if syncFinishing.load(ordering: .acquiring), unsynced.withLock({ $0.isEmpty }) { return }
+            answer(ids, started: started, outcome: synced, committed: true)
         }
     }
 

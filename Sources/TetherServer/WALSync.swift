@@ -2,8 +2,8 @@ import Foundation
 import Synchronization
 
 /// Makes an SQLite database's committed WAL frames durable from outside SQLite: the store's
-/// message batches commit with `synchronous=NORMAL` (written to the WAL, not synced), and the
-/// sync thread calls ``sync()`` — one `fdatasync` that covers every batch committed before it.
+/// message batches commit with `synchronous=NORMAL` (written to the WAL, not synced), are
+/// delivered, and then made durable by ``sync()``: one `fdatasync` of the WAL.
 ///
 /// The WAL is synced through a descriptor of its own: `fdatasync` flushes the file, whichever
 /// descriptor wrote it. The descriptor is checked against the path before every sync (two
@@ -14,7 +14,7 @@ final class WALSync: Sendable {
     private let walPath: String
     private let databasePath: String
     private let directory: String
-    /// The open WAL (-1 when none is open). Used by the sync thread and ``release()`` only.
+    /// The open WAL (-1 when none is open). Used by the store's writer and ``release()`` only.
     private let descriptor = Mutex<Int32>(-1)
 
     init(databasePath: String, directory: String) {

@@ -155,7 +155,7 @@ import TetherTesting
     @Test func aStoredPublishIsDeliveredAtCommitAndAcknowledgedOnlyOnceSynced() async throws {
         let server = try await TestServer.start(file: ConfigurationFile(subscribeTimeoutSeconds: 30))
         let store = server.server.state.store
-        // The sync thread is held (a slow disk): commits are delivered, nothing is acknowledged.
+        // The writer is held in its sync (a slow disk): commits are delivered, nothing is acknowledged.
         let held = DispatchSemaphore(value: 0)
         let syncing = Atomic<Int>(0)
         store.syncProbe.withLock { probe in
@@ -176,7 +176,7 @@ import TetherTesting
         #expect(delivered.messages.map { $0["d"] as? String } == ["first"])
         #expect(await eventually { syncing.load(ordering: .relaxed) == 1 })
         let answeredEarly = answered.load(ordering: .acquiring)
-        #expect(!answeredEarly)  // the sync thread is still held
+        #expect(!answeredEarly)  // the writer is still held in its sync
         held.signal()
         let first = try await publish.value
         #expect(first.status == 200)
