@@ -5,6 +5,7 @@ import Darwin
 #endif
 import HTTPTypes
 import Hummingbird
+import HummingbirdCore
 import Logging
 import NIOCore
 import NIOHTTP1
@@ -61,6 +62,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// A request passed on asked for `Connection: close`: Hummingbird answers it and closes, so
     /// nothing after it is read.
     private var inputDone = false
+    /// A request was passed on: the connection's Hummingbird request loop runs.
+    private var loopStarted = false
     private var lastActivity = NIODeadline.now()
     private var idleTimer: Scheduled<Void>?
     /// Runs the answers' tasks on this connection's event loop.
@@ -101,7 +104,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 reading = .forwarding
                 forwardedInFlight += 1
                 if head.headerFields[.connection] == "close" { inputDone = true }
-                context.fireChannelRead(wrapInboundOut(part))
+                passOn(part, context: context)
             }
         case .forwarding:
             if case .end = part { reading = .idle }
@@ -112,7 +115,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 // The decoder never starts a request inside another; pass it on if it did.
                 reading = .forwarding
                 forwardedInFlight += 1
-                context.fireChannelRead(wrapInboundOut(part))
+                passOn(part, context: context)
             case .body(var buffer):
                 reading = .idle  // let `body` be uniquely referenced while appending
                 if body == nil { body = buffer } else { body!.writeBuffer(&buffer) }
@@ -127,6 +130,16 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 answer(head, body: body, context: context)
             }
         }
+    }
+
+    /// Passes a request's head on to Hummingbird, starting its request loop first if this is
+    /// the connection's first request that is not hot (``HummingbirdGate``).
+    private func passOn(_ head: HTTPRequestPart, context: ChannelHandlerContext) {
+        if !loopStarted {
+            loopStarted = true
+            HummingbirdGate.open(context.pipeline)
+        }
+        context.fireChannelRead(wrapInboundOut(head))
     }
 
     /// Whether the request goes the hot way: a `GET` publish, signal, subscribe or time without
@@ -452,4 +465,65 @@ final class HotPathTasks: Sendable {
     func started() { count.add(1, ordering: .relaxed) }
     func ended() { count.subtract(1, ordering: .releasing) }
     var running: Int { count.load(ordering: .acquiring) }
+}
+
+/// Holds a connection's Hummingbird task before it starts its request loop, until the loop is
+/// needed: a request the hot path passes on, a WebSocket upgrade attempt, or the connection's
+/// end. A connection that only ever sends hot requests (a PubNub subscriber's long-polls, a
+/// publisher's publishes) then never builds the loop's frames — the async iterator over the
+/// request parts, the response writer, the upgrade negotiation — which were most of an idle
+/// long-poll's memory (docs/benchmarks.md, "Idle connections without Hummingbird's loop").
+///
+/// It sits in the pipeline to be found, passing every event on untouched (NIO has no handler
+/// that events skip). Used on the connection's event loop only.
+final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = Never
+
+    private var opened = false
+    private var waiter: CheckedContinuation<Void, Never>?
+
+    /// Lets the connection's task start its loop (again: a no-op).
+    func open() {
+        opened = true
+        waiter.take()?.resume()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        open()  // the connection ended
+    }
+
+    /// Returns once the gate of `channel` opens (at once if it has none, or has ended).
+    static func passage(_ channel: any Channel) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            channel.eventLoop.execute {
+                guard let gate = try? channel.pipeline.syncOperations.handler(type: HummingbirdGate.self), !gate.opened else {
+                    return continuation.resume()
+                }
+                gate.waiter = continuation
+            }
+        }
+    }
+
+    /// Opens the gate of the connection whose pipeline this is; call on its event loop.
+    static func open(_ pipeline: ChannelPipeline) {
+        (try? pipeline.syncOperations.handler(type: HummingbirdGate.self))?.open()
+    }
+}
+
+/// Hummingbird's HTTP/1 connection (`--ws off`), its request loop behind a ``HummingbirdGate``.
+struct GatedHTTP1Channel: ServerChildChannel {
+    typealias Value = HTTP1Channel.Value
+    let inner: HTTP1Channel
+
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
+        inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
+            try channel.pipeline.syncOperations.addHandler(HummingbirdGate(), position: .first)
+            return value
+        }
+    }
+
+    func handle(value: Value, logger: Logger) async {
+        await HummingbirdGate.passage(value.channel)
+        await inner.handle(value: value, logger: logger)
+    }
 }

@@ -272,7 +272,7 @@ public struct TetherServer: Sendable {
                                      idleTimeout: idleTimeout)
             }
         } else {
-            http1 = .http1(configuration: http1Configuration)
+            http1 = HTTPServerBuilder { responder in GatedHTTP1Channel(inner: HTTP1Channel(responder: responder, configuration: http1Configuration)) }
         }
         var server = http1
         let scheme = configuration.tls == nil ? "http" : "https"

@@ -85,6 +85,19 @@ import Testing
         }
     }
 
+    @Test func theRequestLineIsSplitOnBytesBeforeDecoding() throws {
+        // A combining mark after `/` joins it into one Character; the path still splits there.
+        let wire = try WireRequest(rawPath: "/v2/subscribe/demo/a\u{301}/\u{301}b/%2F/", rawQuery: "&x=1&&flag&y=a%26b&x=2&e=")
+        #expect(wire.segments == ["v2", "subscribe", "demo", "a\u{301}", "\u{301}b", "/"])
+        #expect(wire.rawSegments.last == "%2F")
+        #expect(wire.query == ["x": "2", "y": "a&b", "e": ""])
+        #expect(wire.rawQueryValues["y"] == "a%26b")
+        #expect(wire.flags == ["flag"])
+        #expect(try WireRequest(rawPath: "/c/a,%2C,,b", rawQuery: nil).pathNames(1) == ["a", ",", "b"])
+        #expect(throws: WireRequest.ParseError.self) { try WireRequest(rawPath: "/a/%zz", rawQuery: nil) }
+        #expect(throws: WireRequest.ParseError.self) { try WireRequest(rawPath: "/a", rawQuery: "k=%E9") }
+    }
+
     @Test func aMalformedNumberIsLeftToTheRoutersParameterAnswer() throws {
         let wire = try Self.wire("/publish/demo/demo/0/c/0/1?seqn=x")
         let target = try PublishRequest.Target(wire, kind: .message, keysets: Self.keysets, now: Self.arrivedAt)

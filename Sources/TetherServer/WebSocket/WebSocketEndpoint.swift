@@ -32,6 +32,8 @@ struct WebSocketEndpoint: Sendable {
     func shouldUpgrade(_ request: HTTPRequest, _ channel: any Channel, _ logger: Logger)
         -> ShouldUpgradeResult<WebSocketDataHandler<HTTP1WebSocketUpgradeChannel.Context>>
     {
+        // An upgrade attempt: the connection's task runs what follows (``TetherUpgradeChannel``).
+        HummingbirdGate.open(channel.pipeline)
         let path = request.path.map { $0.split(separator: "?", maxSplits: 1).first.map(String.init) ?? $0 } ?? ""
         guard sessions.settings.enabled, path == WebSocketProtocol.path else { return .dontUpgrade }
         let offered = request.headerFields[values: .secWebSocketProtocol]
@@ -92,6 +94,7 @@ struct TetherUpgradeChannel: ServerChildChannel {
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
+            try channel.pipeline.syncOperations.addHandler(HummingbirdGate(), position: .first)
             try channel.pipeline.syncOperations.addHandler(FirstRequestGuard(idleTimeout: idleTimeout))
             return value
         }
@@ -104,6 +107,9 @@ struct TetherUpgradeChannel: ServerChildChannel {
         // log through the server's logger.
         var quiet = logger
         quiet.logLevel = max(logger.logLevel, .critical)
+        // The request loop (or the WebSocket session) starts once needed: a request the hot
+        // path passes on, an upgrade attempt (``WebSocketEndpoint/shouldUpgrade``) or the end.
+        await HummingbirdGate.passage(value.channel)
         await inner.handle(value: value, logger: quiet)
     }
 }
