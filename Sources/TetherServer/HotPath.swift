@@ -482,6 +482,11 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
     private var opened = false
     private var waiter: CheckedContinuation<Void, Never>?
 
+    /// Whether the loop may start (tests).
+    var isOpen: Bool { opened }
+    /// Whether a task waits at the gate (tests).
+    var hasWaiter: Bool { waiter != nil }
+
     /// Lets the connection's task start its loop (again: a no-op).
     func open() {
         opened = true

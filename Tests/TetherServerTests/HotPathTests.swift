@@ -32,6 +32,21 @@ import Testing
         }
     }
 
+    /// Set once a connection's task has passed its ``HummingbirdGate``.
+    final class Flag: Sendable {
+        private let passed = Atomic<Bool>(false)
+        var isSet: Bool { passed.load(ordering: .acquiring) }
+
+        /// Runs ``HummingbirdGate/passage(_:)`` for `channel` as a connection's task would, on
+        /// the embedded loop (the test thread drives it), and sets the flag once it returns.
+        func start(_ channel: EmbeddedChannel) {
+            Task(executorPreference: EventLoopTaskExecutor(channel.embeddedEventLoop)) {
+                await HummingbirdGate.passage(channel)
+                self.passed.store(true, ordering: .releasing)
+            }
+        }
+    }
+
     static let idle = TimeAmount.seconds(310)
 
     /// Counts the read completions that reach Hummingbird's side (its request stream hands
@@ -114,6 +129,56 @@ import Testing
                                            "/publish/p/s/0/unsized/0", "/publish/p/s/0/chunked/0"])
         #expect(answers.answered.withLock { $0.count } == 5)
         _ = try channel.finish()
+    }
+
+    @Test func hummingbirdsLoopWaitsAtTheGateUntilARequestIsPassedOn() throws {
+        let answers = Answers()
+        let channel = try pipeline(answers)
+        let gate = HummingbirdGate()
+        try channel.pipeline.syncOperations.addHandler(gate, position: .first)
+        let passed = Flag()
+        passed.start(channel)
+        channel.embeddedEventLoop.run()
+        #expect(gate.hasWaiter)
+        // Hot requests never start the loop: the connection's task stays at the gate.
+        for _ in 0..<3 {
+            try request(channel, .get, "/v2/subscribe/s/ch/0?tt=0")
+            channel.embeddedEventLoop.run()
+        }
+        #expect(try responses(channel).count == 3)
+        #expect(!passed.isSet)
+        #expect(!gate.isOpen)
+        // The first request passed on opens it.
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
+        channel.embeddedEventLoop.run()
+        #expect(passed.isSet)
+        #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch"])
+        // Past the gate, passage returns at once; so it does on a connection without one.
+        let again = Flag()
+        again.start(channel)
+        channel.embeddedEventLoop.run()
+        #expect(again.isSet)
+        _ = try channel.finish()
+        let plain = EmbeddedChannel()
+        let none = Flag()
+        none.start(plain)
+        plain.embeddedEventLoop.run()
+        #expect(none.isSet)
+    }
+
+    @Test func theGateOpensWhenTheConnectionEnds() throws {
+        let channel = EmbeddedChannel()
+        let gate = HummingbirdGate()
+        try channel.pipeline.syncOperations.addHandler(gate)
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        let passed = Flag()
+        passed.start(channel)
+        channel.embeddedEventLoop.run()
+        #expect(gate.hasWaiter)
+        #expect(!passed.isSet)
+        _ = try channel.finish()  // closed: the handlers are removed
+        channel.embeddedEventLoop.run()
+        #expect(passed.isSet)
     }
 
     @Test func aHotRequestBehindAPassedOnOneIsPassedOnToo() throws {
