@@ -56,7 +56,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// A hot request is being answered.
     private var answering = false
     /// Parts that arrived while a hot request was being answered, replayed after its answer.
-    private var held = CircularBuffer<HTTPRequestPart>()
+    /// (An array: empty, it allocates nothing, and nearly every connection never holds a part.)
+    private var held: [HTTPRequestPart] = []
     private var readPending = false
     private var closeAfterAnswer = false
     /// A request passed on asked for `Connection: close`: Hummingbird answers it and closes, so
@@ -236,8 +237,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         var replayed = false
-        while !answering, let part = held.popFirst() {
-            process(part, context: context)
+        while !answering, !held.isEmpty {
+            process(held.removeFirst(), context: context)
             replayed = true
         }
         // Parts passed on reach Hummingbird's request stream at the read's completion.
@@ -509,6 +510,16 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
+    /// Prepares a new connection, before its first read: adds its gate, and sizes its first
+    /// receive buffer for a request line and its headers (512 bytes, growing as reads fill it)
+    /// instead of NIO's 2 KiB — the last receive buffer is kept for the next read, so every idle
+    /// connection holds one.
+    static func install(on channel: any Channel) throws {
+        try channel.syncOptions?.setOption(ChannelOptions.recvAllocator,
+                                           value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
+        try channel.pipeline.syncOperations.addHandler(HummingbirdGate(), position: .first)
+    }
+
     /// Opens the gate of the connection whose pipeline this is; call on its event loop.
     static func open(_ pipeline: ChannelPipeline) {
         (try? pipeline.syncOperations.handler(type: HummingbirdGate.self))?.open()
@@ -522,7 +533,7 @@ struct GatedHTTP1Channel: ServerChildChannel {
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
-            try channel.pipeline.syncOperations.addHandler(HummingbirdGate(), position: .first)
+            try HummingbirdGate.install(on: channel)
             return value
         }
     }

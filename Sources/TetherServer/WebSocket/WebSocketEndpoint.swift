@@ -94,7 +94,7 @@ struct TetherUpgradeChannel: ServerChildChannel {
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
-            try channel.pipeline.syncOperations.addHandler(HummingbirdGate(), position: .first)
+            try HummingbirdGate.install(on: channel)
             try channel.pipeline.syncOperations.addHandler(FirstRequestGuard(idleTimeout: idleTimeout))
             return value
         }
