@@ -499,14 +499,21 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     /// Returns once the gate of `channel` opens (at once if it has none, or has ended).
+    /// A cancelled task (the server's run cancelled) opens the gate, so Hummingbird's loop runs
+    /// its own cancellation at once instead of waiting for the connection to end.
     static func passage(_ channel: any Channel) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            channel.eventLoop.execute {
-                guard let gate = try? channel.pipeline.syncOperations.handler(type: HummingbirdGate.self), !gate.opened else {
-                    return continuation.resume()
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                channel.eventLoop.execute {
+                    // (A cancellation's opening, below, runs on this loop after this.)
+                    guard let gate = try? channel.pipeline.syncOperations.handler(type: HummingbirdGate.self), !gate.opened else {
+                        return continuation.resume()
+                    }
+                    gate.waiter = continuation
                 }
-                gate.waiter = continuation
             }
+        } onCancel: {
+            channel.eventLoop.execute { open(channel.pipeline) }
         }
     }
 

@@ -131,7 +131,7 @@ public final class MessageStore: Sendable {
         self.path = Self.databasePath(in: directory)
         self.options = options
         self.syncsSeparately = options.durability == .full
-        self.wal = WALSync(databasePath: path, directory: directory)
+        self.wal = WALSync(databasePath: path)
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         let pool = try DatabasePool(path: path, configuration: configuration)
@@ -462,14 +462,29 @@ public final class MessageStore: Sendable {
             let ids = batch.map(\.id)
             let started = ContinuousClock.now
             var delivered: [@Sendable () -> Void] = []
+            if syncsSeparately, let failure = wal.failure {
+                // A sync failed earlier: the file system may have dropped what it had accepted,
+                // so nothing more is written until the server restarts (as PostgreSQL does).
+                answer(ids, started: started, outcome: .failure(failure), committed: false)
+                continue
+            }
             let written: Int
             do {
                 written = try pool.writeWithoutTransaction { db in
                     // With `durability full` this commit skips SQLite's fsync: the writer syncs
                     // once the batch is delivered. Set back at once, so every other write on
                     // this connection stays fully synchronous.
+                    defer {
+                        if syncsSeparately {
+                            do {
+                                try db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute()
+                            } catch {
+                                logger.critical("store could not restore synchronous=FULL; refusing writes", metadata: ["error": "\(error)"])
+                                wal.fail(StoreError(.failed, "the store could not restore synchronous=FULL", cause: error))
+                            }
+                        }
+                    }
                     if syncsSeparately { try db.cachedStatement(sql: "PRAGMA synchronous = NORMAL").execute() }
-                    defer { if syncsSeparately { try? db.cachedStatement(sql: "PRAGMA synchronous = FULL").execute() } }
                     var count = 0
                     try db.inTransaction {
                         // Claimed inside the transaction: a write withdrawn while the writer
@@ -523,7 +538,12 @@ public final class MessageStore: Sendable {
             }
             let synced: Result<Int, StoreError>
             do {
-                try syncProbe.withLock { $0 }?()
+                do {
+                    try syncProbe.withLock { $0 }?()
+                } catch {
+                    wal.fail(StoreError.classify(error))  // a failed sync is final (``WALSync``)
+                    throw error
+                }
                 try wal.sync()
                 synced = .success(written)
             } catch {

@@ -6,45 +6,80 @@ import Synchronization
 /// delivered, and then made durable by ``sync()``: one `fdatasync` of the WAL.
 ///
 /// The WAL is synced through a descriptor of its own: `fdatasync` flushes the file, whichever
-/// descriptor wrote it. The descriptor is checked against the path before every sync (two
-/// `stat`s), so a WAL that SQLite removed and created again is opened again; the directory is
-/// synced whenever a WAL file is first opened, so its entry is durable too. With no WAL file
-/// at all — everything checkpointed into the database — the database file is synced.
+/// descriptor wrote it. Its path is the database path with symbolic links resolved (SQLite puts
+/// the WAL beside the file a link points to). The descriptor is checked against the path before
+/// every sync (two `stat`s), so a WAL that SQLite removed and created again is opened again; the
+/// directory is synced whenever a WAL file is first opened, so its entry is durable too. The
+/// database file itself is never opened here: closing a descriptor of it would drop SQLite's
+/// POSIX locks.
+///
+/// A failed sync is final: Linux marks the pages it could not write clean, so a later
+/// `fdatasync` would report success for data that never reached the disk. Every sync after a
+/// failure fails, and the store refuses writes until the server restarts.
 final class WALSync: Sendable {
     private let walPath: String
-    private let databasePath: String
     private let directory: String
-    /// The open WAL (-1 when none is open). Used by the store's writer and ``release()`` only.
-    private let descriptor = Mutex<Int32>(-1)
+    private struct State {
+        /// The open WAL (-1 when none is open).
+        var descriptor: Int32 = -1
+        /// The first failure; once set, every sync fails with it.
+        var failure: StoreError?
+    }
 
-    init(databasePath: String, directory: String) {
-        self.databasePath = databasePath
-        self.walPath = databasePath + "-wal"
-        self.directory = directory
+    private let state = Mutex(State())
+
+    init(databasePath: String) {
+        let resolved = URL(fileURLWithPath: databasePath).resolvingSymlinksInPath().path
+        self.walPath = resolved + "-wal"
+        self.directory = (resolved as NSString).deletingLastPathComponent
+    }
+
+    /// The failure that stopped syncing, if one did.
+    var failure: StoreError? { state.withLock { $0.failure } }
+
+    /// Stops syncing for good (a failure the store cannot recover from).
+    func fail(_ error: StoreError) {
+        state.withLock { if $0.failure == nil { $0.failure = error } }
     }
 
     /// Makes everything committed so far durable.
     func sync() throws(StoreError) {
-        try descriptor.withLock { (fd: inout Int32) throws(StoreError) in
-            if fd < 0 || !Self.names(fd, walPath) {
-                if fd >= 0 { _ = close(fd) }
-                fd = open(walPath, O_RDWR | O_CLOEXEC)
-                if fd < 0 {
-                    guard errno == ENOENT else { throw Self.failure("open", walPath) }
-                    try Self.syncFile(at: databasePath)
-                    return
-                }
-                try Self.syncFile(at: directory)
+        try state.withLock { (state: inout State) throws(StoreError) in
+            if let failure = state.failure { throw failure }
+            do throws(StoreError) {
+                try Self.sync(&state.descriptor, walPath: walPath, directory: directory)
+            } catch {
+                state.failure = StoreError(.failed, "an earlier sync of the store failed; restart the server after checking the disk",
+                                           cause: error)
+                throw error
             }
-            guard Self.dataSync(fd) == 0 else { throw Self.failure("fdatasync", walPath) }
         }
+    }
+
+    private static func sync(_ fd: inout Int32, walPath: String, directory: String) throws(StoreError) {
+        if fd < 0 || !names(fd, walPath) {
+            if fd >= 0 { _ = close(fd) }
+            fd = -1
+            // After a commit in WAL mode the WAL exists: not finding it is a failure, never a
+            // reason to sync something else.
+            let opened = open(walPath, O_RDWR | O_CLOEXEC)
+            guard opened >= 0 else { throw failure("open", walPath) }
+            do throws(StoreError) {
+                try syncDirectory(directory)
+            } catch {
+                _ = close(opened)
+                throw error
+            }
+            fd = opened
+        }
+        guard dataSync(fd) == 0 else { throw failure("fdatasync", walPath) }
     }
 
     /// Closes the descriptor (the store closes).
     func release() {
-        descriptor.withLock { fd in
-            if fd >= 0 { _ = close(fd) }
-            fd = -1
+        state.withLock { state in
+            if state.descriptor >= 0 { _ = close(state.descriptor) }
+            state.descriptor = -1
         }
     }
 
@@ -56,7 +91,7 @@ final class WALSync: Sendable {
         return opened.st_ino == named.st_ino && opened.st_dev == named.st_dev
     }
 
-    private static func syncFile(at path: String) throws(StoreError) {
+    private static func syncDirectory(_ path: String) throws(StoreError) {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw failure("open", path) }
         defer { _ = close(fd) }

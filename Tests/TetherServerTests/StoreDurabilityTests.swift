@@ -200,6 +200,14 @@ import TetherTesting
         let history = try await server.object("/v3/history/sub-key/demo/channel/d?max=25")
         let stored = ((history["channels"] as? [String: Any])?["d"] as? [[String: Any]]) ?? []
         #expect(stored.map { $0["message"] as? String } == ["first", "second"])
+        // A failed sync is final (the file system may have dropped what it accepted): later
+        // stored publishes are refused and never written, realtime ones still flow.
+        let refused = try await server.get("/publish/demo/demo/0/d/0/%22third%22?uuid=tester")
+        #expect(refused.status == 500)
+        #expect(try await server.get("/publish/demo/demo/0/d/0/%22live%22?uuid=tester&store=0").status == 200)
+        #expect(try await server.get("/health").body.contains("\"store\":\"failing\""))
+        let after = try await server.object("/v3/history/sub-key/demo/channel/d?max=25")
+        #expect((((after["channels"] as? [String: Any])?["d"] as? [[String: Any]]) ?? []).count == 2)
         await server.stop()
     }
 
