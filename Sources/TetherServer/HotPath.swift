@@ -146,7 +146,9 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// Whether the request goes the hot way: a `GET` publish, signal, subscribe or time without
     /// a body, or a `POST` publish whose declared body fits.
     private func isHot(_ head: HTTPRequest) -> Bool {
-        guard let path = head.path else { return false }
+        // A request asking for a protocol upgrade is Hummingbird's: after a failed WebSocket
+        // upgrade it answers 400 itself, and a hot answer would be a second response.
+        guard let path = head.path, head.headerFields[.upgrade] == nil else { return false }
         switch head.method {
         case .get:
             // A GET with a body (which nothing reads) goes to Hummingbird, which discards it

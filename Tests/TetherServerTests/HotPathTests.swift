@@ -124,9 +124,12 @@ import Testing
         try request(channel, .post, "/publish/p/s/0/unsized/0", body: "1")
         try channel.writeOutbound(HTTPResponsePart.end(nil))
         try request(channel, .post, "/publish/p/s/0/chunked/0", headers: [.transferEncoding: "chunked"], body: "1")
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        // A request asking for an upgrade (Hummingbird answers a failed one itself).
+        try request(channel, .get, "/time/0", headers: [.upgrade: "websocket", .connection: "upgrade"])
         channel.embeddedEventLoop.run()
         #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch", "/publish/p/s/0/ch/0/1", "/publish/p/s/0/big/0",
-                                           "/publish/p/s/0/unsized/0", "/publish/p/s/0/chunked/0"])
+                                           "/publish/p/s/0/unsized/0", "/publish/p/s/0/chunked/0", "/time/0"])
         #expect(answers.answered.withLock { $0.count } == 5)
         _ = try channel.finish()
     }
