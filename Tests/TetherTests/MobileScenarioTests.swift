@@ -172,7 +172,8 @@ struct MobileScenarioTests {
         #expect(await eventually { app.client.connectionState == .background })
         _ = try await publisher.publish(channel: inbox, message: ["text": "hi", "pn_fcm": ["notification": ["title": "Bob", "body": "hi"]]])
         #expect(await eventually { gateway.requests.count == 1 }, "the registered device got the push")
-        let pushed = try #require(try? JSONValue(parsing: String(decoding: gateway.requests[0].body, as: UTF8.self)))
+        let first = try #require(gateway.requests.first, "a push request")
+        let pushed = try #require(try? JSONValue(parsing: String(decoding: first.body, as: UTF8.self)))
         #expect(pushed["device"]?["token"] == "fcm-token-1" && pushed["channel"] == .string(inbox))
         app.client.enterForeground()
         #expect(await eventually { app.continuity.contains { outcome in
@@ -200,7 +201,8 @@ struct MobileScenarioTests {
         #expect(await eventually { app.client.connectionState == .background && !app.client.isSessionOpen })
         _ = try await publisher.publish(channel: channel, message: ["text": "ping me"])
         #expect(await eventually { gateway.requests.count == 1 })
-        let pushed = try #require(try? JSONValue(parsing: String(decoding: gateway.requests[0].body, as: UTF8.self)))
+        let first = try #require(gateway.requests.first, "a push request")
+        let pushed = try #require(try? JSONValue(parsing: String(decoding: first.body, as: UTF8.self)))
         #expect(pushed["device"]?["token"] == "fcm-token-2")
         #expect(pushed["payload"]?["notification"]?["body"] == "ping me")
 
