@@ -199,6 +199,9 @@ struct MobileScenarioTests {
 
         app.client.enterBackground()
         #expect(await eventually { app.client.connectionState == .background && !app.client.isSessionOpen })
+        // The client closes its socket right after sending `suspend`: the device is held once the
+        // server has read that frame, which is before it keeps the session.
+        #expect(await eventually { server.server.webSocketCounts.kept == 1 }, "the server keeps the suspended session")
         _ = try await publisher.publish(channel: channel, message: ["text": "ping me"])
         #expect(await eventually { gateway.requests.count == 1 })
         let first = try #require(gateway.requests.first, "a push request")
