@@ -527,6 +527,8 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
         try channel.syncOptions?.setOption(ChannelOptions.recvAllocator,
                                            value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
         try channel.pipeline.syncOperations.addHandler(HummingbirdGate(), position: .first)
+        let decoder = try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
+        try channel.pipeline.syncOperations.addHandler(NonPersistentRequestMarker(), position: .after(decoder))
     }
 
     /// Opens the gate of the connection whose pipeline this is; call on its event loop.
@@ -550,5 +552,31 @@ struct GatedHTTP1Channel: ServerChildChannel {
     func handle(value: Value, logger: Logger) async {
         await HummingbirdGate.passage(value.channel)
         await inner.handle(value: value, logger: logger)
+    }
+}
+
+/// Marks a request that does not keep its connection open `Connection: close`, right after the
+/// HTTP decoder, so that the hot path and Hummingbird — which both close after answering a
+/// request carrying exactly that header — close after answering it too: an HTTP/1.0 request
+/// without `Connection: keep-alive` (RFC 9112 §9.3), or a `close` token in another spelling
+/// (`Close`, `close, te`). NIO's `isKeepAlive` reads the version and the header's tokens.
+/// A connection upgraded to WebSocket drops it (``remove(from:)``).
+final class NonPersistentRequestMarker: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard case .head(var head) = unwrapInboundIn(data), !head.isKeepAlive, head.headers["connection"] != ["close"] else {
+            return context.fireChannelRead(data)
+        }
+        head.headers.replaceOrAdd(name: "connection", value: "close")
+        context.fireChannelRead(wrapInboundOut(.head(head)))
+    }
+
+    /// Takes the marker out of a connection that is being upgraded (what follows is not HTTP);
+    /// call on its event loop.
+    static func remove(from pipeline: ChannelPipeline) {
+        guard let context = try? pipeline.syncOperations.context(handlerType: NonPersistentRequestMarker.self) else { return }
+        pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
 }

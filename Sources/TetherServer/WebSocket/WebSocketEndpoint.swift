@@ -59,6 +59,8 @@ struct WebSocketEndpoint: Sendable {
         }
         let connection = WebSocketConnection(id: id, channel: channel, queue: queue, sessions: sessions, responder: responder,
                                              maxFrameBytes: maxFrameBytes)
+        // The socket stops speaking HTTP: the handler after the HTTP decoder goes with it.
+        NonPersistentRequestMarker.remove(from: channel.pipeline)
         return .upgrade(headers) { inbound, outbound, _ in
             await connection.run(inbound: inbound, outbound: outbound)
         }
