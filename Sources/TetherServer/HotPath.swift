@@ -464,18 +464,41 @@ final class EventLoopTaskExecutor: TaskExecutor {
 /// waits for Hummingbird's per-connection tasks.
 final class HotPathTasks: Sendable {
     private let count = Atomic<Int>(0)
+    /// Connections' request loops started at their gate's opening (``HummingbirdGate``), by id:
+    /// cancelled with the server's run, as Hummingbird cancels the tasks it starts.
+    private let loops = Mutex<(next: UInt64, tasks: [UInt64: Task<Void, Never>])>((0, [:]))
 
     func started() { count.add(1, ordering: .relaxed) }
     func ended() { count.subtract(1, ordering: .releasing) }
     var running: Int { count.load(ordering: .acquiring) }
+
+    /// Runs a connection's request loop in a task of its own, counted and cancellable.
+    func startLoop(executor: (any TaskExecutor)?, _ loop: @escaping @Sendable () async -> Void) {
+        started()
+        loops.withLock { loops in
+            let id = loops.next
+            loops.next += 1
+            loops.tasks[id] = Task(executorPreference: executor) {
+                await loop()
+                self.loops.withLock { _ = $0.tasks.removeValue(forKey: id) }
+                self.ended()
+            }
+        }
+    }
+
+    /// Cancels the request loops running (the server's run was cancelled).
+    func cancelLoops() {
+        for task in loops.withLock({ Array($0.tasks.values) }) { task.cancel() }
+    }
 }
 
-/// Holds a connection's Hummingbird task before it starts its request loop, until the loop is
-/// needed: a request the hot path passes on, a WebSocket upgrade attempt, or the connection's
-/// end. A connection that only ever sends hot requests (a PubNub subscriber's long-polls, a
-/// publisher's publishes) then never builds the loop's frames — the async iterator over the
-/// request parts, the response writer, the upgrade negotiation — which were most of an idle
-/// long-poll's memory (docs/benchmarks.md, "Idle connections without Hummingbird's loop").
+/// Keeps a connection's Hummingbird request loop from starting until it is needed: a request
+/// the hot path passes on, a WebSocket upgrade attempt, or the connection's end. Until then the
+/// connection has no task at all (``whenOpen(_:tasks:executor:_:)``): a connection that only
+/// ever sends hot requests (a PubNub subscriber's long-polls, a publisher's publishes) never
+/// builds the loop's frames — the async iterator over the request parts, the response writer,
+/// the upgrade negotiation — nor keeps a parked task, which were most of an idle long-poll's
+/// memory (docs/benchmarks.md, "Idle connections without Hummingbird's loop").
 ///
 /// It sits in the pipeline to be found, passing every event on untouched (NIO has no handler
 /// that events skip). Used on the connection's event loop only.
@@ -483,40 +506,42 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = Never
 
     private var opened = false
-    private var waiter: CheckedContinuation<Void, Never>?
+    /// Starts the connection's loop (set while the gate is shut and the loop waits for it).
+    private var start: (() -> Void)?
 
     /// Whether the loop may start (tests).
     var isOpen: Bool { opened }
-    /// Whether a task waits at the gate (tests).
-    var hasWaiter: Bool { waiter != nil }
+    /// Whether a loop waits for the gate to open (tests).
+    var holdsLoop: Bool { start != nil }
 
-    /// Lets the connection's task start its loop (again: a no-op).
+    /// Lets the connection's loop start (again: a no-op).
     func open() {
         opened = true
-        waiter.take()?.resume()
+        start.take()?()
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        open()  // the connection ended
+        open()  // the connection ended: the loop runs, finds it closed and returns
     }
 
-    /// Returns once the gate of `channel` opens (at once if it has none, or has ended).
-    /// A cancelled task (the server's run cancelled) opens the gate, so Hummingbird's loop runs
-    /// its own cancellation at once instead of waiting for the connection to end.
-    static func passage(_ channel: any Channel) async {
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                channel.eventLoop.execute {
-                    // (A cancellation's opening, below, runs on this loop after this.)
-                    guard let gate = try? channel.pipeline.syncOperations.handler(type: HummingbirdGate.self), !gate.opened else {
-                        return continuation.resume()
-                    }
-                    gate.waiter = continuation
+    /// Runs `loop`, the request loop of `channel`'s connection, once its gate opens, without a
+    /// task waiting meanwhile: in the calling task when the gate is open already (or the
+    /// channel has none); otherwise this returns at once, and `loop` runs in a task of its own
+    /// (on `executor`, by default the global one) started when the gate opens. Such tasks are
+    /// counted in `tasks`, which a graceful shutdown waits for (``HotPathDrainService``), as
+    /// Hummingbird's server waits for the tasks it starts.
+    static func whenOpen(_ channel: any Channel, tasks: HotPathTasks, executor: (any TaskExecutor)? = nil,
+                         _ loop: @escaping @Sendable () async -> Void) async {
+        let runNow = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            channel.eventLoop.execute {
+                guard let gate = try? channel.pipeline.syncOperations.handler(type: HummingbirdGate.self), !gate.opened else {
+                    return continuation.resume(returning: true)
                 }
+                gate.start = { tasks.startLoop(executor: executor, loop) }
+                continuation.resume(returning: false)
             }
-        } onCancel: {
-            channel.eventLoop.execute { open(channel.pipeline) }
         }
+        if runNow { await loop() }
     }
 
     /// Prepares a new connection, before its first read: adds its gate, and sizes its first
@@ -541,6 +566,8 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
 struct GatedHTTP1Channel: ServerChildChannel {
     typealias Value = HTTP1Channel.Value
     let inner: HTTP1Channel
+    /// Counts the loops started after the connection's task returned.
+    let tasks: HotPathTasks
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
@@ -550,8 +577,8 @@ struct GatedHTTP1Channel: ServerChildChannel {
     }
 
     func handle(value: Value, logger: Logger) async {
-        await HummingbirdGate.passage(value.channel)
-        await inner.handle(value: value, logger: logger)
+        let inner = inner
+        await HummingbirdGate.whenOpen(value.channel, tasks: tasks) { await inner.handle(value: value, logger: logger) }
     }
 }
 

@@ -269,10 +269,11 @@ public struct TetherServer: Sendable {
             http1 = HTTPServerBuilder { responder in
                 TetherUpgradeChannel(inner: HTTP1WebSocketUpgradeChannel(responder: responder, configuration: upgradeConfiguration,
                                                                          shouldUpgrade: endpoint.shouldUpgrade),
-                                     idleTimeout: idleTimeout)
+                                     idleTimeout: idleTimeout, tasks: hotTasks)
             }
         } else {
-            http1 = HTTPServerBuilder { responder in GatedHTTP1Channel(inner: HTTP1Channel(responder: responder, configuration: http1Configuration)) }
+            http1 = HTTPServerBuilder { responder in GatedHTTP1Channel(inner: HTTP1Channel(responder: responder, configuration: http1Configuration),
+                                                                tasks: hotTasks) }
         }
         var server = http1
         let scheme = configuration.tls == nil ? "http" : "https"
@@ -338,13 +339,17 @@ private final class RunningGroup: Sendable {
     let group = Mutex<ServiceGroup?>(nil)
 }
 
-/// Waits, once the HTTP server has stopped, for the hot path's answers still in flight (at most
-/// 10 s): they run in tasks of their own, not in the server's per-connection tasks.
+/// Waits, once the HTTP server has stopped, for the hot path's answers still in flight and the
+/// request loops started at a gate's opening (at most 10 s): they run in tasks of their own, not
+/// in the server's per-connection tasks.
 struct HotPathDrainService: Service {
     let tasks: HotPathTasks
 
     func run() async throws {
-        do { try await gracefulShutdown() } catch { return }  // cancelled: nothing to wait for
+        do { try await gracefulShutdown() } catch {
+            tasks.cancelLoops()  // cancelled: connections' request loops stop with the server
+            return
+        }
         let deadline = ContinuousClock.now + .seconds(10)
         while tasks.running > 0, ContinuousClock.now < deadline {
             do { try await Task.sleep(for: .milliseconds(10)) } catch { return }

@@ -6,6 +6,7 @@ import NIOHTTP1
 import NIOHTTPTypes
 import Synchronization
 import Testing
+import TetherTesting
 
 @testable import TetherServer
 
@@ -32,17 +33,25 @@ import Testing
         }
     }
 
-    /// Set once a connection's task has passed its ``HummingbirdGate``.
+    /// Records a connection's request loop run through its ``HummingbirdGate``.
     final class Flag: Sendable {
         private let passed = Atomic<Bool>(false)
+        private let returned = Atomic<Bool>(false)
+        let tasks = HotPathTasks()
+        /// Whether the loop ran.
         var isSet: Bool { passed.load(ordering: .acquiring) }
+        /// Whether the connection's task returned (with the loop run, or left to the gate).
+        var taskReturned: Bool { returned.load(ordering: .acquiring) }
 
-        /// Runs ``HummingbirdGate/passage(_:)`` for `channel` as a connection's task would, on
-        /// the embedded loop (the test thread drives it), and sets the flag once it returns.
+        /// Runs ``HummingbirdGate/whenOpen(_:tasks:executor:_:)`` for `channel` as a
+        /// connection's task would, everything on the embedded loop (the test thread drives it).
         func start(_ channel: EmbeddedChannel) {
-            Task(executorPreference: EventLoopTaskExecutor(channel.embeddedEventLoop)) {
-                await HummingbirdGate.passage(channel)
-                self.passed.store(true, ordering: .releasing)
+            let executor = EventLoopTaskExecutor(channel.embeddedEventLoop)
+            Task(executorPreference: executor) {
+                await HummingbirdGate.whenOpen(channel, tasks: self.tasks, executor: executor) {
+                    self.passed.store(true, ordering: .releasing)
+                }
+                self.returned.store(true, ordering: .releasing)
             }
         }
     }
@@ -142,8 +151,11 @@ import Testing
         let passed = Flag()
         passed.start(channel)
         channel.embeddedEventLoop.run()
-        #expect(gate.hasWaiter)
-        // Hot requests never start the loop: the connection's task stays at the gate.
+        // The connection's task returned; the gate holds the loop, with no task waiting.
+        #expect(gate.holdsLoop)
+        #expect(passed.taskReturned && !passed.isSet)
+        #expect(passed.tasks.running == 0)
+        // Hot requests never start the loop.
         for _ in 0..<3 {
             try request(channel, .get, "/v2/subscribe/s/ch/0?tt=0")
             channel.embeddedEventLoop.run()
@@ -155,8 +167,11 @@ import Testing
         try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
         channel.embeddedEventLoop.run()
         #expect(passed.isSet)
+        #expect(!gate.holdsLoop)
+        #expect(passed.tasks.running == 0, "the loop's task ended and was counted out")
         #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch"])
-        // Past the gate, passage returns at once; so it does on a connection without one.
+        // Past the gate, the loop runs at once in the calling task; so it does on a connection
+        // without a gate.
         let again = Flag()
         again.start(channel)
         channel.embeddedEventLoop.run()
@@ -169,6 +184,17 @@ import Testing
         #expect(none.isSet)
     }
 
+    @Test func cancellingTheServerStopsTheLoopsStartedAtAGate() async throws {
+        let tasks = HotPathTasks()
+        tasks.startLoop(executor: nil) {
+            // A request loop that would wait for its connection for an hour.
+            try? await Task.sleep(for: .seconds(3600))
+        }
+        #expect(tasks.running == 1)
+        tasks.cancelLoops()
+        #expect(await eventually { tasks.running == 0 }, "the loop's task ended at its cancellation")
+    }
+
     @Test func theGateOpensWhenTheConnectionEnds() throws {
         let channel = EmbeddedChannel()
         let gate = HummingbirdGate()
@@ -177,7 +203,7 @@ import Testing
         let passed = Flag()
         passed.start(channel)
         channel.embeddedEventLoop.run()
-        #expect(gate.hasWaiter)
+        #expect(gate.holdsLoop)
         #expect(!passed.isSet)
         _ = try channel.finish()  // closed: the handlers are removed
         channel.embeddedEventLoop.run()

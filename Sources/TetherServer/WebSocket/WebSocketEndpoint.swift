@@ -93,6 +93,8 @@ struct TetherUpgradeChannel: ServerChildChannel {
     typealias Value = HTTP1WebSocketUpgradeChannel.Value
     let inner: HTTP1WebSocketUpgradeChannel
     let idleTimeout: TimeAmount
+    /// Counts the loops started after the connection's task returned.
+    let tasks: HotPathTasks
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
@@ -111,8 +113,8 @@ struct TetherUpgradeChannel: ServerChildChannel {
         quiet.logLevel = max(logger.logLevel, .critical)
         // The request loop (or the WebSocket session) starts once needed: a request the hot
         // path passes on, an upgrade attempt (``WebSocketEndpoint/shouldUpgrade``) or the end.
-        await HummingbirdGate.passage(value.channel)
-        await inner.handle(value: value, logger: quiet)
+        let inner = inner
+        await HummingbirdGate.whenOpen(value.channel, tasks: tasks) { [quiet] in await inner.handle(value: value, logger: quiet) }
     }
 }
 
