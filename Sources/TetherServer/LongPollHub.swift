@@ -30,7 +30,6 @@ public final class LongPollHub: Sendable {
         }
 
         var resume: Resume
-        var timer: Scheduled<Void>
 
         func wake(_ reason: WakeReason) {
             switch resume {
@@ -52,6 +51,11 @@ public final class LongPollHub: Sendable {
         /// Cluster mode: requests waiting for the visible cursor to reach a timetoken.
         var visibilityWaiters: [(UInt64, Timetoken, CheckedContinuation<Void, Never>)] = []
         var waiters = DeliveryWaiters<Parked, ObjectIdentifier, NIODeadline>()
+        /// The hub's one deadline timer (``armDeadlineTimer(on:)``): when it fires, and its
+        /// generation — a timer that was replaced finds another and does nothing.
+        var deadlineTimerAt: NIODeadline?
+        var deadlineTimerGeneration: UInt64 = 0
+        var deadlineTimer: Scheduled<Void>?
         var countWatchers: [CountWatcher] = []
         var nextWatcherID: UInt64 = 0
 
@@ -562,20 +566,16 @@ public final class LongPollHub: Sendable {
             metrics.longPollEnded()
             parking.wake(reason)
         }
-        let timer = channel.eventLoop.scheduleTask(deadline: deadline) { [weak self] in
-            guard let self else { return }
-            self.wake([id], reason: .timeout)
-        }
         let (action, reached) = state.withLock { s in
-            let action = s.waiters.park(id, Parked(resume: .callback(wake), timer: timer), connection: ObjectIdentifier(channel),
+            let action = s.waiters.park(id, Parked(resume: .callback(wake)), connection: ObjectIdentifier(channel),
                                         connectionIsOpen: channel.isActive, deadline: deadline, now: .now())
             if case .resume(_, unregister: true) = action { s.core.unregister(id) }
             return (action, s.reachedCounts())
         }
         for watcher in reached { watcher.resume() }
-        if case .resume(let reason, _) = action {
-            timer.cancel()
-            wake(reason)
+        switch action {
+        case .wait: armDeadlineTimer(on: channel.eventLoop)
+        case .resume(let reason, _): wake(reason)
         }
     }
 
@@ -586,11 +586,7 @@ public final class LongPollHub: Sendable {
         defer { metrics.longPollEnded() }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WakeReason, Never>) in
-                let timer = channel.eventLoop.scheduleTask(deadline: deadline) { [weak self] in
-                    guard let self else { return }
-                    self.wake([id], reason: .timeout)
-                }
-                let parked = Parked(resume: .task(continuation), timer: timer)
+                let parked = Parked(resume: .task(continuation))
                 let (action, reached) = state.withLock { s in
                     let action = s.waiters.park(id, parked, connection: connection, connectionIsOpen: channel.isActive,
                                                 deadline: deadline, now: .now())
@@ -600,9 +596,8 @@ public final class LongPollHub: Sendable {
                 for watcher in reached { watcher.resume() }
                 switch action {
                 case .wait:
-                    break
+                    armDeadlineTimer(on: channel.eventLoop)
                 case .resume(let reason, _):
-                    timer.cancel()
                     continuation.resume(returning: reason)
                 }
             }
@@ -618,11 +613,49 @@ public final class LongPollHub: Sendable {
             let resumed = s.waiters.wake(ids, reason: reason)
             return (resumed, s.reachedCounts())
         }
-        for parked in resumed {
-            parked.timer.cancel()
-            parked.wake(reason)
-        }
+        for parked in resumed { parked.wake(reason) }
         for watcher in reached { watcher.resume() }
+    }
+
+    /// Arms the hub's one deadline timer for the earliest deadline of a parked waiter, unless
+    /// it is armed that early already: one scheduled task for every waiter, instead of one per
+    /// waiter that each wake-up had to cancel (a search of the loop's whole timer heap).
+    /// Called after a waiter parks, outside the lock.
+    private func armDeadlineTimer(on loop: any EventLoop) {
+        let plan = state.withLock { s -> (NIODeadline, UInt64, Scheduled<Void>?)? in
+            guard let next = s.waiters.nextDeadline() else { return nil }
+            if let armed = s.deadlineTimerAt, armed <= next { return nil }
+            s.deadlineTimerAt = next
+            s.deadlineTimerGeneration &+= 1
+            defer { s.deadlineTimer = nil }
+            return (next, s.deadlineTimerGeneration, s.deadlineTimer)
+        }
+        guard let (deadline, generation, replaced) = plan else { return }
+        replaced?.cancel()
+        let timer = loop.scheduleTask(deadline: deadline) { [weak self] () -> Void in
+            guard let self else { return }
+            self.deadlineTimerFired(generation, loop: loop)
+        }
+        let superseded = state.withLock { s -> Bool in
+            guard s.deadlineTimerGeneration == generation else { return true }
+            s.deadlineTimer = timer
+            return false
+        }
+        if superseded { timer.cancel() }
+    }
+
+    /// The deadline timer fired: the waiters due are answered (`.timeout`), and the timer is
+    /// armed for the next deadline.
+    private func deadlineTimerFired(_ generation: UInt64, loop: any EventLoop) {
+        let due = state.withLock { s -> [WaiterID]? in
+            guard s.deadlineTimerGeneration == generation else { return nil }
+            s.deadlineTimerAt = nil
+            s.deadlineTimer = nil
+            return s.waiters.expired(now: .now())
+        }
+        guard let due else { return }
+        wake(due, reason: .timeout)
+        armDeadlineTimer(on: loop)
     }
 
     /// Wakes every waiting long-poll to re-check its access (a grant changed or a token was

@@ -16,12 +16,11 @@ public enum WakeReason: Sendable, Hashable {
 /// WebSocket session's delivery next.
 ///
 /// A waiter is registered in the hub under the shell's lock when its read found nothing, and
-/// parks a moment later (the shell installs a continuation and a deadline timer outside the
-/// lock, then comes back). Anything can wake it in between — an event, a closed connection,
+/// parks a moment later (the shell installs a continuation outside the lock, then comes back). Anything can wake it in between — an event, a closed connection,
 /// shutdown — so the machine remembers that wake-up and answers the park at once with it; no
 /// wake-up is lost and none is delivered twice.
 ///
-/// Pure: `Parked` is whatever the shell must resume (a continuation and its timer), handed back
+/// Pure: `Parked` is whatever the shell must resume (a continuation or a callback), handed back
 /// in the actions exactly once; `Connection` identifies a client connection; `Deadline` is any
 /// instant, compared with the `now` the shell passes in. Each waiter is in one of:
 ///
@@ -43,7 +42,17 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
         case shuttingDown
     }
 
+    /// When a parked waiter is due (its `.timeout`).
+    fileprivate struct Due: DeadlineEntry {
+        var at: Deadline
+        var id: WaiterID
+    }
+
     private var waiters: [WaiterID: State] = [:]
+    /// The parked waiters' deadlines, earliest first: one ordering for all of them, so the shell
+    /// keeps one timer (at ``nextDeadline()``) instead of one per waiter. An entry whose waiter
+    /// was woken stays until it reaches the top or the heap is compacted.
+    private var due = DeadlineHeap<Due>()
     /// The parked waiter of each connection (a connection has at most one request in flight).
     private var parkedByConnection: [Connection: WaiterID] = [:]
     /// Connections whose close the shell already observes.
@@ -93,9 +102,8 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
         case resume(WakeReason, unregister: Bool)
     }
 
-    /// Parks a registered waiter until `deadline` (the shell's timer reports it with
-    /// ``wake(_:reason:)`` and `.timeout`). `connectionIsOpen` is the connection's state as
-    /// the shell sees it now.
+    /// Parks a registered waiter until `deadline` (reported by ``expired(now:)``).
+    /// `connectionIsOpen` is the connection's state as the shell sees it now.
     public mutating func park(
         _ id: WaiterID, _ parked: Parked, connection: Connection, connectionIsOpen: Bool, deadline: Deadline, now: Deadline
     ) -> ParkAction {
@@ -129,12 +137,18 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
             waiters[id] = .parked(parked, connection: connection)
             parkedByConnection[connection] = id
             parkedCount += 1
+            due.push(Due(at: deadline, id: id))
+            if due.count > 2 * parkedCount + 64 {
+                // Mostly woken waiters' entries: dropped, amortised O(1) per park.
+                let waiters = self.waiters
+                due.rebuild { entry in Self.isParked(waiters[entry.id]) }
+            }
             return .wait
         }
     }
 
     /// Wakes waiters for `reason`: parked ones are handed back to be resumed (the shell
-    /// cancels their timers and unregisters every id from the hub); ones not parked yet
+    /// unregisters every id from the hub); ones not parked yet
     /// remember the first reason and take it when they park.
     public mutating func wake(_ ids: [WaiterID], reason: WakeReason) -> [Parked] {
         var resumed: [Parked] = []
@@ -161,6 +175,34 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
         return parkedByConnection.removeValue(forKey: connection)
     }
 
+    /// The earliest deadline of a parked waiter, for the shell's one timer; `nil` when none
+    /// waits. Drops the entries of woken waiters it finds on top.
+    public mutating func nextDeadline() -> Deadline? {
+        while let top = due.first {
+            if Self.isParked(waiters[top.id]) { return top.at }
+            due.popMin()
+        }
+        return nil
+    }
+
+    /// The parked waiters whose deadline is at or before `now`, to wake as `.timeout` with
+    /// ``wake(_:reason:)``; earliest first.
+    public mutating func expired(now: Deadline) -> [WaiterID] {
+        var ids: [WaiterID] = []
+        while let top = due.first, top.at <= now {
+            due.popMin()
+            if Self.isParked(waiters[top.id]) { ids.append(top.id) }
+        }
+        return ids
+    }
+
+    /// Entries in the deadline order, live or stale (tests: it stays bounded).
+    public var deadlineEntries: Int { due.count }
+
+    private static func isParked(_ state: State?) -> Bool {
+        if case .parked = state { true } else { false }
+    }
+
     /// Every parked waiter (to re-check access after a grant or revoke).
     public var parkedWaiters: [WaiterID] {
         waiters.compactMap { id, state in
@@ -182,3 +224,5 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
 extension DeliveryWaiters: Sendable where Parked: Sendable, Connection: Sendable, Deadline: Sendable {}
 
 extension DeliveryWaiters.State: Sendable where Parked: Sendable, Connection: Sendable {}
+
+extension DeliveryWaiters.Due: Sendable where Deadline: Sendable {}

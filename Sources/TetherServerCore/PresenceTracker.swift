@@ -261,7 +261,7 @@ public struct PresenceTracker: Sendable {
     private let defaultConfiguration: PresenceConfiguration
     private var channels: [ChannelKey: Channel] = [:]
     private var channelsByUUID: [String: [String: Set<String>]] = [:]  // subscribeKey → uuid → channels
-    private var heap = DeadlineHeap()
+    private var heap = DeadlineHeap<PresenceDeadline>()
     /// Channels in interval mode (the only ones with interval boundaries).
     private var intervalChannels: Set<ChannelKey> = []
     private var generation: UInt64 = 0
@@ -570,60 +570,9 @@ public struct PresenceTracker: Sendable {
 
 /// A presence deadline: `uuid` on `channel` comes due at `at`, unless the member's entry has
 /// another generation (the entry is then stale and skipped).
-struct PresenceDeadline: Sendable {
+struct PresenceDeadline: DeadlineEntry, Sendable {
     var at: Duration
     var channel: ChannelKey
     var uuid: String
     var generation: UInt64
-}
-
-/// A binary min-heap of deadlines ordered by `at`. Stale entries are skipped when popped (or
-/// dropped by ``rebuild(keeping:)``), so a push costs `O(log n)` and nothing is ever searched.
-struct DeadlineHeap: Sendable {
-    private var items: [PresenceDeadline] = []
-
-    var first: PresenceDeadline? { items.first }
-    var count: Int { items.count }
-
-    mutating func push(_ element: PresenceDeadline) {
-        items.append(element)
-        var child = items.count - 1
-        while child > 0 {
-            let parent = (child - 1) / 2
-            guard items[child].at < items[parent].at else { break }
-            items.swapAt(child, parent)
-            child = parent
-        }
-    }
-
-    mutating func popMin() {
-        guard !items.isEmpty else { return }
-        items.swapAt(0, items.count - 1)
-        items.removeLast()
-        siftDown(from: 0)
-    }
-
-    /// Keeps only the entries `isLive` accepts and restores the heap order in `O(n)`.
-    mutating func rebuild(keeping isLive: (PresenceDeadline) -> Bool) {
-        items.removeAll { !isLive($0) }
-        var index = items.count / 2
-        while index > 0 {
-            index -= 1
-            siftDown(from: index)
-        }
-    }
-
-    private mutating func siftDown(from start: Int) {
-        var parent = start
-        while true {
-            let left = 2 * parent + 1
-            let right = left + 1
-            var smallest = parent
-            if left < items.count, items[left].at < items[smallest].at { smallest = left }
-            if right < items.count, items[right].at < items[smallest].at { smallest = right }
-            if smallest == parent { return }
-            items.swapAt(parent, smallest)
-            parent = smallest
-        }
-    }
 }

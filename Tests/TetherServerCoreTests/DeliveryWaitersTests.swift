@@ -135,6 +135,44 @@ import TetherServerCore
         #expect(waiters.watch(3) == .observeClose)
     }
 
+    @Test func deadlinesComeDueInOrderAndOnlyForWaitersStillParked() {
+        var waiters = Waiters()
+        #expect(waiters.nextDeadline() == nil)
+        for (id, deadline) in [(1, 30), (2, 10), (3, 20), (4, 10)] {
+            waiters.registered(WaiterID(UInt64(id)))
+            #expect(waiters.park(WaiterID(UInt64(id)), "p\(id)", connection: id, connectionIsOpen: true, deadline: deadline,
+                                 now: 0).isWait)
+        }
+        #expect(waiters.nextDeadline() == 10)
+        #expect(waiters.expired(now: 9).isEmpty)
+        // Waiter 2 is answered by an event: its deadline no longer counts.
+        #expect(waiters.wake([WaiterID(2)], reason: .event) == ["p2"])
+        #expect(waiters.nextDeadline() == 10)
+        #expect(waiters.expired(now: 20).map(\.rawValue).sorted() == [3, 4])
+        #expect(waiters.nextDeadline() == 30, "the due ones are handed out once")
+        #expect(waiters.expired(now: 20).isEmpty)
+        #expect(waiters.wake([WaiterID(3), WaiterID(4)], reason: .timeout) == ["p3", "p4"])
+        // The earliest entry left belongs to a waiter woken since: skipped.
+        #expect(waiters.wake([WaiterID(1)], reason: .clientGone) == ["p1"])
+        #expect(waiters.nextDeadline() == nil)
+        #expect(waiters.expired(now: 1_000).isEmpty)
+    }
+
+    @Test func theDeadlineOrderStaysBoundedUnderChurn() {
+        // A long-poll answered by an event leaves its deadline behind; 100,000 of them, with 10
+        // waiting at any time, must not keep 100,000 entries.
+        var waiters = Waiters()
+        for n in 0..<100_000 {
+            let id = WaiterID(UInt64(n))
+            waiters.registered(id)
+            #expect(waiters.park(id, "p", connection: n % 10, connectionIsOpen: true, deadline: 1_000_000 + n, now: n).isWait)
+            if n >= 10 { _ = waiters.wake([WaiterID(UInt64(n - 10))], reason: .event) }
+        }
+        #expect(waiters.waitingCount == 10)
+        #expect(waiters.deadlineEntries <= 2 * 10 + 64 + 1)
+        #expect(waiters.nextDeadline() == 1_000_000 + 99_990)
+    }
+
     @Test func aLaterRequestOnTheSameConnectionOwnsIt() {
         var waiters = Waiters()
         waiters.registered(WaiterID(1))

@@ -133,6 +133,33 @@ import TetherServer
         await server.stop()
     }
 
+    @Test func parkedLongPollsShareOneDeadlineTimerAndEachIsAnsweredAtItsExpiry() async throws {
+        // The hub keeps one timer for every parked long-poll, armed for the earliest deadline.
+        // The first long-poll arms it and is answered early by a message; the timer then fires
+        // at that stale deadline, finds nobody due, and must re-arm for the three parked since.
+        let server = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 2))
+        let first = try await server.handshake("expiry-0")
+        async let early = server.subscribe("expiry-0", tt: first, timeout: .seconds(10))
+        #expect(await server.longPollsWaiting(1))
+        _ = try await server.publish("expiry-0", "\"early\"")
+        #expect(try await early.messages.count == 1)
+        let channels = (1...3).map { "expiry-\($0)" }
+        var cursors: [Timetoken] = []
+        for channel in channels { cursors.append(try await server.handshake(channel)) }
+        try await withThrowingTaskGroup(of: Int.self) { group in
+            for (channel, cursor) in zip(channels, cursors) {
+                group.addTask { try await server.subscribe(channel, tt: cursor, timeout: .seconds(10)).messages.count }
+            }
+            var answered = 0
+            for try await count in group {
+                #expect(count == 0)
+                answered += 1
+            }
+            #expect(answered == 3, "each answered at its expiry")
+        }
+        await server.stop()
+    }
+
     @Test func catchUpIsPagedInOrderExactlyOnce() async throws {
         let server = try await TestServer.start()
         let start = try await server.handshake("paged")
