@@ -51,13 +51,32 @@ public final class LongPollHub: Sendable {
         /// Cluster mode: requests waiting for the visible cursor to reach a timetoken.
         var visibilityWaiters: [(UInt64, Timetoken, CheckedContinuation<Void, Never>)] = []
         var waiters = DeliveryWaiters<Parked, ObjectIdentifier, NIODeadline>()
-        /// The hub's one deadline timer (``armDeadlineTimer(on:)``): when it fires, and its
+        /// The hub's one deadline timer (``armingDeadlineTimer()``): when it fires, and its
         /// generation — a timer that was replaced finds another and does nothing.
         var deadlineTimerAt: NIODeadline?
         var deadlineTimerGeneration: UInt64 = 0
         var deadlineTimer: Scheduled<Void>?
         var countWatchers: [CountWatcher] = []
         var nextWatcherID: UInt64 = 0
+
+        /// What arming the deadline timer takes (``LongPollHub/armDeadlineTimer(_:on:)``).
+        struct Arming {
+            var deadline: NIODeadline
+            var generation: UInt64
+            /// The timer armed for a later deadline, to cancel.
+            var replaced: Scheduled<Void>?
+        }
+
+        /// Whether the deadline timer must be armed (again) for the earliest parked deadline:
+        /// `nil` when it is armed that early already or nobody waits. Called after a park.
+        mutating func armingDeadlineTimer() -> Arming? {
+            guard let next = waiters.nextDeadline() else { return nil }
+            if let armed = deadlineTimerAt, armed <= next { return nil }
+            deadlineTimerAt = next
+            deadlineTimerGeneration &+= 1
+            defer { deadlineTimer = nil }
+            return Arming(deadline: next, generation: deadlineTimerGeneration, replaced: deadlineTimer)
+        }
 
         /// Removes and returns the watchers whose count the waiters now hold, to be resumed once
         /// the lock is released. Called after every transition that parks or wakes a waiter.
@@ -566,17 +585,15 @@ public final class LongPollHub: Sendable {
             metrics.longPollEnded()
             parking.wake(reason)
         }
-        let (action, reached) = state.withLock { s in
+        let (action, reached, arming) = state.withLock { s in
             let action = s.waiters.park(id, Parked(resume: .callback(wake)), connection: ObjectIdentifier(channel),
                                         connectionIsOpen: channel.isActive, deadline: deadline, now: .now())
             if case .resume(_, unregister: true) = action { s.core.unregister(id) }
-            return (action, s.reachedCounts())
+            return (action, s.reachedCounts(), s.armingDeadlineTimer())
         }
         for watcher in reached { watcher.resume() }
-        switch action {
-        case .wait: armDeadlineTimer(on: channel.eventLoop)
-        case .resume(let reason, _): wake(reason)
-        }
+        if let arming { armDeadlineTimer(arming, on: channel.eventLoop) }
+        if case .resume(let reason, _) = action { wake(reason) }
     }
 
     private func wait(_ id: WaiterID, deadline: NIODeadline, channel: any Channel) async -> WakeReason {
@@ -587,19 +604,15 @@ public final class LongPollHub: Sendable {
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WakeReason, Never>) in
                 let parked = Parked(resume: .task(continuation))
-                let (action, reached) = state.withLock { s in
+                let (action, reached, arming) = state.withLock { s in
                     let action = s.waiters.park(id, parked, connection: connection, connectionIsOpen: channel.isActive,
                                                 deadline: deadline, now: .now())
                     if case .resume(_, unregister: true) = action { s.core.unregister(id) }
-                    return (action, s.reachedCounts())
+                    return (action, s.reachedCounts(), s.armingDeadlineTimer())
                 }
                 for watcher in reached { watcher.resume() }
-                switch action {
-                case .wait:
-                    armDeadlineTimer(on: channel.eventLoop)
-                case .resume(let reason, _):
-                    continuation.resume(returning: reason)
-                }
+                if let arming { armDeadlineTimer(arming, on: channel.eventLoop) }
+                if case .resume(let reason, _) = action { continuation.resume(returning: reason) }
             }
         } onCancel: {
             self.wake([id], reason: .clientGone)
@@ -617,22 +630,13 @@ public final class LongPollHub: Sendable {
         for watcher in reached { watcher.resume() }
     }
 
-    /// Arms the hub's one deadline timer for the earliest deadline of a parked waiter, unless
-    /// it is armed that early already: one scheduled task for every waiter, instead of one per
-    /// waiter that each wake-up had to cancel (a search of the loop's whole timer heap).
-    /// Called after a waiter parks, outside the lock.
-    private func armDeadlineTimer(on loop: any EventLoop) {
-        let plan = state.withLock { s -> (NIODeadline, UInt64, Scheduled<Void>?)? in
-            guard let next = s.waiters.nextDeadline() else { return nil }
-            if let armed = s.deadlineTimerAt, armed <= next { return nil }
-            s.deadlineTimerAt = next
-            s.deadlineTimerGeneration &+= 1
-            defer { s.deadlineTimer = nil }
-            return (next, s.deadlineTimerGeneration, s.deadlineTimer)
-        }
-        guard let (deadline, generation, replaced) = plan else { return }
-        replaced?.cancel()
-        let timer = loop.scheduleTask(deadline: deadline) { [weak self] () -> Void in
+    /// Arms the hub's one deadline timer as ``State/armingDeadlineTimer()`` decided (with the
+    /// lock released): one scheduled task for every waiter, instead of one per waiter that each
+    /// wake-up had to cancel (a search of the loop's whole timer heap).
+    private func armDeadlineTimer(_ arming: State.Arming, on loop: any EventLoop) {
+        arming.replaced?.cancel()
+        let generation = arming.generation
+        let timer = loop.scheduleTask(deadline: arming.deadline) { [weak self] () -> Void in
             guard let self else { return }
             self.deadlineTimerFired(generation, loop: loop)
         }
@@ -655,7 +659,7 @@ public final class LongPollHub: Sendable {
         }
         guard let due else { return }
         wake(due, reason: .timeout)
-        armDeadlineTimer(on: loop)
+        if let arming = state.withLock({ $0.armingDeadlineTimer() }) { armDeadlineTimer(arming, on: loop) }
     }
 
     /// Wakes every waiting long-poll to re-check its access (a grant changed or a token was
