@@ -293,9 +293,11 @@ public final class AccessManager: Sendable {
     /// (`METHOD\npub\npath\nquery\nbody`), the v1 form Python uses for POST publish, and the
     /// v2-as-GET form JavaScript uses for POST publish.
     public func verifySignature(keyset: Keyset, method: String, rawPath: String, rawQuery: String?, body: [UInt8]) -> SignatureVerdict {
-        let pairs = (rawQuery ?? "").split(separator: "&").map { pair -> (String, String) in
-            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-            return (String(parts[0]), parts.count > 1 ? String(parts[1]) : "")
+        // Split on bytes, as routing does (``WireRequest``): split on `Character`s, a raw
+        // combining mark after `&` or `=` would glue two parameters together here only.
+        let pairs = WireRequest.split((rawQuery ?? "")[...], on: UInt8(ascii: "&"), omittingEmpty: true).map { pair -> (String, String) in
+            guard let equals = pair.utf8.firstIndex(of: UInt8(ascii: "=")) else { return (String(pair), "") }
+            return (String(pair[..<equals]), String(pair[pair.utf8.index(after: equals)...]))
         }
         guard let signature = pairs.first(where: { $0.0 == "signature" })?.1, !signature.isEmpty else { return .absent }
         guard let secret = keyset.secretKey, !secret.isEmpty else { return .invalid("keyset has no secret key") }

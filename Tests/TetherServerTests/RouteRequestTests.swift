@@ -1,5 +1,7 @@
+import Foundation
 import HTTPTypes
 import Hummingbird
+import Logging
 import NIOCore
 import Synchronization
 import Testing
@@ -96,6 +98,27 @@ import Testing
         #expect(try WireRequest(rawPath: "/c/a,%2C,,b", rawQuery: nil).pathNames(1) == ["a", ",", "b"])
         #expect(throws: WireRequest.ParseError.self) { try WireRequest(rawPath: "/a/%zz", rawQuery: nil) }
         #expect(throws: WireRequest.ParseError.self) { try WireRequest(rawPath: "/a", rawQuery: "k=%E9") }
+    }
+
+    @Test func theSignatureCheckSplitsTheQueryOnBytesAsRoutingDoes() throws {
+        // A raw combining mark right after `&` makes `&` and the mark one Character: split on
+        // Characters, `timestamp` swallowed the next parameter and the signature check found no
+        // timestamp, while routing (above) saw two parameters.
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-sig-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let logger = Logger(label: "signature")
+        let store = try MessageStore(directory: directory, logger: logger, metrics: ServerMetrics())
+        defer { try? store.close() }
+        let now = Timetoken(unixSeconds: 1_800_000_000)
+        let access = try AccessManager(store: store, logger: logger, clock: { now })
+        let keyset = Keyset(name: "k", publishKey: "pub", subscribeKey: "sub", secretKey: "secret")
+        let path = "/v2/subscribe/sub/ch/0"
+        let query = AccessManager.signedQuery(method: "GET", publishKey: "pub", path: path, query: ["\u{301}x": "1"],
+                                              secret: "secret", timestamp: now.unixSeconds)
+        #expect(try WireRequest(rawPath: path, rawQuery: query).query["\u{301}x"] == "1")
+        #expect(access.verifySignature(keyset: keyset, method: "GET", rawPath: path, rawQuery: query, body: []) == .valid)
+        let tampered = query.replacingOccurrences(of: "\u{301}x=1", with: "\u{301}x=2")
+        #expect(access.verifySignature(keyset: keyset, method: "GET", rawPath: path, rawQuery: tampered, body: []) != .valid)
     }
 
     @Test func aMalformedNumberIsLeftToTheRoutersParameterAnswer() throws {
