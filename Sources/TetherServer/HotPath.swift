@@ -464,31 +464,67 @@ final class EventLoopTaskExecutor: TaskExecutor {
 /// waits for Hummingbird's per-connection tasks.
 final class HotPathTasks: Sendable {
     private let count = Atomic<Int>(0)
-    /// Connections' request loops started at their gate's opening (``HummingbirdGate``), by id:
-    /// cancelled with the server's run, as Hummingbird cancels the tasks it starts.
-    private let loops = Mutex<(next: UInt64, tasks: [UInt64: Task<Void, Never>])>((0, [:]))
+
+    private struct Registry {
+        var nextLoop: UInt64 = 0
+        /// Connections' request loops started at their gate's opening (``HummingbirdGate``).
+        var loops: [UInt64: Task<Void, Never>] = [:]
+        /// Connections open, registered by their gate.
+        var connections: [ObjectIdentifier: any Channel] = [:]
+        /// Set when the server's run was cancelled: what starts later is cancelled at once.
+        var stopped = false
+    }
+
+    private let registry = Mutex(Registry())
 
     func started() { count.add(1, ordering: .relaxed) }
     func ended() { count.subtract(1, ordering: .releasing) }
     var running: Int { count.load(ordering: .acquiring) }
 
+    func connectionOpened(_ channel: any Channel) {
+        let stopped = registry.withLock { r in
+            if !r.stopped { r.connections[ObjectIdentifier(channel)] = channel }
+            return r.stopped
+        }
+        if stopped { channel.close(promise: nil) }
+    }
+
+    func connectionClosed(_ channel: any Channel) {
+        registry.withLock { _ = $0.connections.removeValue(forKey: ObjectIdentifier(channel)) }
+    }
+
+    /// Connections still open: a graceful shutdown waits for them too, as Hummingbird's server
+    /// waited for each connection's task when that task lived as long as its connection.
+    var openConnections: Int { registry.withLock { $0.connections.count } }
+
     /// Runs a connection's request loop in a task of its own, counted and cancellable.
     func startLoop(executor: (any TaskExecutor)?, _ loop: @escaping @Sendable () async -> Void) {
         started()
-        loops.withLock { loops in
-            let id = loops.next
-            loops.next += 1
-            loops.tasks[id] = Task(executorPreference: executor) {
+        registry.withLock { r in
+            let id = r.nextLoop
+            r.nextLoop += 1
+            let task = Task(executorPreference: executor) {
                 await loop()
-                self.loops.withLock { _ = $0.tasks.removeValue(forKey: id) }
+                self.registry.withLock { _ = $0.loops.removeValue(forKey: id) }
                 self.ended()
             }
+            if r.stopped { task.cancel() } else { r.loops[id] = task }
         }
     }
 
-    /// Cancels the request loops running (the server's run was cancelled).
-    func cancelLoops() {
-        for task in loops.withLock({ Array($0.tasks.values) }) { task.cancel() }
+    /// The server's run was cancelled (or its graceful shutdown ran out of time): cancels the
+    /// request loops running and closes every connection still open, as Hummingbird's server
+    /// cancels the tasks it owns; loops and connections that start later are stopped at once.
+    /// Returns how many loops and connections it stopped.
+    @discardableResult
+    func stopAll() -> (loops: Int, connections: Int) {
+        let (loops, connections) = registry.withLock { r in
+            r.stopped = true
+            return (Array(r.loops.values), Array(r.connections.values))
+        }
+        for task in loops { task.cancel() }
+        for channel in connections { channel.close(promise: nil) }
+        return (loops.count, connections.count)
     }
 }
 
@@ -508,6 +544,10 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
     private var opened = false
     /// Starts the connection's loop (set while the gate is shut and the loop waits for it).
     private var start: (() -> Void)?
+    /// Where the connection is counted while open.
+    private let tasks: HotPathTasks?
+
+    init(tasks: HotPathTasks? = nil) { self.tasks = tasks }
 
     /// Whether the loop may start (tests).
     var isOpen: Bool { opened }
@@ -520,7 +560,12 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
         start.take()?()
     }
 
+    func handlerAdded(context: ChannelHandlerContext) {
+        tasks?.connectionOpened(context.channel)
+    }
+
     func handlerRemoved(context: ChannelHandlerContext) {
+        tasks?.connectionClosed(context.channel)
         open()  // the connection ended: the loop runs, finds it closed and returns
     }
 
@@ -548,10 +593,10 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
     /// receive buffer for a request line and its headers (512 bytes, growing as reads fill it)
     /// instead of NIO's 2 KiB — the last receive buffer is kept for the next read, so every idle
     /// connection holds one.
-    static func install(on channel: any Channel) throws {
+    static func install(on channel: any Channel, tasks: HotPathTasks) throws {
         try channel.syncOptions?.setOption(ChannelOptions.recvAllocator,
                                            value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
-        try channel.pipeline.syncOperations.addHandler(HummingbirdGate(), position: .first)
+        try channel.pipeline.syncOperations.addHandler(HummingbirdGate(tasks: tasks), position: .first)
         let decoder = try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
         try channel.pipeline.syncOperations.addHandler(NonPersistentRequestMarker(), position: .after(decoder))
     }
@@ -571,7 +616,7 @@ struct GatedHTTP1Channel: ServerChildChannel {
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
-            try HummingbirdGate.install(on: channel)
+            try HummingbirdGate.install(on: channel, tasks: tasks)
             return value
         }
     }

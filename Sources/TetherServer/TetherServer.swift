@@ -308,7 +308,7 @@ public struct TetherServer: Sendable {
                 .init(service: PushDispatcherService(push: state.push), successTerminationBehavior: .gracefullyShutdownGroup),
                 // Stops right after the HTTP server: the hot path's answers still running finish
                 // before presence and the store stop.
-                .init(service: HotPathDrainService(tasks: hotTasks), successTerminationBehavior: .gracefullyShutdownGroup),
+                .init(service: HotPathDrainService(tasks: hotTasks, logger: logger), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: app),
                 .init(service: MaintenanceService(hub: state.hub, store: state.store, access: state.access,
                                                   rateLimits: state.rateLimits, presence: state.presence,
@@ -339,20 +339,31 @@ private final class RunningGroup: Sendable {
     let group = Mutex<ServiceGroup?>(nil)
 }
 
-/// Waits, once the HTTP server has stopped, for the hot path's answers still in flight and the
-/// request loops started at a gate's opening (at most 10 s): they run in tasks of their own, not
-/// in the server's per-connection tasks.
+/// Waits, once the HTTP server has stopped, for the hot path's answers still in flight, the
+/// request loops started at a gate's opening, and the connections still open (at most 10 s):
+/// none of them is one of the server's per-connection tasks, which end at once for a connection
+/// that only sends hot requests.
 struct HotPathDrainService: Service {
     let tasks: HotPathTasks
+    let logger: Logger
 
     func run() async throws {
         do { try await gracefulShutdown() } catch {
-            tasks.cancelLoops()  // cancelled: connections' request loops stop with the server
+            tasks.stopAll()  // cancelled: connections and their request loops stop with the server
             return
         }
         let deadline = ContinuousClock.now + .seconds(10)
-        while tasks.running > 0, ContinuousClock.now < deadline {
-            do { try await Task.sleep(for: .milliseconds(10)) } catch { return }
+        while tasks.running > 0 || tasks.openConnections > 0, ContinuousClock.now < deadline {
+            do { try await Task.sleep(for: .milliseconds(10)) } catch {
+                tasks.stopAll()
+                return
+            }
+        }
+        let stopped = tasks.stopAll()
+        if stopped.loops > 0 || stopped.connections > 0 {
+            logger.warning("graceful shutdown: connections still open after 10 s were closed", metadata: [
+                "connections": "\(stopped.connections)", "requestLoops": "\(stopped.loops)",
+            ])
         }
     }
 }

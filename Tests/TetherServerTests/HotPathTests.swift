@@ -184,23 +184,41 @@ import TetherTesting
         #expect(none.isSet)
     }
 
-    @Test func cancellingTheServerStopsTheLoopsStartedAtAGate() async throws {
+    @Test func cancellingTheServerStopsTheLoopsStartedAtAGateAndClosesItsConnections() async throws {
         let tasks = HotPathTasks()
         tasks.startLoop(executor: nil) {
             // A request loop that would wait for its connection for an hour.
             try? await Task.sleep(for: .seconds(3600))
         }
         #expect(tasks.running == 1)
-        tasks.cancelLoops()
+        // A connection held at its gate (no loop running).
+        let channel = EmbeddedChannel()
+        try channel.pipeline.syncOperations.addHandler(HummingbirdGate(tasks: tasks))
+        try await channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).get()
+        #expect(tasks.openConnections == 1)
+        #expect(tasks.stopAll() == (loops: 1, connections: 1))
+        channel.embeddedEventLoop.run()
+        #expect(!channel.isActive, "the held connection was closed")
+        #expect(tasks.openConnections == 0)
         #expect(await eventually { tasks.running == 0 }, "the loop's task ended at its cancellation")
+        // What starts after the stop is stopped at once.
+        tasks.startLoop(executor: nil) { try? await Task.sleep(for: .seconds(3600)) }
+        #expect(await eventually { tasks.running == 0 })
+        let late = EmbeddedChannel()
+        try await late.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).get()
+        #expect(late.isActive)
+        try late.pipeline.syncOperations.addHandler(HummingbirdGate(tasks: tasks))
+        late.embeddedEventLoop.run()
+        #expect(!late.isActive, "a connection accepted after the stop is closed")
     }
 
     @Test func theGateOpensWhenTheConnectionEnds() throws {
         let channel = EmbeddedChannel()
-        let gate = HummingbirdGate()
+        let passed = Flag()
+        let gate = HummingbirdGate(tasks: passed.tasks)
         try channel.pipeline.syncOperations.addHandler(gate)
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
-        let passed = Flag()
+        #expect(passed.tasks.openConnections == 1, "counted while open, for a graceful shutdown to wait for")
         passed.start(channel)
         channel.embeddedEventLoop.run()
         #expect(gate.holdsLoop)
@@ -208,6 +226,7 @@ import TetherTesting
         _ = try channel.finish()  // closed: the handlers are removed
         channel.embeddedEventLoop.run()
         #expect(passed.isSet)
+        #expect(passed.tasks.openConnections == 0)
     }
 
     @Test func aHotRequestBehindAPassedOnOneIsPassedOnToo() throws {

@@ -98,7 +98,7 @@ struct TetherUpgradeChannel: ServerChildChannel {
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
-            try HummingbirdGate.install(on: channel)
+            try HummingbirdGate.install(on: channel, tasks: tasks)
             try channel.pipeline.syncOperations.addHandler(FirstRequestGuard(idleTimeout: idleTimeout))
             return value
         }
