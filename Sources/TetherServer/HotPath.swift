@@ -459,9 +459,11 @@ final class EventLoopTaskExecutor: TaskExecutor {
     }
 }
 
-/// The hot path's answers in flight, server-wide: they run in tasks of their own, so graceful
-/// shutdown waits for them (``HotPathDrainService``) before presence and the store stop — as it
-/// waits for Hummingbird's per-connection tasks.
+/// What a graceful shutdown waits for (``HotPathDrainService``) before presence and the store
+/// stop, server-wide: the hot path's answers in flight, the request loops a ``HummingbirdGate``
+/// started late, and the open connections — none of them is one of Hummingbird's
+/// per-connection tasks, which its server would have waited for. ``stopAll()`` ends them when the
+/// server's run is cancelled or the wait runs out.
 final class HotPathTasks: Sendable {
     private let count = Atomic<Int>(0)
 
