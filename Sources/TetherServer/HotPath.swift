@@ -27,8 +27,12 @@ import TetherServerCore
 /// hot one is being answered wait here (reading from the socket stops meanwhile).
 ///
 /// The handler also owns the connection's idle timeout (Hummingbird's never sees the hot
-/// requests, so it would take a busy connection for an idle one), and a graceful shutdown's
-/// quiesce: a connection in the middle of a hot answer closes after it.
+/// requests, so it would take a busy connection for an idle one), a graceful shutdown's
+/// quiesce (a connection in the middle of a hot answer closes after it), the client's
+/// half-close (Hummingbird allows half-closure, so a client that hangs up would otherwise only
+/// be noticed when a response is written — minutes later for a long-poll), and requests the
+/// HTTP parser refuses: those get the protocol's JSON 400 after every request before them is
+/// answered, and the connection closes.
 final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
@@ -65,6 +69,10 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var inputDone = false
     /// A request was passed on: the connection's Hummingbird request loop runs.
     private var loopStarted = false
+    /// The HTTP parser refused what followed the requests read so far: the JSON 400 goes out
+    /// once they are answered (``answerParseFailureIfDue(context:)``).
+    private var parseFailed = false
+    private var parseFailureAnswered = false
     private var lastActivity = NIODeadline.now()
     private var idleTimer: Scheduled<Void>?
     /// Runs the answers' tasks on this connection's event loop.
@@ -245,6 +253,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
         // Parts passed on reach Hummingbird's request stream at the read's completion.
         if replayed { context.fireChannelReadComplete() }
+        answerParseFailureIfDue(context: context)
         if !answering, readPending {
             readPending = false
             context.read()
@@ -252,20 +261,63 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        // A request behind a hot answer failed to parse: answer the hot one, then close (passed
-        // on now, Hummingbird's 400 would go out before the hot answer).
-        if answering, error is HTTPParserError {
-            held.removeAll()
-            inputDone = true
-            closeAfterAnswer = true
+        guard error is HTTPParserError, !parseFailed else {
+            context.fireErrorCaught(error)
             return
         }
-        // A request cut short mid-body: nothing of it is answered or stored.
-        if case .collecting = reading { reading = .idle }
-        context.fireErrorCaught(error)
+        // The parser stops at its first error (NIO's decoder reads nothing after it). What it
+        // refused is answered with the protocol's JSON 400 — after every request before it, hot
+        // or passed on, so no answer is lost or reordered — and the connection closes.
+        if !held.isEmpty {
+            // Behind a hot answer: a request cut short among the parts waiting is dropped whole.
+            if let head = held.lastIndex(where: { if case .head = $0 { true } else { false } }),
+               !held[head...].contains(where: { if case .end = $0 { true } else { false } }) {
+                held.removeSubrange(head...)
+            }
+        } else {
+            switch reading {
+            case .idle:
+                break
+            case .collecting:
+                // A hot request cut short mid-body: nothing of it is answered or stored.
+                reading = .idle
+            case .forwarding:
+                // Hummingbird is reading this request's body: its stream fails, so nothing of
+                // it is stored, and Hummingbird answers and closes.
+                context.fireErrorCaught(error)
+                return
+            }
+        }
+        parseFailed = true
+        answerParseFailureIfDue(context: context)
+    }
+
+    /// Writes the JSON 400 for what the parser refused once nothing before it awaits an
+    /// answer, then closes.
+    private func answerParseFailureIfDue(context: ChannelHandlerContext) {
+        guard parseFailed, !parseFailureAnswered, !answering, held.isEmpty, forwardedInFlight == 0 else { return }
+        parseFailureAnswered = true
+        inputDone = true
+        let body = ErrorBody.service(status: 400, service: "Balancer", message: "Could Not Parse Request")
+        var head = HTTPResponse(status: .badRequest)
+        head.headerFields[.contentType] = "text/javascript; charset=\"UTF-8\""
+        head.headerFields[.contentLength] = String(body.count)
+        head.headerFields[.date] = HTTPDate.now()
+        head.headerFields[.connection] = "close"
+        context.write(wrapOutboundOut(.head(head)), promise: nil)
+        context.write(wrapOutboundOut(.body(ByteBuffer(bytes: body))), promise: nil)
+        let promise = context.eventLoop.makePromise(of: Void.self)
+        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        promise.futureResult.whenComplete { _ in bound.value.close(promise: nil) }
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        // The client closed its side: nothing more will be asked, and a parked long-poll's
+        // answer would go nowhere.
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            context.close(promise: nil)
+        }
         // Shutting down: a connection in the middle of a hot request closes after its answer
         // (Hummingbird's handler never saw the request and would close it at once).
         if event is ChannelShouldQuiesceEvent, answering || isCollecting {
@@ -278,11 +330,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     // MARK: Outbound
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if case .end = unwrapOutboundIn(data) {
-            forwardedInFlight = max(0, forwardedInFlight - 1)
-            lastActivity = context.eventLoop.now
-        }
+        guard case .end = unwrapOutboundIn(data) else { return context.write(data, promise: promise) }
+        forwardedInFlight = max(0, forwardedInFlight - 1)
+        lastActivity = context.eventLoop.now
         context.write(data, promise: promise)
+        answerParseFailureIfDue(context: context)
     }
 
     func read(context: ChannelHandlerContext) {

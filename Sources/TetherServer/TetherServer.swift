@@ -251,8 +251,7 @@ public struct TetherServer: Sendable {
         let maxBody = state.keysets.largestPublishBody
         let hotTasks = HotPathTasks()
         let http1Configuration = HTTP1Channel.Configuration(
-            additionalChannelHandlers: [ParserErrorResponder(), InputClosedCloser(),
-                                        HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks) { request, channel, slot in
+            additionalChannelHandlers: [HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks) { request, channel, slot in
                                             var context = TetherRequestContext(source: .init(channel: channel, logger: logger))
                                             context.longPollSlot = slot
                                             return await responder.respondCollected(to: request, context: context)

@@ -521,6 +521,26 @@ def test_pipelined_requests(origin):
     assert [(h["message"], int(h["timetoken"])) for h in hist] == [(1, t1), (2, t2)]
 
 
+PARSE_FAILURE = {"status": 400, "error": True, "service": "Balancer", "message": "Could Not Parse Request"}
+
+
+@pytest.mark.parametrize("first", [
+    ["/time/0"],
+    ["/v2/presence/sub-key/demo/channel/pipe-garbage"],
+    ["/time/0", "/v2/presence/sub-key/demo/channel/pipe-garbage", "/time/0"],
+], ids=["hot", "passed-on", "hot-passed-on-hot"])
+def test_requests_before_unparseable_bytes_are_answered_first(origin, first):
+    """Pipelined requests ahead of bytes the parser refuses keep their answers, in order; the
+    JSON 400 comes last and the connection closes."""
+    payload = b"".join(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for path in first)
+    payload += b"\x00\xff\xfe garbage\r\n\r\n"
+    responses, rest, closed = raw_exchange(origin, payload, timeout=5, expect=len(first) + 1)
+    assert [r.status for r in responses] == [200] * len(first) + [400], (responses, rest)
+    assert json.loads(responses[-1].body) == PARSE_FAILURE
+    assert {k.lower(): v for k, v in responses[-1].headers.items()}.get("connection") == "close"
+    alive(origin)
+
+
 def test_truncated_post_body_then_close(origin):
     ch = unique("trunc")
     head = f"POST {P}/{ch}/0 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"

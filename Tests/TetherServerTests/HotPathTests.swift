@@ -313,15 +313,73 @@ import TetherTesting
         _ = try channel.finish()
     }
 
-    @Test func aParseErrorBehindAHotAnswerClosesAfterIt() throws {
+    static let parseFailure = #"{"status":400,"error":true,"service":"Balancer","message":"Could Not Parse Request"}"#
+
+    @Test func aParseErrorBehindAHotAnswerIsAnsweredAfterItThenCloses() throws {
         let channel = try pipeline(Answers())
         try request(channel, .get, "/time/0")
         channel.pipeline.fireErrorCaught(HTTPParserError.invalidCharactersUsed)
         #expect(channel.isActive)
         channel.embeddedEventLoop.run()
-        #expect(try responses(channel) == ["/time/0"], "the hot answer first, and no 400 from the other side before it")
+        #expect(try responses(channel) == ["/time/0", Self.parseFailure], "the hot answer first, then the JSON 400")
         #expect(throws: Never.self) { try channel.throwIfErrorCaught() }
-        #expect(!channel.isActive, "closed after the answer")
+        #expect(!channel.isActive, "closed after the answers")
+    }
+
+    @Test func requestsWaitingBehindAHotAnswerAreAnsweredBeforeTheParseError() throws {
+        let channel = try pipeline(Answers())
+        try request(channel, .get, "/time/0")
+        try request(channel, .get, "/publish/p/s/0/ch/0/1")
+        // A third request cut short by the error: dropped whole, never answered.
+        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/publish/p/s/0/ch/0",
+                                                                  headerFields: [.contentLength: "10"])))
+        channel.pipeline.fireErrorCaught(HTTPParserError.invalidChunkSize)
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["/time/0", "/publish/p/s/0/ch/0/1", Self.parseFailure])
+        #expect(!channel.isActive)
+    }
+
+    @Test func aParseErrorBehindAPassedOnRequestWaitsForItsAnswer() throws {
+        let channel = try pipeline(Answers())
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
+        channel.pipeline.fireErrorCaught(HTTPParserError.invalidCharactersUsed)
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel).isEmpty, "nothing before Hummingbird's answer")
+        #expect(throws: Never.self) { try channel.throwIfErrorCaught() }
+        #expect(channel.isActive)
+        // Hummingbird answers the history request.
+        try channel.writeOutbound(HTTPResponsePart.head(HTTPResponse(status: .ok)))
+        try channel.writeOutbound(HTTPResponsePart.body(ByteBuffer(string: "history")))
+        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["history", Self.parseFailure])
+        #expect(!channel.isActive)
+    }
+
+    @Test func aParseErrorInAPassedOnRequestsBodyIsHummingbirds() throws {
+        let channel = try pipeline(Answers())
+        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/v1/files/x",
+                                                                  headerFields: [.transferEncoding: "chunked"])))
+        channel.pipeline.fireErrorCaught(HTTPParserError.invalidChunkSize)
+        #expect(throws: HTTPParserError.self) { try channel.throwIfErrorCaught() }
+        #expect(try responses(channel).isEmpty)
+        _ = try channel.finish()
+    }
+
+    @Test func aParseErrorOnAnIdleConnectionIsAnsweredAtOnce() throws {
+        let channel = try pipeline(Answers())
+        channel.pipeline.fireErrorCaught(HTTPParserError.headerOverflow)
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == [Self.parseFailure])
+        #expect(!channel.isActive)
+    }
+
+    @Test func aHalfClosedConnectionCloses() throws {
+        let channel = try pipeline(Answers())
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
+        channel.pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
+        channel.embeddedEventLoop.run()
+        #expect(!channel.isActive)
     }
 
     @Test func connectionCloseIsHonoured() throws {

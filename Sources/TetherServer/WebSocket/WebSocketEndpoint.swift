@@ -119,7 +119,7 @@ struct TetherUpgradeChannel: ServerChildChannel {
 }
 
 /// Guards a connection until its first request is decided (upgraded or not): answers an HTTP
-/// parser error with the JSON 400 `ParserErrorResponder` gives later requests, and closes a
+/// parser error with the JSON 400 `HotPathHandler` gives later requests, and closes a
 /// connection that sends nothing within the idle timeout. Removes itself at the first read that
 /// reaches it (the upgrade decision is made by then; later requests have the HTTP/1 handlers).
 final class FirstRequestGuard: ChannelInboundHandler, RemovableChannelHandler {
