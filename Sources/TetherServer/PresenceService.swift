@@ -26,11 +26,15 @@ public final class PresenceService: Sendable {
         var journal: JournalState = .notStarted
         /// Whether the journal is writing changes it took from the tracker.
         var saving = false
+        /// Whether a task answers the waiters whose deadline passes (``expireFlushWaiters()``).
+        var expiring = false
     }
 
     /// A request waiting for its presence changes to be durable.
     private struct FlushWaiter: Sendable {
         var id: UInt64
+        /// When the request stops waiting (the store's write timeout after its change).
+        var deadline: ContinuousClock.Instant
         var continuation: CheckedContinuation<Void, Never>
     }
 
@@ -376,7 +380,7 @@ public final class PresenceService: Sendable {
     /// in memory and is saved when the store can write again).
     private func durableTransition(_ body: (inout PresenceTracker) -> [PresenceEvent]) async {
         // Most transitions (a heartbeat that only moves a deadline) leave nothing to save: they
-        // return here, without a waiter or a timer task.
+        // return here, without a waiter.
         let id: UInt64? = locked.withLock { locked in
             publish(body(&locked.tracker))
             guard locked.tracker.hasUnsavedChanges || locked.saving else { return nil }
@@ -384,37 +388,54 @@ public final class PresenceService: Sendable {
             return locked.nextWaiterID
         }
         guard let id else { return }
-        let limit = store.options.writeTimeout
-        await withDiscardingTaskGroup { group in
-            group.addTask {
-                // Wall time on purpose: this bounds an I/O wait, it is not presence logic.
-                try? await Task.sleep(for: limit)
-                let waiter = self.locked.withLock { locked -> FlushWaiter? in
-                    guard let index = locked.flushWaiters.firstIndex(where: { $0.id == id }) else { return nil }
-                    return locked.flushWaiters.remove(at: index)
+        // Wall time on purpose: this bounds an I/O wait, it is not presence logic.
+        let deadline = ContinuousClock.now + store.options.writeTimeout
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            // Still unsaved, or taken by a save in progress: wait for the journal's next round
+            // (rung below), which answers every waiter listed when it starts, or for the
+            // deadline (``expireFlushWaiters()``).
+            let (waits, startExpiry) = locked.withLock { locked in
+                guard locked.tracker.hasUnsavedChanges || locked.saving else { return (false, false) }
+                switch locked.journal {
+                case .notStarted, .running:
+                    locked.flushWaiters.append(FlushWaiter(id: id, deadline: deadline, continuation: continuation))
+                    let start = !locked.expiring
+                    locked.expiring = true
+                    return (true, start)
+                case .finished:
+                    return (false, false)
                 }
-                waiter?.continuation.resume()
             }
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                // Still unsaved, or taken by a save in progress: wait for the journal's next
-                // round (rung below), which answers every waiter listed when it starts.
-                let waits = locked.withLock { locked in
-                    guard locked.tracker.hasUnsavedChanges || locked.saving else { return false }
-                    switch locked.journal {
-                    case .notStarted, .running:
-                        locked.flushWaiters.append(FlushWaiter(id: id, continuation: continuation))
+            guard waits else { return continuation.resume() }
+            doorbellContinuation.yield()
+            if startExpiry { Task { await self.expireFlushWaiters() } }
+        }
+    }
+
+    /// Answers the requests whose wait for durability ran out (a stalled store), while any
+    /// wait: one task sleeping until the earliest deadline, instead of a timer per request
+    /// (each join used to hold a sleeping task and its timer for the write timeout even when
+    /// its change was saved a millisecond later).
+    private func expireFlushWaiters() async {
+        while true {
+            let now = ContinuousClock.now
+            let (expired, next) = locked.withLock { locked -> ([FlushWaiter], ContinuousClock.Instant?) in
+                var expired: [FlushWaiter] = []
+                var next: ContinuousClock.Instant?
+                locked.flushWaiters.removeAll { waiter in
+                    if waiter.deadline <= now {
+                        expired.append(waiter)
                         return true
-                    case .finished:
-                        return false
                     }
+                    next = min(next ?? waiter.deadline, waiter.deadline)
+                    return false
                 }
-                if waits {
-                    doorbellContinuation.yield()
-                } else {
-                    continuation.resume()
-                }
+                if next == nil { locked.expiring = false }
+                return (expired, next)
             }
-            group.cancelAll()
+            for waiter in expired { waiter.continuation.resume() }
+            guard let next else { return }
+            try? await Task.sleep(until: next, clock: .continuous)
         }
     }
 

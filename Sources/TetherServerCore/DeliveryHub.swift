@@ -478,14 +478,20 @@ public struct DeliveryHub: Sendable {
     public mutating func sweep(now: Timetoken) {
         let visible = visibleThrough
         var empty: [ChannelKey] = []
-        for (subscribeKey, channels) in buffers {
-            for channel in channels.keys {
-                guard var buffer = buffers[subscribeKey]?.removeValue(forKey: channel) else { continue }
-                bufferedBytes -= buffer.evict(capacity: configuration.bufferCapacity, maximumAge: configuration.bufferMaximumAge,
-                                              now: now, visibleThrough: visible)
-                if buffer.events.isEmpty { empty.append(ChannelKey(subscribeKey: subscribeKey, channel: channel)) }
-                buffers[subscribeKey]?[channel] = buffer
+        // Each keyset's windows are taken out and changed in place: iterating `buffers` while
+        // writing into it copied a keyset's whole table every sweep.
+        for subscribeKey in Array(buffers.keys) {
+            guard var channels = buffers.removeValue(forKey: subscribeKey) else { continue }
+            var index = channels.values.startIndex
+            while index != channels.values.endIndex {
+                bufferedBytes -= channels.values[index].evict(capacity: configuration.bufferCapacity,
+                                                              maximumAge: configuration.bufferMaximumAge, now: now, visibleThrough: visible)
+                if channels.values[index].events.isEmpty {
+                    empty.append(ChannelKey(subscribeKey: subscribeKey, channel: channels.keys[index]))
+                }
+                channels.values.formIndex(after: &index)
             }
+            buffers[subscribeKey] = channels
         }
         for key in empty { dropWindow(key) }
     }

@@ -298,6 +298,33 @@ import TetherTesting
 
     // MARK: - A stalled write
 
+    @Test func presenceJoinsWhileTheStoreIsStalledAreAnsweredAtTheWriteTimeout() async throws {
+        var file = ConfigurationFile(subscribeTimeoutSeconds: 30)
+        file.store = .init(writeTimeoutSeconds: 0.3)
+        let server = try await TestServer.start(file: file)
+        var configuration = Configuration()
+        configuration.allowsUnsafeTransactions = true
+        let blocker = try DatabaseQueue(path: server.server.state.store.path, configuration: configuration)
+        try await blocker.writeWithoutTransaction { try $0.execute(sql: "BEGIN IMMEDIATE") }
+
+        // A join waits for its membership to be saved, at most the write timeout: one after
+        // another (the expiry ends between them and starts again), then two at once.
+        func join(_ uuid: String) async throws -> Int {
+            try await server.get("/v2/presence/sub-key/demo/channel/room/heartbeat?uuid=\(uuid)&heartbeat=60", timeout: .seconds(10)).status
+        }
+        #expect(try await join("u1") == 200)
+        #expect(try await join("u2") == 200)
+        async let third = join("u3")
+        async let fourth = join("u4")
+        #expect(try await [third, fourth] == [200, 200])
+        let occupancy = try await server.object("/v2/presence/sub-key/demo/channel/room")
+        #expect(occupancy["occupancy"] as? Int == 4)
+
+        try await blocker.writeWithoutTransaction { try $0.execute(sql: "ROLLBACK") }
+        try blocker.close()
+        await server.stop()
+    }
+
     @Test func aStalledWriteTimesOutReleasesVisibilityAndTheQueueIsBounded() async throws {
         var file = ConfigurationFile(subscribeTimeoutSeconds: 30)
         file.store = .init(writeTimeoutSeconds: 0.3, writeQueueLimit: 2)

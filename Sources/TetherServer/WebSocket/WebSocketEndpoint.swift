@@ -109,12 +109,15 @@ struct TetherUpgradeChannel: ServerChildChannel {
         // handshake, a peer gone before its first request) at `error`; none of them is the
         // operator's to act on, so its logger only speaks at `critical`. Tether's own handlers
         // log through the server's logger.
-        var quiet = logger
-        quiet.logLevel = max(logger.logLevel, .critical)
         // The request loop (or the WebSocket session) starts once needed: a request the hot
         // path passes on, an upgrade attempt (``WebSocketEndpoint/shouldUpgrade``) or the end.
+        // (The quiet logger is made then too: an idle connection keeps no copy of it.)
         let inner = inner
-        await HummingbirdGate.whenOpen(value.channel, tasks: tasks) { [quiet] in await inner.handle(value: value, logger: quiet) }
+        await HummingbirdGate.whenOpen(value.channel, tasks: tasks) {
+            var quiet = logger
+            quiet.logLevel = max(logger.logLevel, .critical)
+            await inner.handle(value: value, logger: quiet)
+        }
     }
 }
 
