@@ -10,6 +10,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import NIOHTTPTypes
+import NIOHTTPTypesHTTP1
 import Synchronization
 import TetherProtocol
 import TetherServerCore
@@ -33,11 +34,16 @@ import TetherServerCore
 /// be noticed when a response is written — minutes later for a long-poll), and requests the
 /// HTTP parser refuses: those get the protocol's JSON 400 after every request before them is
 /// answered, and the connection closes.
+///
+/// It sits right after NIO's HTTP/1 decoder, before Hummingbird's handlers — on a connection
+/// that may upgrade to WebSocket, before the upgrade handler, so a connection that only ever
+/// sends hot requests never gets Hummingbird's HTTP/1 handlers, its `NIOAsyncChannel` or its
+/// request loop (``HummingbirdGate``) — and speaks NIO's HTTP/1 parts.
 final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPRequestPart
-    typealias InboundOut = HTTPRequestPart
-    typealias OutboundIn = HTTPResponsePart
-    typealias OutboundOut = HTTPResponsePart
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
 
     /// What answers a hot request: ``TetherResponder/respondCollected(to:context:)``; `nil`
     /// when a subscribe parked in the hub instead (its slot's wake-up runs it again).
@@ -61,7 +67,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var answering = false
     /// Parts that arrived while a hot request was being answered, replayed after its answer.
     /// (An array: empty, it allocates nothing, and nearly every connection never holds a part.)
-    private var held: [HTTPRequestPart] = []
+    private var held: [HTTPServerRequestPart] = []
     private var readPending = false
     private var closeAfterAnswer = false
     /// A request passed on asked for `Connection: close`: Hummingbird answers it and closes, so
@@ -98,7 +104,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         process(part, context: context)
     }
 
-    private func process(_ part: HTTPRequestPart, context: ChannelHandlerContext) {
+    private func process(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
         guard !inputDone else { return }
         lastActivity = context.eventLoop.now
         switch reading {
@@ -107,12 +113,12 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 context.fireChannelRead(wrapInboundOut(part))
                 return
             }
-            if forwardedInFlight == 0, isHot(head) {
-                reading = .collecting(head, nil)
+            if forwardedInFlight == 0, isHot(head), let request = try? HTTPRequest(head, secure: false, splitCookie: false) {
+                reading = .collecting(request, nil)
             } else {
                 reading = .forwarding
                 forwardedInFlight += 1
-                if head.headerFields[.connection] == "close" { inputDone = true }
+                if !head.isKeepAlive { inputDone = true }
                 passOn(part, context: context)
             }
         case .forwarding:
@@ -143,7 +149,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     /// Passes a request's head on to Hummingbird, starting its request loop first if this is
     /// the connection's first request that is not hot (``HummingbirdGate``).
-    private func passOn(_ head: HTTPRequestPart, context: ChannelHandlerContext) {
+    private func passOn(_ head: HTTPServerRequestPart, context: ChannelHandlerContext) {
         if !loopStarted {
             loopStarted = true
             HummingbirdGate.open(context.pipeline)
@@ -153,23 +159,24 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     /// Whether the request goes the hot way: a `GET` publish, signal, subscribe or time without
     /// a body, or a `POST` publish whose declared body fits.
-    private func isHot(_ head: HTTPRequest) -> Bool {
+    private func isHot(_ head: HTTPRequestHead) -> Bool {
         // A request asking for a protocol upgrade is Hummingbird's: after a failed WebSocket
         // upgrade it answers 400 itself, and a hot answer would be a second response.
-        guard let path = head.path, head.headerFields[.upgrade] == nil else { return false }
+        let path = head.uri
+        let headers = head.headers
+        guard !headers.contains(name: "upgrade"), !headers.contains(name: "transfer-encoding") else { return false }
+        let lengths = headers["content-length"]
         switch head.method {
-        case .get:
+        case .GET:
             // A GET with a body (which nothing reads) goes to Hummingbird, which discards it
             // as it streams instead of collecting it.
-            guard head.headerFields[.transferEncoding] == nil, head.headerFields[.contentLength].map({ $0 == "0" }) ?? true
-            else { return false }
+            guard lengths.isEmpty || lengths == ["0"] else { return false }
             return path.hasPrefix("/v2/subscribe/") || path.hasPrefix("/publish/") || path.hasPrefix("/signal/")
                 || path.hasPrefix("/time/")
-        case .post:
-            guard path.hasPrefix("/publish/"), head.headerFields[.transferEncoding] == nil,
-                  let length = head.headerFields[.contentLength].flatMap({ Int($0) }), length <= maxBodyBytes
+        case .POST:
+            guard path.hasPrefix("/publish/"), lengths.count == 1, let length = Int(lengths[0]), length >= 0, length <= maxBodyBytes
             else { return false }
-            return head.headerFields[.expect] == nil
+            return !headers.contains(name: "expect")
         default:
             return false
         }
@@ -225,8 +232,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func write(_ head: HTTPResponse, _ body: ByteBuffer, context: ChannelHandlerContext) {
-        context.write(wrapOutboundOut(.head(head)), promise: nil)
-        if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(body)), promise: nil) }
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(head))), promise: nil)
+        if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         answering = false
         lastActivity = context.eventLoop.now
         if closeAfterAnswer || head.headerFields[.connection] == "close" {
@@ -299,13 +306,13 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         parseFailureAnswered = true
         inputDone = true
         let body = ErrorBody.service(status: 400, service: "Balancer", message: "Could Not Parse Request")
-        var head = HTTPResponse(status: .badRequest)
-        head.headerFields[.contentType] = "text/javascript; charset=\"UTF-8\""
-        head.headerFields[.contentLength] = String(body.count)
-        head.headerFields[.date] = HTTPDate.now()
-        head.headerFields[.connection] = "close"
+        var head = HTTPResponseHead(version: .http1_1, status: .badRequest)
+        head.headers.add(name: "Content-Type", value: "text/javascript; charset=\"UTF-8\"")
+        head.headers.add(name: "Content-Length", value: String(body.count))
+        head.headers.add(name: "Date", value: HTTPDate.now())
+        head.headers.add(name: "Connection", value: "close")
         context.write(wrapOutboundOut(.head(head)), promise: nil)
-        context.write(wrapOutboundOut(.body(ByteBuffer(bytes: body))), promise: nil)
+        context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil)
         let promise = context.eventLoop.makePromise(of: Void.self)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
         let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
@@ -322,6 +329,12 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         // (Hummingbird's handler never saw the request and would close it at once).
         if event is ChannelShouldQuiesceEvent, answering || isCollecting {
             closeAfterAnswer = true
+            return
+        }
+        // Idle, and Hummingbird's handlers never saw a request (they are not even in the
+        // pipeline of a connection that only sent hot requests): nothing else would close it.
+        if event is ChannelShouldQuiesceEvent, !loopStarted {
+            context.close(promise: nil)
             return
         }
         context.fireUserInboundEventTriggered(event)
@@ -647,12 +660,14 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
     /// receive buffer for a request line and its headers (512 bytes, growing as reads fill it)
     /// instead of NIO's 2 KiB — the last receive buffer is kept for the next read, so every idle
     /// connection holds one.
-    static func install(on channel: any Channel, tasks: HotPathTasks) throws {
+    static func install(on channel: any Channel, tasks: HotPathTasks, hotPath: HotPathHandler) throws {
         try channel.syncOptions?.setOption(ChannelOptions.recvAllocator,
                                            value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
         try channel.pipeline.syncOperations.addHandler(HummingbirdGate(tasks: tasks), position: .first)
         let decoder = try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
-        try channel.pipeline.syncOperations.addHandler(NonPersistentRequestMarker(), position: .after(decoder))
+        let marker = NonPersistentRequestMarker()
+        try channel.pipeline.syncOperations.addHandler(marker, position: .after(decoder))
+        try channel.pipeline.syncOperations.addHandler(hotPath, position: .after(marker))
     }
 
     /// Opens the gate of the connection whose pipeline this is; call on its event loop.
@@ -661,16 +676,19 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
     }
 }
 
-/// Hummingbird's HTTP/1 connection (`--ws off`), its request loop behind a ``HummingbirdGate``.
+/// Hummingbird's HTTP/1 connection (`--ws off`), its request loop behind a ``HummingbirdGate``
+/// and the hot path in front of its handlers.
 struct GatedHTTP1Channel: ServerChildChannel {
     typealias Value = HTTP1Channel.Value
     let inner: HTTP1Channel
     /// Counts the loops started after the connection's task returned.
     let tasks: HotPathTasks
+    /// Makes the connection's ``HotPathHandler``.
+    let hotPath: @Sendable () -> HotPathHandler
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
-            try HummingbirdGate.install(on: channel, tasks: tasks)
+            try HummingbirdGate.install(on: channel, tasks: tasks, hotPath: hotPath())
             return value
         }
     }

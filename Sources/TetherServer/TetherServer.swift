@@ -250,12 +250,16 @@ public struct TetherServer: Sendable {
         let idle = configuration.subscribeTimeout + .seconds(30)
         let maxBody = state.keysets.largestPublishBody
         let hotTasks = HotPathTasks()
+        // Each connection's hot path sits right after the HTTP decoder, in front of Hummingbird's
+        // handlers (`HummingbirdGate.install`).
+        let hotPath: @Sendable () -> HotPathHandler = {
+            HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks) { request, channel, slot in
+                var context = TetherRequestContext(source: .init(channel: channel, logger: logger))
+                context.longPollSlot = slot
+                return await responder.respondCollected(to: request, context: context)
+            }
+        }
         let http1Configuration = HTTP1Channel.Configuration(
-            additionalChannelHandlers: [HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks) { request, channel, slot in
-                                            var context = TetherRequestContext(source: .init(channel: channel, logger: logger))
-                                            context.longPollSlot = slot
-                                            return await responder.respondCollected(to: request, context: context)
-                                        }],
             idleTimeout: nil,
             httpDecoderConfiguration: .init(maxHeaderFieldSize: headerLimit, maxHeaderListSize: headerLimit))
         let http1: HTTPServerBuilder
@@ -264,15 +268,16 @@ public struct TetherServer: Sendable {
             let endpoint = WebSocketEndpoint(sessions: webSockets, responder: TetherResponder(state: state),
                                              maxFrameBytes: WebSocketEndpoint.maxFrameBytes(keysets: state.keysets))
             let upgradeConfiguration = endpoint.configuration(http1: http1Configuration)
-            let idleTimeout = configuration.subscribeTimeout + .seconds(30)
             http1 = HTTPServerBuilder { responder in
                 TetherUpgradeChannel(inner: HTTP1WebSocketUpgradeChannel(responder: responder, configuration: upgradeConfiguration,
                                                                          shouldUpgrade: endpoint.shouldUpgrade),
-                                     idleTimeout: idleTimeout, tasks: hotTasks)
+                                     tasks: hotTasks, hotPath: hotPath)
             }
         } else {
-            http1 = HTTPServerBuilder { responder in GatedHTTP1Channel(inner: HTTP1Channel(responder: responder, configuration: http1Configuration),
-                                                                tasks: hotTasks) }
+            http1 = HTTPServerBuilder { responder in
+                GatedHTTP1Channel(inner: HTTP1Channel(responder: responder, configuration: http1Configuration), tasks: hotTasks,
+                                  hotPath: hotPath)
+            }
         }
         var server = http1
         let scheme = configuration.tls == nil ? "http" : "https"

@@ -4,6 +4,7 @@ import NIOCore
 import NIOEmbedded
 import NIOHTTP1
 import NIOHTTPTypes
+import NIOHTTPTypesHTTP1
 import Synchronization
 import Testing
 import TetherTesting
@@ -61,7 +62,7 @@ import TetherTesting
     /// Counts the read completions that reach Hummingbird's side (its request stream hands
     /// over what it buffered only then).
     final class ReadCompletions: ChannelInboundHandler, @unchecked Sendable {
-        typealias InboundIn = HTTPRequestPart
+        typealias InboundIn = HTTPServerRequestPart
         var count = 0
 
         func channelReadComplete(context: ChannelHandlerContext) {
@@ -80,17 +81,17 @@ import TetherTesting
 
     func request(_ channel: EmbeddedChannel, _ method: HTTPRequest.Method, _ path: String, headers: HTTPFields = [:],
                  body: String? = nil) throws {
-        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: method, scheme: nil, authority: nil, path: path,
-                                                                  headerFields: headers)))
-        if let body { try channel.writeInbound(HTTPRequestPart.body(ByteBuffer(string: body))) }
-        try channel.writeInbound(HTTPRequestPart.end(nil))
+        try channel.writeInbound(HTTPServerRequestPart.head(try HTTPRequestHead(HTTPRequest(method: method, scheme: nil, authority: nil, path: path,
+                                                                  headerFields: headers))))
+        if let body { try channel.writeInbound(HTTPServerRequestPart.body(ByteBuffer(string: body))) }
+        try channel.writeInbound(HTTPServerRequestPart.end(nil))
     }
 
     /// What was passed on to the next handler: the paths of request heads.
     func forwarded(_ channel: EmbeddedChannel) throws -> [String] {
         var paths: [String] = []
-        while let part = try channel.readInbound(as: HTTPRequestPart.self) {
-            if case .head(let head) = part { paths.append(head.path ?? "") }
+        while let part = try channel.readInbound(as: HTTPServerRequestPart.self) {
+            if case .head(let head) = part { paths.append(head.uri) }
         }
         return paths
     }
@@ -99,10 +100,11 @@ import TetherTesting
     func responses(_ channel: EmbeddedChannel) throws -> [String] {
         var bodies: [String] = []
         var body = ""
-        while let part = try channel.readOutbound(as: HTTPResponsePart.self) {
+        while let part = try channel.readOutbound(as: HTTPServerResponsePart.self) {
             switch part {
             case .head: body = ""
-            case .body(let buffer): body += String(buffer: buffer)
+            case .body(.byteBuffer(let buffer)): body += String(buffer: buffer)
+            case .body: break
             case .end: bodies.append(body)
             }
         }
@@ -125,15 +127,15 @@ import TetherTesting
         // Not hot: other routes and methods, a POST body larger than the limit, without a
         // length, or chunked.
         try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         try request(channel, .delete, "/publish/p/s/0/ch/0/1")
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         try request(channel, .post, "/publish/p/s/0/big/0", headers: [.contentLength: "1025"], body: String(repeating: "1", count: 1025))
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         try request(channel, .post, "/publish/p/s/0/unsized/0", body: "1")
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         try request(channel, .post, "/publish/p/s/0/chunked/0", headers: [.transferEncoding: "chunked"], body: "1")
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         // A request asking for an upgrade (Hummingbird answers a failed one itself).
         try request(channel, .get, "/time/0", headers: [.upgrade: "websocket", .connection: "upgrade"])
         channel.embeddedEventLoop.run()
@@ -238,8 +240,8 @@ import TetherTesting
         // Both go to Hummingbird, which answers them in order.
         #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch", "/time/0"])
         #expect(answers.answered.withLock { $0.isEmpty })
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         // Once both are answered, the next hot one is answered here again.
         try request(channel, .get, "/time/0")
         channel.embeddedEventLoop.run()
@@ -274,7 +276,7 @@ import TetherTesting
         // Nothing reads a GET's body: Hummingbird discards it as it streams, where the hot
         // path would have to hold it.
         try request(channel, .get, "/time/0", headers: [.transferEncoding: "chunked"], body: "xx")
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         try request(channel, .get, "/time/0", headers: [.contentLength: "2"], body: "xx")
         channel.embeddedEventLoop.run()
         #expect(try forwarded(channel) == ["/time/0", "/time/0"])
@@ -287,7 +289,7 @@ import TetherTesting
         let channel = try pipeline(answers)
         try request(channel, .get, "/v2/history/sub-key/s/channel/ch", headers: [.connection: "close"])
         try request(channel, .get, "/publish/p/s/0/ch/0/1")
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         try request(channel, .get, "/publish/p/s/0/ch/0/2")
         channel.embeddedEventLoop.run()
         #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch"])
@@ -298,7 +300,7 @@ import TetherTesting
     @Test func shutdownWhileAPassedOnRequestIsReadIsPassedOn() throws {
         let channel = try pipeline(Answers())
         final class Quiesces: ChannelInboundHandler, @unchecked Sendable {
-            typealias InboundIn = HTTPRequestPart
+            typealias InboundIn = HTTPServerRequestPart
             var seen = 0
             func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
                 if event is ChannelShouldQuiesceEvent { seen += 1 }
@@ -306,8 +308,8 @@ import TetherTesting
         }
         let quiesces = Quiesces()
         try channel.pipeline.syncOperations.addHandler(quiesces)
-        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/v1/files/x",
-                                                                  headerFields: [.contentLength: "10"])))
+        try channel.writeInbound(HTTPServerRequestPart.head(try HTTPRequestHead(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/v1/files/x",
+                                                                  headerFields: [.contentLength: "10"]))))
         channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
         #expect(quiesces.seen == 1, "Hummingbird's side closes the connection after its answer")
         _ = try channel.finish()
@@ -331,8 +333,8 @@ import TetherTesting
         try request(channel, .get, "/time/0")
         try request(channel, .get, "/publish/p/s/0/ch/0/1")
         // A third request cut short by the error: dropped whole, never answered.
-        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/publish/p/s/0/ch/0",
-                                                                  headerFields: [.contentLength: "10"])))
+        try channel.writeInbound(HTTPServerRequestPart.head(try HTTPRequestHead(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/publish/p/s/0/ch/0",
+                                                                  headerFields: [.contentLength: "10"]))))
         channel.pipeline.fireErrorCaught(HTTPParserError.invalidChunkSize)
         channel.embeddedEventLoop.run()
         #expect(try responses(channel) == ["/time/0", "/publish/p/s/0/ch/0/1", Self.parseFailure])
@@ -348,9 +350,9 @@ import TetherTesting
         #expect(throws: Never.self) { try channel.throwIfErrorCaught() }
         #expect(channel.isActive)
         // Hummingbird answers the history request.
-        try channel.writeOutbound(HTTPResponsePart.head(HTTPResponse(status: .ok)))
-        try channel.writeOutbound(HTTPResponsePart.body(ByteBuffer(string: "history")))
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(HTTPResponse(status: .ok))))
+        try channel.writeOutbound(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: "history"))))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         channel.embeddedEventLoop.run()
         #expect(try responses(channel) == ["history", Self.parseFailure])
         #expect(!channel.isActive)
@@ -358,8 +360,8 @@ import TetherTesting
 
     @Test func aParseErrorInAPassedOnRequestsBodyIsHummingbirds() throws {
         let channel = try pipeline(Answers())
-        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/v1/files/x",
-                                                                  headerFields: [.transferEncoding: "chunked"])))
+        try channel.writeInbound(HTTPServerRequestPart.head(try HTTPRequestHead(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/v1/files/x",
+                                                                  headerFields: [.transferEncoding: "chunked"]))))
         channel.pipeline.fireErrorCaught(HTTPParserError.invalidChunkSize)
         #expect(throws: HTTPParserError.self) { try channel.throwIfErrorCaught() }
         #expect(try responses(channel).isEmpty)
@@ -396,7 +398,7 @@ import TetherTesting
         try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
         channel.embeddedEventLoop.advanceTime(by: Self.idle * 2)
         #expect(channel.isActive)
-        try channel.writeOutbound(HTTPResponsePart.end(nil))
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         // Idle from its answer on: closed one idle timeout later, not before.
         channel.embeddedEventLoop.advanceTime(by: Self.idle - .seconds(1))
         #expect(channel.isActive)
@@ -406,9 +408,9 @@ import TetherTesting
 
     @Test func aRequestWhoseBodyStopsDoesNotHoldTheConnection() throws {
         let channel = try pipeline(Answers())
-        try channel.writeInbound(HTTPRequestPart.head(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/publish/p/s/0/c/0",
-                                                                  headerFields: [.contentLength: "10"])))
-        try channel.writeInbound(HTTPRequestPart.body(ByteBuffer(string: "12")))
+        try channel.writeInbound(HTTPServerRequestPart.head(try HTTPRequestHead(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/publish/p/s/0/c/0",
+                                                                  headerFields: [.contentLength: "10"]))))
+        try channel.writeInbound(HTTPServerRequestPart.body(ByteBuffer(string: "12")))
         channel.embeddedEventLoop.advanceTime(by: Self.idle * 2 + .seconds(1))
         #expect(!channel.isActive)
     }

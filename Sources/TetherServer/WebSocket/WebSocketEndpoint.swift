@@ -59,8 +59,11 @@ struct WebSocketEndpoint: Sendable {
         }
         let connection = WebSocketConnection(id: id, channel: channel, queue: queue, sessions: sessions, responder: responder,
                                              maxFrameBytes: maxFrameBytes)
-        // The socket stops speaking HTTP: the handler after the HTTP decoder goes with it.
+        // The socket stops speaking HTTP: the handlers after the HTTP decoder go with it.
         NonPersistentRequestMarker.remove(from: channel.pipeline)
+        if let context = try? channel.pipeline.syncOperations.context(handlerType: HotPathHandler.self) {
+            channel.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        }
         return .upgrade(headers) { inbound, outbound, _ in
             await connection.run(inbound: inbound, outbound: outbound)
         }
@@ -85,21 +88,22 @@ struct WebSocketSessionsService: Service {
 }
 
 /// The HTTP/1 child channel of a server with the WebSocket endpoint: Hummingbird's upgrade
-/// channel, plus what its pre-upgrade pipeline lacks compared with the plain HTTP/1 channel —
-/// a first request the HTTP parser rejects gets the protocol's JSON 400 and the connection
-/// closes (instead of hanging), and a connection that sends nothing is closed after the idle
-/// timeout.
+/// channel, with the hot path (``HotPathHandler``) in front of its upgrade handler. A first
+/// request the hot path answers never reaches the upgrade handler, so a connection that only
+/// sends hot requests never gets Hummingbird's HTTP/1 handlers or its `NIOAsyncChannel`; the
+/// hot path also gives a request the HTTP parser rejects the protocol's JSON 400 and closes a
+/// connection that sends nothing within the idle timeout.
 struct TetherUpgradeChannel: ServerChildChannel {
     typealias Value = HTTP1WebSocketUpgradeChannel.Value
     let inner: HTTP1WebSocketUpgradeChannel
-    let idleTimeout: TimeAmount
     /// Counts the loops started after the connection's task returned.
     let tasks: HotPathTasks
+    /// Makes the connection's ``HotPathHandler``.
+    let hotPath: @Sendable () -> HotPathHandler
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
-            try HummingbirdGate.install(on: channel, tasks: tasks)
-            try channel.pipeline.syncOperations.addHandler(FirstRequestGuard(idleTimeout: idleTimeout))
+            try HummingbirdGate.install(on: channel, tasks: tasks, hotPath: hotPath())
             return value
         }
     }
@@ -118,55 +122,5 @@ struct TetherUpgradeChannel: ServerChildChannel {
             quiet.logLevel = max(logger.logLevel, .critical)
             await inner.handle(value: value, logger: quiet)
         }
-    }
-}
-
-/// Guards a connection until its first request is decided (upgraded or not): answers an HTTP
-/// parser error with the JSON 400 `HotPathHandler` gives later requests, and closes a
-/// connection that sends nothing within the idle timeout. Removes itself at the first read that
-/// reaches it (the upgrade decision is made by then; later requests have the HTTP/1 handlers).
-final class FirstRequestGuard: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = Never
-    typealias OutboundOut = HTTPServerResponsePart
-
-    private let idleTimeout: TimeAmount
-    private var idleTimer: Scheduled<Void>?
-    private var answered = false
-
-    init(idleTimeout: TimeAmount) { self.idleTimeout = idleTimeout }
-
-    func handlerAdded(context: ChannelHandlerContext) {
-        let loopBound = NIOLoopBound(context, eventLoop: context.eventLoop)
-        idleTimer = context.eventLoop.scheduleTask(in: idleTimeout) { loopBound.value.close(promise: nil) }
-    }
-
-    func handlerRemoved(context: ChannelHandlerContext) {
-        idleTimer?.cancel()
-        idleTimer = nil
-    }
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        idleTimer?.cancel()
-        idleTimer = nil
-        context.fireChannelRead(data)
-        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
-    }
-
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        guard error is HTTPParserError else {
-            context.fireErrorCaught(error)
-            return
-        }
-        guard !answered else { return }
-        answered = true
-        let body = ErrorBody.service(status: 400, service: "Balancer", message: "Could Not Parse Request")
-        var head = HTTPResponseHead(version: .http1_1, status: .badRequest)
-        head.headers.add(name: "Content-Type", value: "text/javascript; charset=\"UTF-8\"")
-        head.headers.add(name: "Content-Length", value: String(body.count))
-        head.headers.add(name: "Connection", value: "close")
-        context.write(wrapOutboundOut(.head(head)), promise: nil)
-        context.write(wrapOutboundOut(.body(.byteBuffer(ByteBuffer(bytes: body)))), promise: nil)
-        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
-        context.close(promise: nil)
     }
 }
