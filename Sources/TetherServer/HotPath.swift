@@ -80,9 +80,13 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var parseFailed = false
     private var parseFailureAnswered = false
     private var lastActivity = NIODeadline.now()
-    private var idleTimer: Scheduled<Void>?
-    /// Runs the answers' tasks on this connection's event loop.
-    private var executor: EventLoopTaskExecutor!
+    /// What this connection shares with the others on its event loop: the executor its
+    /// answers' tasks run on, and the sweep that checks its idle timeout.
+    private var loopShare: HotPathLoop!
+    /// The connection, while the handler is in its pipeline (for the idle sweep).
+    private var context: ChannelHandlerContext?
+    /// This handler's place in its loop's idle sweep (``HotPathLoop``); -1 when not in it.
+    fileprivate var sweepIndex = -1
     /// The server's count of answers in flight (graceful shutdown waits for them).
     private let inFlight: HotPathTasks
 
@@ -216,7 +220,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         inFlight.started()
         // The answer runs on this connection's event loop: no hop to the concurrency pool
         // and back (docs/benchmarks.md).
-        Task(executorPreference: executor) {
+        Task(executorPreference: loopShare.executor) {
             defer { inFlight.ended() }
             guard let (head, body) = await answerRequest(request, channel, slot) else { return }
             if channel.eventLoop.inEventLoop {
@@ -361,22 +365,15 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     // MARK: Idle timeout
 
     func handlerAdded(context: ChannelHandlerContext) {
-        executor = EventLoopTaskExecutor(context.eventLoop)
+        self.context = context
         lastActivity = context.eventLoop.now
-        scheduleIdleCheck(context: context, in: idleTimeout)
+        loopShare = inFlight.loopShare(for: context.eventLoop, idleTimeout: idleTimeout)
+        loopShare.add(self)
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
-        idleTimer?.cancel()
-        idleTimer = nil
-    }
-
-    private func scheduleIdleCheck(context: ChannelHandlerContext, in delay: TimeAmount) {
-        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-        idleTimer = context.eventLoop.scheduleTask(in: delay) {
-            let (handler, context) = bound.value
-            handler.idleCheck(context: context)
-        }
+        loopShare.remove(self)
+        self.context = nil
     }
 
     /// Whether a hot request's head has arrived and its end not yet.
@@ -393,20 +390,12 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     /// Hummingbird's rule: a connection is closed after `idleTimeout` without reading anything,
     /// unless a request it sent whole is being answered (a long-poll). A request whose body
-    /// stops arriving does not hold the connection open.
-    private func idleCheck(context: ChannelHandlerContext) {
-        idleTimer = nil
-        guard context.channel.isActive else { return }
-        if !isReadingRequest, answering || forwardedInFlight > 0 {
-            scheduleIdleCheck(context: context, in: idleTimeout)
-            return
-        }
-        let idleFor = context.eventLoop.now - lastActivity
-        if idleFor >= idleTimeout {
-            context.close(promise: nil)
-            return
-        }
-        scheduleIdleCheck(context: context, in: idleTimeout - idleFor)
+    /// stops arriving does not hold the connection open. Run by the loop's sweep
+    /// (``HotPathLoop``), so a connection is closed up to one sweep period after its timeout.
+    fileprivate func idleCheck(now: NIODeadline) {
+        guard let context, context.channel.isActive else { return }
+        if !isReadingRequest, answering || forwardedInFlight > 0 { return }
+        if now - lastActivity >= idleTimeout { context.close(promise: nil) }
     }
 }
 
@@ -524,6 +513,59 @@ final class EventLoopTaskExecutor: TaskExecutor {
     }
 }
 
+/// What the hot paths of one event loop's connections share, instead of each keeping its own:
+/// the task executor their answers run on, and one repeating sweep that checks their idle
+/// timeouts every tenth of the timeout, instead of a timer per connection (a NIO timer, its
+/// promise and closure were ~0.3 KiB of every idle connection). The sweep runs only while the
+/// loop has connections. Used on its event loop only.
+final class HotPathLoop: @unchecked Sendable {
+    let loop: any EventLoop
+    let executor: EventLoopTaskExecutor
+    private let period: TimeAmount
+    private var members: [HotPathHandler] = []
+    private var sweep: Scheduled<Void>?
+
+    init(loop: any EventLoop, idleTimeout: TimeAmount) {
+        self.loop = loop
+        self.executor = EventLoopTaskExecutor(loop)
+        self.period = max(.milliseconds(100), .nanoseconds(idleTimeout.nanoseconds / 10))
+    }
+
+    /// Connections in the sweep (tests).
+    var count: Int { members.count }
+
+    fileprivate func add(_ handler: HotPathHandler) {
+        handler.sweepIndex = members.count
+        members.append(handler)
+        if sweep == nil { schedule() }
+    }
+
+    fileprivate func remove(_ handler: HotPathHandler) {
+        let index = handler.sweepIndex
+        guard index >= 0, index < members.count, members[index] === handler else { return }
+        let last = members.removeLast()
+        if index < members.count {
+            members[index] = last
+            last.sweepIndex = index
+        }
+        handler.sweepIndex = -1
+        if members.isEmpty {
+            sweep?.cancel()
+            sweep = nil
+        }
+    }
+
+    private func schedule() {
+        sweep = loop.scheduleTask(in: period) { [self] in
+            sweep = nil
+            let now = loop.now
+            // A copy: closing a connection can take its handler out while the sweep runs.
+            for handler in members { handler.idleCheck(now: now) }
+            if !members.isEmpty, sweep == nil { schedule() }
+        }
+    }
+}
+
 /// What a graceful shutdown waits for (``HotPathDrainService``) before presence and the store
 /// stop, server-wide: the hot path's answers in flight, the request loops a ``HummingbirdGate``
 /// started late, and the open connections — none of them is one of Hummingbird's
@@ -543,6 +585,19 @@ final class HotPathTasks: Sendable {
     }
 
     private let registry = Mutex(Registry())
+    /// What each event loop's hot paths share (``HotPathLoop``), by loop.
+    private let loops = Mutex<[ObjectIdentifier: HotPathLoop]>([:])
+
+    /// The share of the hot paths on `loop` (made at its first connection).
+    func loopShare(for loop: any EventLoop, idleTimeout: TimeAmount) -> HotPathLoop {
+        loops.withLock { loops in
+            let key = ObjectIdentifier(loop)
+            if let share = loops[key], share.loop === loop { return share }
+            let share = HotPathLoop(loop: loop, idleTimeout: idleTimeout)
+            loops[key] = share
+            return share
+        }
+    }
 
     func started() { count.add(1, ordering: .relaxed) }
     func ended() { count.subtract(1, ordering: .releasing) }

@@ -399,11 +399,36 @@ import TetherTesting
         channel.embeddedEventLoop.advanceTime(by: Self.idle * 2)
         #expect(channel.isActive)
         try channel.writeOutbound(HTTPServerResponsePart.end(nil))
-        // Idle from its answer on: closed one idle timeout later, not before.
+        // Idle from its answer on: closed one idle timeout later, not before, and no later than
+        // one sweep period (a tenth of the timeout) after it.
         channel.embeddedEventLoop.advanceTime(by: Self.idle - .seconds(1))
         #expect(channel.isActive)
-        channel.embeddedEventLoop.advanceTime(by: Self.idle + .seconds(1))
+        channel.embeddedEventLoop.advanceTime(by: .seconds(1) + .nanoseconds(Self.idle.nanoseconds / 10))
         #expect(!channel.isActive)
+    }
+
+    @Test func oneSweepPerLoopChecksTheIdleTimeoutOfEveryConnection() throws {
+        let loop = EmbeddedEventLoop()
+        let tasks = HotPathTasks()
+        func connection() throws -> EmbeddedChannel {
+            let channel = EmbeddedChannel(loop: loop)
+            try channel.pipeline.syncOperations.addHandler(HotPathHandler(maxBodyBytes: 1024, idleTimeout: Self.idle, tasks: tasks,
+                                                                          answer: Answers().answer))
+            try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+            return channel
+        }
+        let idle = try connection()
+        let busy = try connection()
+        let share = tasks.loopShare(for: loop, idleTimeout: Self.idle)
+        #expect(share.count == 2, "both connections are in their loop's one sweep")
+        try request(busy, .get, "/v2/history/sub-key/s/channel/ch")
+        loop.advanceTime(by: Self.idle + .nanoseconds(Self.idle.nanoseconds / 10))
+        #expect(!idle.isActive, "closed by the sweep")
+        #expect(busy.isActive, "a request in flight keeps its connection")
+        loop.run()
+        #expect(share.count == 1, "a closed connection leaves the sweep")
+        _ = try busy.finish()
+        #expect(share.count == 0)
     }
 
     @Test func aRequestWhoseBodyStopsDoesNotHoldTheConnection() throws {
