@@ -252,12 +252,15 @@ public struct TetherServer: Sendable {
         let hotTasks = HotPathTasks()
         // Each connection's hot path sits right after the HTTP decoder, in front of Hummingbird's
         // handlers (`HummingbirdGate.install`).
+        // One answer closure for every connection (made per connection, its captures were
+        // ~0.4 KiB of each).
+        let answer: HotPathHandler.Answer = { request, channel, slot in
+            var context = TetherRequestContext(source: .init(channel: channel, logger: logger))
+            context.longPollSlot = slot
+            return await responder.respondCollected(to: request, context: context)
+        }
         let hotPath: @Sendable () -> HotPathHandler = {
-            HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks) { request, channel, slot in
-                var context = TetherRequestContext(source: .init(channel: channel, logger: logger))
-                context.longPollSlot = slot
-                return await responder.respondCollected(to: request, context: context)
-            }
+            HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks, answer: answer)
         }
         let http1Configuration = HTTP1Channel.Configuration(
             idleTimeout: nil,

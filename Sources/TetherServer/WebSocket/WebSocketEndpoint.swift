@@ -95,11 +95,24 @@ struct WebSocketSessionsService: Service {
 /// connection that sends nothing within the idle timeout.
 struct TetherUpgradeChannel: ServerChildChannel {
     typealias Value = HTTP1WebSocketUpgradeChannel.Value
-    let inner: HTTP1WebSocketUpgradeChannel
+    /// Hummingbird's channel, boxed: every connection's waiting loop refers to this one copy
+    /// (a copy of the struct in each was ~0.15 KiB of every idle connection).
+    private final class Inner: Sendable {
+        let channel: HTTP1WebSocketUpgradeChannel
+        init(_ channel: HTTP1WebSocketUpgradeChannel) { self.channel = channel }
+    }
+    private let boxed: Inner
+    var inner: HTTP1WebSocketUpgradeChannel { boxed.channel }
     /// Counts the loops started after the connection's task returned.
     let tasks: HotPathTasks
     /// Makes the connection's ``HotPathHandler``.
     let hotPath: @Sendable () -> HotPathHandler
+
+    init(inner: HTTP1WebSocketUpgradeChannel, tasks: HotPathTasks, hotPath: @escaping @Sendable () -> HotPathHandler) {
+        self.boxed = Inner(inner)
+        self.tasks = tasks
+        self.hotPath = hotPath
+    }
 
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
@@ -116,11 +129,11 @@ struct TetherUpgradeChannel: ServerChildChannel {
         // The request loop (or the WebSocket session) starts once needed: a request the hot
         // path passes on, an upgrade attempt (``WebSocketEndpoint/shouldUpgrade``) or the end.
         // (The quiet logger is made then too: an idle connection keeps no copy of it.)
-        let inner = inner
+        let boxed = boxed
         await HummingbirdGate.whenOpen(value.channel, tasks: tasks) {
             var quiet = logger
             quiet.logLevel = max(logger.logLevel, .critical)
-            await inner.handle(value: value, logger: quiet)
+            await boxed.channel.handle(value: value, logger: quiet)
         }
     }
 }
