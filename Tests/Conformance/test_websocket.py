@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from helpers import publish, subscribe_raw, unique
+from helpers import parse_responses, publish, subscribe_raw, unique
 
 SUBPROTOCOL = "tether.v1.json"
 
@@ -43,6 +44,25 @@ async def envelopes(ws, count: int) -> list[dict]:
             envelope["_cursor"] = frame["t"]["t"]
             found.append(envelope)
     return found
+
+
+@pytest.mark.asyncio
+async def test_upgrade_after_requests_on_the_same_connection(server):
+    """A connection that first sent ordinary (hot-path) requests can still upgrade: the upgrade
+    decision waits for the first request the hot path does not answer."""
+    host, port = server.origin.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    sock.sendall(b"GET /time/0 HTTP/1.1\r\nHost: x\r\n\r\nGET /time/0 HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = b""
+    while len(parse_responses(data)[0]) < 2:
+        data += sock.recv(65536)
+    assert [r.status for r in parse_responses(data)[0]] == [200, 200]
+    sock.setblocking(False)
+    async with connect(ws_url(server), sock=sock, subprotocols=[SUBPROTOCOL]) as ws:
+        assert ws.subprotocol == SUBPROTOCOL
+        await ws.send(hello("after-rest"))
+        welcome = await next_of(ws, "welcome")
+        assert welcome["v"] == 1 and not welcome["resumed"]
 
 
 @pytest.mark.asyncio

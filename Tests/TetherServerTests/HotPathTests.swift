@@ -317,6 +317,37 @@ import TetherTesting
 
     static let parseFailure = #"{"status":400,"error":true,"service":"Balancer","message":"Could Not Parse Request"}"#
 
+    @Test func anIdleConnectionHummingbirdNeverSawClosesAtShutdown() throws {
+        let channel = try pipeline(Answers())
+        try request(channel, .get, "/time/0")
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["/time/0"])
+        // Hummingbird's handlers are not in this connection's pipeline: the hot path closes it.
+        channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+        channel.embeddedEventLoop.run()
+        #expect(!channel.isActive)
+    }
+
+    @Test func anIdleConnectionHummingbirdServedLeavesShutdownToIt() throws {
+        let channel = try pipeline(Answers())
+        final class Quiesces: ChannelInboundHandler, @unchecked Sendable {
+            typealias InboundIn = HTTPServerRequestPart
+            var seen = 0
+            func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+                if event is ChannelShouldQuiesceEvent { seen += 1 }
+            }
+        }
+        let quiesces = Quiesces()
+        try channel.pipeline.syncOperations.addHandler(quiesces)
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent())
+        channel.embeddedEventLoop.run()
+        #expect(quiesces.seen == 1, "Hummingbird's connection handler closes it")
+        #expect(channel.isActive)
+        _ = try channel.finish()
+    }
+
     @Test func aParseErrorBehindAHotAnswerIsAnsweredAfterItThenCloses() throws {
         let channel = try pipeline(Answers())
         try request(channel, .get, "/time/0")
