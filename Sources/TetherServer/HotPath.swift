@@ -70,9 +70,17 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var held: [HTTPServerRequestPart] = []
     private var readPending = false
     private var closeAfterAnswer = false
-    /// A request passed on asked for `Connection: close`: Hummingbird answers it and closes, so
-    /// nothing after it is read.
+    /// A request passed on asked for `Connection: close` (Hummingbird answers it and closes) or
+    /// for an upgrade, or the parser failed: nothing after it is read.
     private var inputDone = false
+    /// The request being passed on ends the connection's input at its end (``inputDone``).
+    private var lastForwardedEndsInput = false
+    /// Set when the pipeline asked this handler to leave (an accepted WebSocket upgrade) while
+    /// it was replaying parts held behind a hot answer: it passes everything on untouched and
+    /// leaves once the replay is done.
+    private var leaving: ChannelHandlerContext.RemovalToken?
+    /// The handler is replaying held parts (``write(_:_:context:)``).
+    private var replaying = false
     /// A request was passed on: the connection's Hummingbird request loop runs.
     private var loopStarted = false
     /// The HTTP parser refused what followed the requests read so far: the JSON 400 goes out
@@ -100,6 +108,9 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     // MARK: Inbound
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        // Leaving for a WebSocket upgrade (``removeHandler(context:removalToken:)``): what
+        // follows is the upgrade's, and may not be HTTP at all.
+        if leaving != nil { return context.fireChannelRead(data) }
         let part = unwrapInboundIn(data)
         if answering || !held.isEmpty {
             held.append(part)
@@ -122,11 +133,17 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             } else {
                 reading = .forwarding
                 forwardedInFlight += 1
-                if !head.isKeepAlive { inputDone = true }
+                // Nothing after a request that closes the connection, or after an upgrade
+                // attempt (the bytes that follow are the upgrade's), is read as a request —
+                // from the end of that request on: its own body still goes to Hummingbird.
+                lastForwardedEndsInput = !head.isKeepAlive || head.headers.contains(name: "upgrade")
                 passOn(part, context: context)
             }
         case .forwarding:
-            if case .end = part { reading = .idle }
+            if case .end = part {
+                reading = .idle
+                if lastForwardedEndsInput { inputDone = true }
+            }
             context.fireChannelRead(wrapInboundOut(part))
         case .collecting(let head, var body):
             switch part {
@@ -258,10 +275,18 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         var replayed = false
+        replaying = true
         while !answering, !held.isEmpty {
-            process(held.removeFirst(), context: context)
+            let part = held.removeFirst()
+            if leaving != nil {
+                // The upgrade took the connection: the rest goes on as it came.
+                context.fireChannelRead(wrapInboundOut(part))
+            } else {
+                process(part, context: context)
+            }
             replayed = true
         }
+        replaying = false
         // Parts passed on reach Hummingbird's request stream at the read's completion.
         if replayed { context.fireChannelReadComplete() }
         answerParseFailureIfDue(context: context)
@@ -269,10 +294,22 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             readPending = false
             context.read()
         }
+        if let token = leaving.take() { context.leavePipeline(removalToken: token) }
+    }
+
+    /// Asked to leave (a WebSocket upgrade was accepted: ``WebSocketEndpoint``). In the middle
+    /// of replaying held parts, it stays until the replay has passed the rest of the upgrade
+    /// request on; otherwise it leaves at once.
+    func removeHandler(context: ChannelHandlerContext, removalToken: ChannelHandlerContext.RemovalToken) {
+        if replaying {
+            leaving = removalToken
+        } else {
+            context.leavePipeline(removalToken: removalToken)
+        }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        guard error is HTTPParserError, !parseFailed else {
+        guard leaving == nil, error is HTTPParserError, !parseFailed else {
             context.fireErrorCaught(error)
             return
         }
@@ -347,7 +384,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     // MARK: Outbound
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        guard case .end = unwrapOutboundIn(data) else { return context.write(data, promise: promise) }
+        guard leaving == nil, case .end = unwrapOutboundIn(data) else { return context.write(data, promise: promise) }
         forwardedInFlight = max(0, forwardedInFlight - 1)
         lastActivity = context.eventLoop.now
         context.write(data, promise: promise)

@@ -229,6 +229,9 @@ public struct TetherServer: Sendable {
         (webSockets.connectionCount, webSockets.sessionCount, webSockets.keptCount)
     }
 
+    /// WebSocket upgrades accepted since the server started (tests).
+    package var webSocketUpgradesAccepted: Int { webSockets.acceptedCount }
+
     /// Runs the WebSocket sessions' timers once (pings, deadlines) at the clock's current time;
     /// the server's own loop does this at least once a second.
     package func tickWebSocketSessions() async {

@@ -65,6 +65,52 @@ async def test_upgrade_after_requests_on_the_same_connection(server):
         assert welcome["v"] == 1 and not welcome["resumed"]
 
 
+def test_upgrade_pipelined_behind_a_request_is_not_lost(server):
+    """An upgrade request sent in the same write as an ordinary one (so it waits behind that
+    answer) still upgrades, and the session answers."""
+    import base64
+    import os
+    import struct
+
+    host, port = server.origin.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(b"GET /time/0 HTTP/1.1\r\nHost: x\r\n\r\n" + (
+        "GET /v2/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {SUBPROTOCOL}\r\n\r\n").encode())
+    data = b""
+    while b"\r\n\r\n" not in data.partition(b"HTTP/1.1 101")[2] and len(data) < 65536:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    answers, rest = parse_responses(data)
+    assert [r.status for r in answers][:1] == [200], data
+    assert b"HTTP/1.1 101" in data, data
+    rest = data.partition(b"HTTP/1.1 101")[2].partition(b"\r\n\r\n")[2]
+    # A masked text frame with the hello (RFC 6455 §5.2).
+    payload = hello("pipelined").encode()
+    mask = os.urandom(4)
+    frame = bytes([0x81, 0x80 | 126]) + struct.pack("!H", len(payload)) + mask
+    frame += bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    sock.sendall(frame)
+    frames = []
+    buffer = rest
+    while not any(f.get("type") == "welcome" for f in frames):
+        while len(buffer) < 2 or len(buffer) < 2 + (buffer[1] & 0x7F if buffer[1] & 0x7F < 126 else 0):
+            buffer += sock.recv(65536)
+        length = buffer[1] & 0x7F
+        start = 2
+        if length == 126:
+            while len(buffer) < 4:
+                buffer += sock.recv(65536)
+            length, start = struct.unpack("!H", buffer[2:4])[0], 4
+        while len(buffer) < start + length:
+            buffer += sock.recv(65536)
+        body, buffer = buffer[start:start + length], buffer[start + length:]
+        frames.append(json.loads(body))
+    sock.close()
+
+
 @pytest.mark.asyncio
 async def test_session_sees_what_a_long_poll_sees(server):
     channel = unique("ws")

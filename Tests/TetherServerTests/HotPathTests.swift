@@ -317,6 +317,69 @@ import TetherTesting
 
     static let parseFailure = #"{"status":400,"error":true,"service":"Balancer","message":"Could Not Parse Request"}"#
 
+    /// Stands in for the upgrade handler: takes the hot path out of the pipeline when it reads
+    /// an upgrade request's head (as ``WebSocketEndpoint`` does when it accepts the upgrade),
+    /// and records every part that reaches it.
+    final class Upgrader: ChannelInboundHandler, RemovableChannelHandler, @unchecked Sendable {
+        typealias InboundIn = HTTPServerRequestPart
+        var parts: [String] = []
+        var upgrading = false
+        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+            switch unwrapInboundIn(data) {
+            case .head(let head):
+                parts.append("head \(head.uri)")
+                if head.headers.contains(name: "upgrade"),
+                   let hot = try? context.pipeline.syncOperations.context(handlerType: HotPathHandler.self) {
+                    upgrading = true
+                    context.pipeline.syncOperations.removeHandler(context: hot, promise: nil)
+                }
+            case .body: parts.append("body")
+            case .end:
+                parts.append("end")
+                // Upgraded: the upgrade handler leaves too; what follows is not HTTP.
+                if upgrading { context.pipeline.syncOperations.removeHandler(context: context, promise: nil) }
+            }
+        }
+    }
+
+    @Test func anUpgradeHeldBehindAHotAnswerReachesTheUpgraderWhole() throws {
+        let channel = try pipeline(Answers())
+        let upgrader = Upgrader()
+        try channel.pipeline.syncOperations.addHandler(upgrader)
+        try request(channel, .get, "/time/0")
+        // Pipelined behind it, so held while it is answered.
+        try request(channel, .get, "/v2/ws", headers: [.upgrade: "websocket", .connection: "upgrade"])
+        #expect(upgrader.parts.isEmpty)
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["/time/0"])
+        #expect(upgrader.parts == ["head /v2/ws", "end"], "the upgrade request's end is not lost with the hot path gone")
+        #expect((try? channel.pipeline.syncOperations.handler(type: HotPathHandler.self)) == nil, "the hot path left")
+        // After the upgrade, what arrives is passed on as it is (here: raw bytes).
+        try channel.writeInbound(ByteBuffer(string: "frame"))
+        #expect(try channel.readInbound(as: ByteBuffer.self) == ByteBuffer(string: "frame"))
+        _ = try channel.finish()
+    }
+
+    @Test func aPassedOnRequestThatClosesTheConnectionKeepsItsBody() throws {
+        let channel = try pipeline(Answers())
+        try request(channel, .post, "/v1/objects/s/uuids/u", headers: [.connection: "close", .contentLength: "2"], body: "{}")
+        var parts: [String] = []
+        while let part = try channel.readInbound(as: HTTPServerRequestPart.self) {
+            switch part {
+            case .head: parts.append("head")
+            case .body: parts.append("body")
+            case .end: parts.append("end")
+            }
+        }
+        #expect(parts == ["head", "body", "end"])
+        // Nothing after it is read as a request.
+        try request(channel, .get, "/time/0")
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel).isEmpty)
+        #expect(try forwarded(channel).isEmpty)
+        _ = try channel.finish()
+    }
+
     @Test func anIdleConnectionHummingbirdNeverSawClosesAtShutdown() throws {
         let channel = try pipeline(Answers())
         try request(channel, .get, "/time/0")

@@ -187,3 +187,23 @@ func rawHTTP(port: Int, _ request: String) async throws -> String {
     channel.eventLoop.scheduleTask(in: .seconds(5)) { channel.close(promise: nil) }
     return try await done.futureResult.get()
 }
+
+/// Connects to `port` on loopback, sends `request`, and resets the connection at once
+/// (`SO_LINGER` 0: an RST, not a FIN), as a client that vanishes mid-handshake does.
+func sendAndReset(port: Int, _ request: String) throws {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw POSIXError(.EIO) }
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = in_port_t(UInt16(port).bigEndian)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let connected = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+    }
+    guard connected == 0 else { throw POSIXError(.ECONNREFUSED) }
+    let bytes = Array(request.utf8)
+    guard send(fd, bytes, bytes.count, 0) == bytes.count else { throw POSIXError(.EIO) }
+    var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+}

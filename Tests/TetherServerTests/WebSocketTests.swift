@@ -564,6 +564,40 @@ import TetherTestingServer
         await server.stop()
     }
 
+    @Test func upgradesWhoseSocketResetsBeforeTheSessionRunsGiveTheirSlotsBack() async throws {
+        // The sessions' clock stands still, so the hello timeout (which would end a connection
+        // that never sent `hello` 10 s later, slot and all) cannot be what gives a slot back.
+        let server = try await Self.start(clock: ManualClock(), webSocket: .init(maxConnections: 1))
+        // Each sends the upgrade request and resets its socket at once: the endpoint accepts the
+        // upgrade (taking the slot), and the socket can be gone before the session runs.
+        for _ in 0..<30 { try sendAndReset(port: server.port, Self.upgradeRequest) }
+        #expect(await eventually { server.server.webSocketUpgradesAccepted >= 1 })
+        // The slot comes back as the server sees the resets; a leaked one never would, and every
+        // later upgrade would be refused with 503.
+        let welcomed = await eventually {
+            let client = WebSocketTestClient(baseURL: server.baseURL)
+            client.send(Self.hello())
+            let frame = await client.frame()
+            await client.close()
+            return frame?.type == "welcome"
+        }
+        #expect(welcomed, "a session connects: the reset upgrades gave their slots back")
+        #expect(await eventually { server.server.webSocketCounts.connections == 0 })
+        await server.stop()
+    }
+
+    static let upgradeRequest = """
+        GET /v2/ws HTTP/1.1\r
+        Host: 127.0.0.1\r
+        Upgrade: websocket\r
+        Connection: Upgrade\r
+        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r
+        Sec-WebSocket-Version: 13\r
+        Sec-WebSocket-Protocol: tether.v1.json\r
+        \r
+
+        """
+
     @Test func overloadRefusesTheUpgradeWith503() async throws {
         let server = try await Self.start(webSocket: .init(maxConnections: 1))
         let first = WebSocketTestClient(baseURL: server.baseURL)

@@ -31,6 +31,9 @@ final class WebSocketConnection: Sendable {
     private let changes: AsyncStream<Void>
     private let changeContinuation: AsyncStream<Void>.Continuation
     private let maxFrameBytes: Int
+    /// Taken by whichever comes first: ``run(inbound:outbound:)``, or the cleanup of an upgrade
+    /// that never got that far (``releaseIfNeverRun()``).
+    private let claimed = Atomic<Bool>(false)
 
     private var state: ServerState { responder.state }
 
@@ -47,8 +50,19 @@ final class WebSocketConnection: Sendable {
 
     private var session: Table.SessionID? { locked.withLock { $0.session } }
 
+    /// Gives the connection's slot back when its socket closed before the upgrade reached
+    /// ``run(inbound:outbound:)`` (a client that sends the upgrade request and hangs up, an
+    /// upgrade NIO refuses after the endpoint accepted it): without this, each such socket
+    /// kept a slot of `maxConnections` until the server restarted. Call when the channel closes.
+    func releaseIfNeverRun() async {
+        guard !claimed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        await sessions.disconnected(id)
+    }
+
     /// Serves the socket until it closes; then the session is kept (or was ended by `bye`).
     func run(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async {
+        // The socket closed before the upgrade completed, and its slot was given back already.
+        guard !claimed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         await withTaskGroup(of: Void.self) { group in
             group.addTask { await self.write(outbound) }
             group.addTask { await self.runDeliveries() }

@@ -52,6 +52,8 @@ final class WebSocketSessions: Sendable {
     private struct Locked: Sendable {
         var table: Table
         var handles: [Table.ConnectionID: Handle] = [:]
+        /// Upgrades accepted since the server started (tests).
+        var accepted = 0
         var evictionsLogged = 0
     }
 
@@ -84,6 +86,8 @@ final class WebSocketSessions: Sendable {
 
     /// Open connections (before and after `hello`).
     var connectionCount: Int { locked.withLock { $0.table.connectionCount } }
+    /// Upgrades accepted (a connection slot taken) since the server started.
+    var acceptedCount: Int { locked.withLock { $0.accepted } }
     /// Sessions, connected or kept.
     var sessionCount: Int { locked.withLock { $0.table.sessionCount } }
     /// Kept (disconnected) sessions.
@@ -98,6 +102,7 @@ final class WebSocketSessions: Sendable {
         let id = locked.withLock { s -> Table.ConnectionID? in
             guard case .accepted(let id) = s.table.connect(now: now) else { return nil }
             s.handles[id] = Handle(queue: queue, channel: channel)
+            s.accepted += 1
             return id
         }
         return id
