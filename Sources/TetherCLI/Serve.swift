@@ -19,7 +19,8 @@ struct Serve: AsyncParsableCommand {
             SIGINT/SIGTERM answers waiting long-polls, finishes in-flight requests, flushes the \
             store and exits 0.
 
-            At start the store gets SQLite's quick check. A damaged or foreign file stops the             server with a message naming it: see `tether store check` and `tether store recover`.
+            At start the store gets SQLite's quick check. A damaged or foreign file stops the \
+            server with a message naming it: see `tether store check` and `tether store recover`.
 
             Without --config the server accepts only the demo/demo keyset (no access control). \
             A config file is JSON; see docs/configuration.md.
