@@ -142,7 +142,11 @@ struct Serve: AsyncParsableCommand {
     var adminSecret: String?
 
     @Option(name: .customLong("database-url"), help: ArgumentHelp("""
-        Run as one node of a cluster: share messages with every node on this PostgreSQL database         (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|prefer|require]; created and migrated         by Tether; docs/operations.md). Each node still needs its own --data-dir. Prefer the environment variable         or the config file's databaseURL when the URL has a password. [env: TETHER_DATABASE_URL]         (default: the embedded store only)
+        Run as one node of a cluster: share messages with every node on this PostgreSQL database \
+        (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=disable|prefer|require]; created and migrated \
+        by Tether; docs/operations.md). Each node still needs its own --data-dir. Prefer the environment variable \
+        or the config file's databaseURL when the URL has a password. [env: TETHER_DATABASE_URL] \
+        (default: the embedded store only)
         """, valueName: "url"))
     var databaseURL: String?
 
