@@ -134,9 +134,9 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 reading = .forwarding
                 forwardedInFlight += 1
                 // Nothing after a request that closes the connection, or after an upgrade
-                // attempt (the bytes that follow are the upgrade's), is read as a request —
-                // from the end of that request on: its own body still goes to Hummingbird.
-                lastForwardedEndsInput = !head.isKeepAlive || head.headers.contains(name: "upgrade")
+                // attempt (the parser stops there: what follows is the upgrade's), is read as a
+                // request — from the end of that request on: its own body goes to Hummingbird.
+                lastForwardedEndsInput = !head.isKeepAlive || Self.asksForUpgrade(head)
                 passOn(part, context: context)
             }
         case .forwarding:
@@ -147,10 +147,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             context.fireChannelRead(wrapInboundOut(part))
         case .collecting(let head, var body):
             switch part {
-            case .head:
+            case .head(let head):
                 // The decoder never starts a request inside another; pass it on if it did.
                 reading = .forwarding
                 forwardedInFlight += 1
+                lastForwardedEndsInput = !head.isKeepAlive || Self.asksForUpgrade(head)
                 passOn(part, context: context)
             case .body(var buffer):
                 reading = .idle  // let `body` be uniquely referenced while appending
@@ -176,6 +177,14 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             HummingbirdGate.open(context.pipeline)
         }
         context.fireChannelRead(wrapInboundOut(head))
+    }
+
+    /// Whether the request asks to switch protocols as NIO's parser reads it (`Upgrade` with an
+    /// `upgrade` token in `Connection`): the parser reads nothing after such a request as HTTP.
+    /// (`Upgrade` alone is an ordinary request: Hummingbird answers it and keeps the connection.)
+    static func asksForUpgrade(_ head: HTTPRequestHead) -> Bool {
+        head.headers.contains(name: "upgrade")
+            && head.headers[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" }
     }
 
     /// Whether the request goes the hot way: a `GET` publish, signal, subscribe or time without

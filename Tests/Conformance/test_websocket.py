@@ -95,17 +95,22 @@ def test_upgrade_pipelined_behind_a_request_is_not_lost(server):
     sock.sendall(frame)
     frames = []
     buffer = rest
+    def more() -> bytes:
+        chunk = sock.recv(65536)
+        assert chunk, ("closed before the welcome", frames)
+        return chunk
+
     while not any(f.get("type") == "welcome" for f in frames):
-        while len(buffer) < 2 or len(buffer) < 2 + (buffer[1] & 0x7F if buffer[1] & 0x7F < 126 else 0):
-            buffer += sock.recv(65536)
+        while len(buffer) < 2:
+            buffer += more()
         length = buffer[1] & 0x7F
         start = 2
         if length == 126:
             while len(buffer) < 4:
-                buffer += sock.recv(65536)
+                buffer += more()
             length, start = struct.unpack("!H", buffer[2:4])[0], 4
         while len(buffer) < start + length:
-            buffer += sock.recv(65536)
+            buffer += more()
         body, buffer = buffer[start:start + length], buffer[start + length:]
         frames.append(json.loads(body))
     sock.close()

@@ -380,6 +380,25 @@ import TetherTesting
         _ = try channel.finish()
     }
 
+    @Test func anUpgradeHeaderAloneIsAnOrdinaryRequestAndTheConnectionGoesOn() throws {
+        let channel = try pipeline(Answers())
+        // `Upgrade` without the `upgrade` token in `Connection`: NIO's parser reads on, and
+        // Hummingbird answers it as an ordinary keep-alive request.
+        try request(channel, .get, "/v2/history/sub-key/s/channel/ch", headers: [.upgrade: "h2c"])
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        _ = try responses(channel)  // Hummingbird's (stand-in) answer
+        try request(channel, .get, "/time/0")
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["/time/0"], "the next request is still answered")
+        // With the token it is an upgrade attempt: nothing after it is read as a request.
+        try request(channel, .get, "/v2/ws", headers: [.upgrade: "websocket", .connection: "keep-alive, Upgrade"])
+        try request(channel, .get, "/time/0")
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel).isEmpty)
+        #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch", "/v2/ws"])
+        _ = try channel.finish()
+    }
+
     @Test func anIdleConnectionHummingbirdNeverSawClosesAtShutdown() throws {
         let channel = try pipeline(Answers())
         try request(channel, .get, "/time/0")

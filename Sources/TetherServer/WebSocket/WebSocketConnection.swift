@@ -53,10 +53,12 @@ final class WebSocketConnection: Sendable {
     /// Gives the connection's slot back when its socket closed before the upgrade reached
     /// ``run(inbound:outbound:)`` (a client that sends the upgrade request and hangs up, an
     /// upgrade NIO refuses after the endpoint accepted it): without this, each such socket
-    /// kept a slot of `maxConnections` until the server restarted. Call when the channel closes.
-    func releaseIfNeverRun() async {
+    /// kept a slot of `maxConnections` until the hello timeout (10 s), so a burst of them
+    /// refused every upgrade meanwhile. Call when the channel closes.
+    func releaseIfNeverRun() {
         guard !claimed.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        await sessions.disconnected(id)
+        let (sessions, id) = (sessions, id)
+        Task { await sessions.disconnected(id) }
     }
 
     /// Serves the socket until it closes; then the session is kept (or was ended by `bye`).

@@ -59,7 +59,7 @@ struct WebSocketEndpoint: Sendable {
         }
         let connection = WebSocketConnection(id: id, channel: channel, queue: queue, sessions: sessions, responder: responder,
                                              maxFrameBytes: maxFrameBytes)
-        channel.closeFuture.whenComplete { _ in Task { await connection.releaseIfNeverRun() } }
+        channel.closeFuture.whenComplete { _ in connection.releaseIfNeverRun() }
         // The socket stops speaking HTTP: the handlers after the HTTP decoder go with it.
         NonPersistentRequestMarker.remove(from: channel.pipeline)
         if let context = try? channel.pipeline.syncOperations.context(handlerType: HotPathHandler.self) {
