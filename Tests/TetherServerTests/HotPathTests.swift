@@ -59,6 +59,15 @@ import TetherTesting
 
     static let idle = TimeAmount.seconds(310)
 
+    /// Counts the graceful-shutdown quiesce events that reach Hummingbird's side.
+    final class Quiesces: ChannelInboundHandler, @unchecked Sendable {
+        typealias InboundIn = HTTPServerRequestPart
+        var seen = 0
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if event is ChannelShouldQuiesceEvent { seen += 1 }
+        }
+    }
+
     /// Counts the read completions that reach Hummingbird's side (its request stream hands
     /// over what it buffered only then).
     final class ReadCompletions: ChannelInboundHandler, @unchecked Sendable {
@@ -299,13 +308,6 @@ import TetherTesting
 
     @Test func shutdownWhileAPassedOnRequestIsReadIsPassedOn() throws {
         let channel = try pipeline(Answers())
-        final class Quiesces: ChannelInboundHandler, @unchecked Sendable {
-            typealias InboundIn = HTTPServerRequestPart
-            var seen = 0
-            func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-                if event is ChannelShouldQuiesceEvent { seen += 1 }
-            }
-        }
         let quiesces = Quiesces()
         try channel.pipeline.syncOperations.addHandler(quiesces)
         try channel.writeInbound(HTTPServerRequestPart.head(try HTTPRequestHead(HTTPRequest(method: .post, scheme: nil, authority: nil, path: "/v1/files/x",
@@ -412,13 +414,6 @@ import TetherTesting
 
     @Test func anIdleConnectionHummingbirdServedLeavesShutdownToIt() throws {
         let channel = try pipeline(Answers())
-        final class Quiesces: ChannelInboundHandler, @unchecked Sendable {
-            typealias InboundIn = HTTPServerRequestPart
-            var seen = 0
-            func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-                if event is ChannelShouldQuiesceEvent { seen += 1 }
-            }
-        }
         let quiesces = Quiesces()
         try channel.pipeline.syncOperations.addHandler(quiesces)
         try request(channel, .get, "/v2/history/sub-key/s/channel/ch")

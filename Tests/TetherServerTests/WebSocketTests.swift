@@ -603,17 +603,7 @@ import TetherTestingServer
         let first = WebSocketTestClient(baseURL: server.baseURL)
         first.send(Self.hello())
         #expect(await first.frame()?.type == "welcome")
-        let response = try await rawHTTP(port: server.port, """
-            GET /v2/ws HTTP/1.1\r
-            Host: 127.0.0.1\r
-            Upgrade: websocket\r
-            Connection: Upgrade\r
-            Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r
-            Sec-WebSocket-Version: 13\r
-            Sec-WebSocket-Protocol: tether.v1.json\r
-            \r
-
-            """)
+        let response = try await rawHTTP(port: server.port, Self.upgradeRequest)
         #expect(response.hasPrefix("HTTP/1.1 503"))
         #expect(response.contains("Retry-After: 5"))
         // REST is not limited by it.
