@@ -124,10 +124,12 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         lastActivity = context.eventLoop.now
         switch reading {
         case .idle:
-            guard case .head(let head) = part else {
+            guard case .head(var head) = part else {
                 context.fireChannelRead(wrapInboundOut(part))
                 return
             }
+            Self.markNonPersistent(&head)
+            let part = HTTPServerRequestPart.head(head)
             if forwardedInFlight == 0, isHot(head), let request = try? HTTPRequest(head, secure: false, splitCookie: false) {
                 reading = .collecting(request, nil)
             } else {
@@ -147,8 +149,10 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             context.fireChannelRead(wrapInboundOut(part))
         case .collecting(let head, var body):
             switch part {
-            case .head(let head):
+            case .head(var head):
                 // The decoder never starts a request inside another; pass it on if it did.
+                Self.markNonPersistent(&head)
+                let part = HTTPServerRequestPart.head(head)
                 reading = .forwarding
                 forwardedInFlight += 1
                 lastForwardedEndsInput = !head.isKeepAlive || Self.asksForUpgrade(head)
@@ -177,6 +181,16 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             HummingbirdGate.open(context.pipeline)
         }
         context.fireChannelRead(wrapInboundOut(head))
+    }
+
+    /// Marks a request that does not keep its connection open `Connection: close`, so that the
+    /// hot path and Hummingbird — which both close after answering a request carrying exactly
+    /// that header — close after answering it too: an HTTP/1.0 request without
+    /// `Connection: keep-alive` (RFC 9112 §9.3), or a `close` token in another spelling
+    /// (`Close`, `close, te`). NIO's `isKeepAlive` reads the version and the header's tokens.
+    static func markNonPersistent(_ head: inout HTTPRequestHead) {
+        guard !head.isKeepAlive, head.headers["connection"] != ["close"] else { return }
+        head.headers.replaceOrAdd(name: "connection", value: "close")
     }
 
     /// Whether the request asks to switch protocols as NIO's parser reads it (`Upgrade` with an
@@ -766,9 +780,7 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
                                            value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
         try channel.pipeline.syncOperations.addHandler(HummingbirdGate(tasks: tasks), position: .first)
         let decoder = try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
-        let marker = NonPersistentRequestMarker()
-        try channel.pipeline.syncOperations.addHandler(marker, position: .after(decoder))
-        try channel.pipeline.syncOperations.addHandler(hotPath, position: .after(marker))
+        try channel.pipeline.syncOperations.addHandler(hotPath, position: .after(decoder))
     }
 
     /// Opens the gate of the connection whose pipeline this is; call on its event loop.
@@ -797,31 +809,5 @@ struct GatedHTTP1Channel: ServerChildChannel {
     func handle(value: Value, logger: Logger) async {
         let inner = inner
         await HummingbirdGate.whenOpen(value.channel, tasks: tasks) { await inner.handle(value: value, logger: logger) }
-    }
-}
-
-/// Marks a request that does not keep its connection open `Connection: close`, right after the
-/// HTTP decoder, so that the hot path and Hummingbird — which both close after answering a
-/// request carrying exactly that header — close after answering it too: an HTTP/1.0 request
-/// without `Connection: keep-alive` (RFC 9112 §9.3), or a `close` token in another spelling
-/// (`Close`, `close, te`). NIO's `isKeepAlive` reads the version and the header's tokens.
-/// A connection upgraded to WebSocket drops it (``remove(from:)``).
-final class NonPersistentRequestMarker: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPServerRequestPart
-    typealias InboundOut = HTTPServerRequestPart
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard case .head(var head) = unwrapInboundIn(data), !head.isKeepAlive, head.headers["connection"] != ["close"] else {
-            return context.fireChannelRead(data)
-        }
-        head.headers.replaceOrAdd(name: "connection", value: "close")
-        context.fireChannelRead(wrapInboundOut(.head(head)))
-    }
-
-    /// Takes the marker out of a connection that is being upgraded (what follows is not HTTP);
-    /// call on its event loop.
-    static func remove(from pipeline: ChannelPipeline) {
-        guard let context = try? pipeline.syncOperations.context(handlerType: NonPersistentRequestMarker.self) else { return }
-        pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
 }

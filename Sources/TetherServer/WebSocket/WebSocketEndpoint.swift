@@ -60,8 +60,7 @@ struct WebSocketEndpoint: Sendable {
         let connection = WebSocketConnection(id: id, channel: channel, queue: queue, sessions: sessions, responder: responder,
                                              maxFrameBytes: maxFrameBytes)
         channel.closeFuture.whenComplete { _ in connection.releaseIfNeverRun() }
-        // The socket stops speaking HTTP: the handlers after the HTTP decoder go with it.
-        NonPersistentRequestMarker.remove(from: channel.pipeline)
+        // The socket stops speaking HTTP: the hot path after the HTTP decoder goes with it.
         if let context = try? channel.pipeline.syncOperations.context(handlerType: HotPathHandler.self) {
             channel.pipeline.syncOperations.removeHandler(context: context, promise: nil)
         }
