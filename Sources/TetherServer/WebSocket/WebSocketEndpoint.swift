@@ -95,21 +95,16 @@ struct WebSocketSessionsService: Service {
 /// connection that sends nothing within the idle timeout.
 struct TetherUpgradeChannel: ServerChildChannel {
     typealias Value = HTTP1WebSocketUpgradeChannel.Value
-    /// Hummingbird's channel, boxed: every connection's waiting loop refers to this one copy
-    /// (a copy of the struct in each was ~0.15 KiB of every idle connection).
-    private final class Inner: Sendable {
-        let channel: HTTP1WebSocketUpgradeChannel
-        init(_ channel: HTTP1WebSocketUpgradeChannel) { self.channel = channel }
-    }
-    private let boxed: Inner
-    var inner: HTTP1WebSocketUpgradeChannel { boxed.channel }
+    /// Hummingbird's channel, shared by every connection's waiting loop (``SharedChannel``).
+    private let boxed: SharedChannel<HTTP1WebSocketUpgradeChannel>
+    private var inner: HTTP1WebSocketUpgradeChannel { boxed.channel }
     /// Counts the loops started after the connection's task returned.
     let tasks: HotPathTasks
     /// Makes the connection's ``HotPathHandler``.
     let hotPath: @Sendable () -> HotPathHandler
 
     init(inner: HTTP1WebSocketUpgradeChannel, tasks: HotPathTasks, hotPath: @escaping @Sendable () -> HotPathHandler) {
-        self.boxed = Inner(inner)
+        self.boxed = SharedChannel(inner)
         self.tasks = tasks
         self.hotPath = hotPath
     }
