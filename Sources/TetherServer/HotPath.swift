@@ -95,7 +95,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var context: ChannelHandlerContext?
     /// This handler's place in its loop's idle sweep (``HotPathLoop``); -1 when not in it.
     fileprivate var sweepIndex = -1
-    /// The server's count of answers in flight (graceful shutdown waits for them).
+    /// The server's count of answers in flight (graceful shutdown waits for them), and where
+    /// the connection's ``HotPathLoop`` comes from.
     private let inFlight: HotPathTasks
 
     init(maxBodyBytes: Int, idleTimeout: TimeAmount, tasks: HotPathTasks = HotPathTasks(), answer: @escaping Answer) {
@@ -630,7 +631,8 @@ final class HotPathLoop: @unchecked Sendable {
 /// stop, server-wide: the hot path's answers in flight, the request loops a ``HummingbirdGate``
 /// started late, and the open connections — none of them is one of Hummingbird's
 /// per-connection tasks, which its server would have waited for. ``stopAll()`` ends them when the
-/// server's run is cancelled or the wait runs out.
+/// server's run is cancelled or the wait runs out. It also holds what each event loop's hot
+/// paths share (``HotPathLoop``: the answers' executor and the idle sweep).
 final class HotPathTasks: Sendable {
     private let count = Atomic<Int>(0)
 
@@ -771,7 +773,8 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
         if runNow { await loop() }
     }
 
-    /// Prepares a new connection, before its first read: adds its gate, and sizes its first
+    /// Prepares a new connection, before its first read: adds its gate, puts its hot path right
+    /// after the HTTP decoder (in front of every Hummingbird handler), and sizes its first
     /// receive buffer for a request line and its headers (512 bytes, growing as reads fill it)
     /// instead of NIO's 2 KiB — the last receive buffer is kept for the next read, so every idle
     /// connection holds one.
