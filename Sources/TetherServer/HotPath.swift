@@ -179,7 +179,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private func passOn(_ head: HTTPServerRequestPart, context: ChannelHandlerContext) {
         if !loopStarted {
             loopStarted = true
-            HummingbirdGate.open(context.pipeline)
+            HummingbirdGate.open(context.channel)
         }
         context.fireChannelRead(wrapInboundOut(head))
     }
@@ -712,36 +712,45 @@ final class HotPathTasks: Sendable {
     }
 }
 
-/// Keeps a connection's Hummingbird request loop from starting until it is needed: a request
-/// the hot path passes on, a WebSocket upgrade attempt, or the connection's end. Until then the
-/// connection has no task at all (``whenOpen(_:tasks:executor:_:)``): a connection that only
-/// ever sends hot requests (a PubNub subscriber's long-polls, a publisher's publishes) never
-/// builds the loop's frames — the async iterator over the request parts, the response writer,
-/// the upgrade negotiation — nor keeps a parked task, which were most of an idle long-poll's
-/// memory (docs/benchmarks.md, "Idle connections without Hummingbird's loop").
+/// What a connection needs beyond the hot path, built when the hot path first passes a request
+/// on (``TetherHTTPChannel``).
+protocol HummingbirdOpener: AnyObject, Sendable {
+    /// Adds Hummingbird's handlers after the hot path of `channel` and starts what runs them.
+    /// Called on the connection's event loop, before the request is passed on.
+    func openHummingbird(on channel: any Channel)
+}
+
+/// Keeps a connection's Hummingbird side — its HTTP/1 handlers and request loop, or the upgrade
+/// handler — from being built until a request needs it: the first request the hot path passes
+/// on. A connection that only ever sends hot requests (a PubNub subscriber's long-polls, a
+/// publisher's publishes) never builds it, nor keeps a task: that machinery was most of an idle
+/// long-poll's memory (docs/benchmarks.md, "Idle connections without Hummingbird's loop").
 ///
-/// It sits in the pipeline to be found, passing every event on untouched (NIO has no handler
-/// that events skip). Used on the connection's event loop only.
+/// It also counts the connection as open in ``HotPathTasks`` while it is, for a graceful
+/// shutdown to wait for. It sits first in the pipeline to be found, passing every event on
+/// untouched (NIO has no handler that events skip). Used on the connection's event loop only.
 final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = Never
 
     private var opened = false
-    /// Starts the connection's loop (set while the gate is shut and the loop waits for it).
-    private var start: (() -> Void)?
+    /// Builds the connection's Hummingbird side.
+    private let opener: (any HummingbirdOpener)?
     /// Where the connection is counted while open.
     private let tasks: HotPathTasks?
 
-    init(tasks: HotPathTasks? = nil) { self.tasks = tasks }
+    init(tasks: HotPathTasks? = nil, opener: (any HummingbirdOpener)? = nil) {
+        self.tasks = tasks
+        self.opener = opener
+    }
 
-    /// Whether the loop may start (tests).
+    /// Whether the connection's Hummingbird side was built.
     var isOpen: Bool { opened }
-    /// Whether a loop waits for the gate to open (tests).
-    var holdsLoop: Bool { start != nil }
 
-    /// Lets the connection's loop start (again: a no-op).
-    func open() {
+    /// Builds the connection's Hummingbird side (again: a no-op).
+    func open(_ channel: any Channel) {
+        guard !opened else { return }
         opened = true
-        start.take()?()
+        opener?.openHummingbird(on: channel)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -750,81 +759,10 @@ final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
 
     func handlerRemoved(context: ChannelHandlerContext) {
         tasks?.connectionClosed(context.channel)
-        open()  // the connection ended: the loop runs, finds it closed and returns
     }
 
-    /// Runs `loop`, the request loop of `channel`'s connection, once its gate opens, without a
-    /// task waiting meanwhile: in the calling task when the gate is open already (or the
-    /// channel has none); otherwise this returns at once, and `loop` runs in a task of its own
-    /// (on `executor`, by default the global one) started when the gate opens. Such tasks are
-    /// counted in `tasks`, which a graceful shutdown waits for (``HotPathDrainService``), as
-    /// Hummingbird's server waits for the tasks it starts.
-    static func whenOpen(_ channel: any Channel, tasks: HotPathTasks, executor: (any TaskExecutor)? = nil,
-                         _ loop: @escaping @Sendable () async -> Void) async {
-        let runNow = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            channel.eventLoop.execute {
-                guard let gate = try? channel.pipeline.syncOperations.handler(type: HummingbirdGate.self), !gate.opened else {
-                    return continuation.resume(returning: true)
-                }
-                gate.start = { tasks.startLoop(executor: executor, loop) }
-                continuation.resume(returning: false)
-            }
-        }
-        if runNow { await loop() }
+    /// Opens the gate of `channel`'s connection; call on its event loop.
+    static func open(_ channel: any Channel) {
+        (try? channel.pipeline.syncOperations.handler(type: HummingbirdGate.self))?.open(channel)
     }
-
-    /// Prepares a new connection, before its first read: adds its gate, puts its hot path right
-    /// after the HTTP decoder (in front of every Hummingbird handler), and sizes its first
-    /// receive buffer for a request line and its headers (512 bytes, growing as reads fill it)
-    /// instead of NIO's 2 KiB — the last receive buffer is kept for the next read, so every idle
-    /// connection holds one.
-    static func install(on channel: any Channel, tasks: HotPathTasks, hotPath: HotPathHandler) throws {
-        try channel.syncOptions?.setOption(ChannelOptions.recvAllocator,
-                                           value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
-        try channel.pipeline.syncOperations.addHandler(HummingbirdGate(tasks: tasks), position: .first)
-        let decoder = try channel.pipeline.syncOperations.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
-        try channel.pipeline.syncOperations.addHandler(hotPath, position: .after(decoder))
-    }
-
-    /// Opens the gate of the connection whose pipeline this is; call on its event loop.
-    static func open(_ pipeline: ChannelPipeline) {
-        (try? pipeline.syncOperations.handler(type: HummingbirdGate.self))?.open()
-    }
-}
-
-/// Hummingbird's HTTP/1 connection (`--ws off`), its request loop behind a ``HummingbirdGate``
-/// and the hot path in front of its handlers.
-struct GatedHTTP1Channel: ServerChildChannel {
-    typealias Value = HTTP1Channel.Value
-    /// Hummingbird's channel, shared by every connection's waiting loop (``SharedChannel``).
-    private let boxed: SharedChannel<HTTP1Channel>
-    /// Counts the loops started after the connection's task returned.
-    let tasks: HotPathTasks
-    /// Makes the connection's ``HotPathHandler``.
-    let hotPath: @Sendable () -> HotPathHandler
-
-    init(inner: HTTP1Channel, tasks: HotPathTasks, hotPath: @escaping @Sendable () -> HotPathHandler) {
-        self.boxed = SharedChannel(inner)
-        self.tasks = tasks
-        self.hotPath = hotPath
-    }
-
-    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
-        boxed.channel.setup(channel: channel, logger: logger).flatMapThrowing { value in
-            try HummingbirdGate.install(on: channel, tasks: tasks, hotPath: hotPath())
-            return value
-        }
-    }
-
-    func handle(value: Value, logger: Logger) async {
-        let boxed = boxed
-        await HummingbirdGate.whenOpen(value.channel, tasks: tasks) { await boxed.channel.handle(value: value, logger: logger) }
-    }
-}
-
-/// A server's Hummingbird child channel in one shared box: a connection's loop waiting at its
-/// gate captures this reference, not a copy of the channel struct (~0.15 KiB each).
-final class SharedChannel<Inner: ServerChildChannel>: Sendable {
-    let channel: Inner
-    init(_ channel: Inner) { self.channel = channel }
 }

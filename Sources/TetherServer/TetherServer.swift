@@ -6,6 +6,7 @@ import HummingbirdWebSocket
 import NIOSSL
 public import Logging
 import NIOCore
+import NIOHTTP1
 public import Prometheus
 import ServiceLifecycle
 import Synchronization
@@ -265,25 +266,21 @@ public struct TetherServer: Sendable {
         let hotPath: @Sendable () -> HotPathHandler = {
             HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks, answer: answer)
         }
-        let http1Configuration = HTTP1Channel.Configuration(
-            idleTimeout: nil,
-            httpDecoderConfiguration: .init(maxHeaderFieldSize: headerLimit, maxHeaderListSize: headerLimit))
-        let http1: HTTPServerBuilder
-        if configuration.webSocket.enabled {
-            // The same port serves REST and upgrades `GET /v2/ws` to a WebSocket session.
-            let endpoint = WebSocketEndpoint(sessions: webSockets, responder: TetherResponder(state: state),
-                                             maxFrameBytes: WebSocketEndpoint.maxFrameBytes(keysets: state.keysets))
-            let upgradeConfiguration = endpoint.configuration(http1: http1Configuration)
-            http1 = HTTPServerBuilder { responder in
-                TetherUpgradeChannel(inner: HTTP1WebSocketUpgradeChannel(responder: responder, configuration: upgradeConfiguration,
-                                                                         shouldUpgrade: endpoint.shouldUpgrade),
-                                     tasks: hotTasks, hotPath: hotPath)
-            }
-        } else {
-            http1 = HTTPServerBuilder { responder in
-                GatedHTTP1Channel(inner: HTTP1Channel(responder: responder, configuration: http1Configuration), tasks: hotTasks,
-                                  hotPath: hotPath)
-            }
+        var decoderLimits = NIOHTTPDecoderLimitConfiguration()
+        decoderLimits.maxHeaderFieldSize = headerLimit
+        decoderLimits.maxHeaderListSize = headerLimit
+        decoderLimits.maxHeaderFieldCount = 1000
+        // The same port serves REST and, with the endpoint on, upgrades `GET /v2/ws` to a
+        // WebSocket session.
+        let endpoint = configuration.webSocket.enabled
+            ? WebSocketEndpoint(sessions: webSockets, responder: TetherResponder(state: state),
+                                maxFrameBytes: WebSocketEndpoint.maxFrameBytes(keysets: state.keysets))
+            : nil
+        var connectionLogger = logger
+        connectionLogger.logLevel = max(logger.logLevel, .critical)
+        let http1 = HTTPServerBuilder { [connectionLogger, decoderLimits] responder in
+            TetherHTTPChannel(responder: responder, webSocket: endpoint, decoderLimits: decoderLimits, tasks: hotTasks,
+                              hotPath: hotPath, logger: connectionLogger)
         }
         var server = http1
         let scheme = configuration.tls == nil ? "http" : "https"

@@ -9,6 +9,7 @@ import NIOHTTP1
 import ServiceLifecycle
 @_spi(Benchmarks) import TetherProtocol
 import TetherServerCore
+@_spi(WSInternal) import WSCore
 
 /// `GET /v2/ws`: decides each WebSocket upgrade on the REST port (path, sub-protocol, the
 /// connection bound) and hands an accepted socket to a ``WebSocketConnection``.
@@ -23,17 +24,15 @@ struct WebSocketEndpoint: Sendable {
         return max(64 * 1024, 2 * largest + 4096)
     }
 
-    /// The channel configuration: no library auto-ping (the session protocol pings with ids and
-    /// counts missed pongs itself), a short close handshake.
-    func configuration(http1: HTTP1Channel.Configuration) -> HTTP1WebSocketUpgradeChannel.Configuration {
-        .init(http1: http1, ws: .init(maxFrameSize: maxFrameBytes, autoPing: .disabled, closeTimeout: .seconds(2)))
+    /// The session socket's frame handling: no library auto-ping (the session protocol pings
+    /// with ids and counts missed pongs itself), a short close handshake.
+    var handlerConfiguration: WebSocketHandler.Configuration {
+        .init(extensions: [], autoPing: .disabled, closeTimeout: .seconds(2), validateUTF8: false, maxFrameSize: maxFrameBytes)
     }
 
     func shouldUpgrade(_ request: HTTPRequest, _ channel: any Channel, _ logger: Logger)
-        -> ShouldUpgradeResult<WebSocketDataHandler<HTTP1WebSocketUpgradeChannel.Context>>
+        -> ShouldUpgradeResult<WebSocketDataHandler<WebSocketSessionContext>>
     {
-        // An upgrade attempt: the connection's task runs what follows (``TetherUpgradeChannel``).
-        HummingbirdGate.open(channel.pipeline)
         let path = request.path.map { $0.split(separator: "?", maxSplits: 1).first.map(String.init) ?? $0 } ?? ""
         guard sessions.settings.enabled, path == WebSocketProtocol.path else { return .dontUpgrade }
         let offered = request.headerFields[values: .secWebSocketProtocol]
@@ -83,52 +82,6 @@ struct WebSocketSessionsService: Service {
         let deadline = ContinuousClock.now + .seconds(3)
         while sessions.connectionCount > 0, ContinuousClock.now < deadline {
             do { try await Task.sleep(for: .milliseconds(20)) } catch { return }
-        }
-    }
-}
-
-/// The HTTP/1 child channel of a server with the WebSocket endpoint: Hummingbird's upgrade
-/// channel, with the hot path (``HotPathHandler``) in front of its upgrade handler. A first
-/// request the hot path answers never reaches the upgrade handler, so a connection that only
-/// sends hot requests never gets Hummingbird's HTTP/1 handlers or its `NIOAsyncChannel`; the
-/// hot path also gives a request the HTTP parser rejects the protocol's JSON 400 and closes a
-/// connection that sends nothing within the idle timeout.
-struct TetherUpgradeChannel: ServerChildChannel {
-    typealias Value = HTTP1WebSocketUpgradeChannel.Value
-    /// Hummingbird's channel, shared by every connection's waiting loop (``SharedChannel``).
-    private let boxed: SharedChannel<HTTP1WebSocketUpgradeChannel>
-    private var inner: HTTP1WebSocketUpgradeChannel { boxed.channel }
-    /// Counts the loops started after the connection's task returned.
-    let tasks: HotPathTasks
-    /// Makes the connection's ``HotPathHandler``.
-    let hotPath: @Sendable () -> HotPathHandler
-
-    init(inner: HTTP1WebSocketUpgradeChannel, tasks: HotPathTasks, hotPath: @escaping @Sendable () -> HotPathHandler) {
-        self.boxed = SharedChannel(inner)
-        self.tasks = tasks
-        self.hotPath = hotPath
-    }
-
-    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
-        inner.setup(channel: channel, logger: logger).flatMapThrowing { value in
-            try HummingbirdGate.install(on: channel, tasks: tasks, hotPath: hotPath())
-            return value
-        }
-    }
-
-    func handle(value: Value, logger: Logger) async {
-        // The library logs every connection whose upgrade negotiation fails (a failed TLS
-        // handshake, a peer gone before its first request) at `error`; none of them is the
-        // operator's to act on, so its logger only speaks at `critical`. Tether's own handlers
-        // log through the server's logger.
-        // The request loop (or the WebSocket session) starts once needed: a request the hot
-        // path passes on, an upgrade attempt (``WebSocketEndpoint/shouldUpgrade``) or the end.
-        // (The quiet logger is made then too: an idle connection keeps no copy of it.)
-        let boxed = boxed
-        await HummingbirdGate.whenOpen(value.channel, tasks: tasks) {
-            var quiet = logger
-            quiet.logLevel = max(logger.logLevel, .critical)
-            await boxed.channel.handle(value: value, logger: quiet)
         }
     }
 }

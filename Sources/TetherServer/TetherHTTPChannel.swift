@@ -1,0 +1,233 @@
+import HTTPTypes
+import Hummingbird
+import HummingbirdCore
+import HummingbirdWebSocket
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOHTTPTypes
+import NIOHTTPTypesHTTP1
+import NIOWebSocket
+import Synchronization
+@_spi(WSInternal) import WSCore
+
+/// The server's HTTP/1 connections (and, with the WebSocket endpoint on, their upgrades to a
+/// session). A new connection gets NIO's HTTP/1 decoder and encoder and the hot path
+/// (``HotPathHandler``) — nothing else. Hummingbird's part of a connection — its HTTP/1
+/// handlers, `NIOAsyncChannel` and request loop, or the upgrade handler with the WebSocket
+/// upgrader — is built only when the hot path passes a request on (``HummingbirdGate``), so a
+/// connection that only sends publishes, subscribes and time requests never builds it
+/// (docs/benchmarks.md, "Hummingbird only when a request needs it").
+///
+/// One instance serves every connection of the server.
+final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, HummingbirdOpener {
+    struct Value: ServerChildChannelValue {
+        let channel: any Channel
+    }
+
+    /// What a connection's upgrade negotiation ended with.
+    enum UpgradeResult: Sendable {
+        case webSocket(NIOAsyncChannel<WebSocketFrame, WebSocketFrame>, WebSocketDataHandler<WebSocketSessionContext>)
+        case notUpgraded(NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>)
+        /// The request asked for an upgrade the endpoint refused: `400`, and the connection closes.
+        case failedUpgrade(NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>)
+    }
+
+    /// Hummingbird's responder (with the WebSocket endpoint on, one that redirects an upgrade
+    /// request arriving after others on the same connection to a new connection, `307`).
+    let responder: Responder
+    /// `nil` with `--ws off`: no connection upgrades.
+    private let webSocket: WebSocketEndpoint?
+    private let decoderLimits: NIOHTTPDecoderLimitConfiguration
+    private let tasks: HotPathTasks
+    private let hotPath: @Sendable () -> HotPathHandler
+    /// The logger of Hummingbird's part of each connection.
+    private let logger: Logger
+    /// Connections whose Hummingbird side was built (tests).
+    private let opened = Atomic<Int>(0)
+
+    /// - Parameters:
+    ///   - responder: Hummingbird's responder for the requests the hot path passes on.
+    ///   - webSocket: the WebSocket endpoint, or `nil` when upgrades are off.
+    ///   - decoderLimits: the HTTP/1 decoder's limits (header sizes and count).
+    ///   - tasks: where request loops, answers and open connections are counted.
+    ///   - hotPath: makes a connection's ``HotPathHandler``.
+    ///   - logger: the logger of Hummingbird's part of a connection. Hummingbird logs every
+    ///     connection whose upgrade negotiation fails (a failed TLS handshake, a peer gone before
+    ///     its first request) at `error`, none of which is the operator's to act on: pass one
+    ///     that speaks at `critical` only.
+    init(responder: @escaping Responder, webSocket: WebSocketEndpoint?, decoderLimits: NIOHTTPDecoderLimitConfiguration,
+         tasks: HotPathTasks, hotPath: @escaping @Sendable () -> HotPathHandler, logger: Logger) {
+        self.responder = webSocket == nil ? responder : Self.redirectingUpgrades(responder)
+        self.webSocket = webSocket
+        self.decoderLimits = decoderLimits
+        self.tasks = tasks
+        self.hotPath = hotPath
+        self.logger = logger
+    }
+
+    /// How many connections have had Hummingbird's side built (tests).
+    var hummingbirdConnections: Int { opened.load(ordering: .relaxed) }
+
+    /// Prepares a new connection, before its first read: its gate, NIO's HTTP/1 decoder and
+    /// encoder, and the hot path after them. Its first receive buffer is sized for a request
+    /// line and its headers (512 bytes, growing as reads fill it) instead of NIO's 2 KiB: the
+    /// last receive buffer is kept for the next read, so every idle connection holds one.
+    func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
+        channel.eventLoop.makeCompletedFuture {
+            try channel.syncOptions?.setOption(ChannelOptions.recvAllocator,
+                                               value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
+            let pipeline = channel.pipeline.syncOperations
+            try pipeline.addHandler(HummingbirdGate(tasks: tasks, opener: self))
+            if webSocket != nil {
+                // NIO's upgradable pipeline gives a decoder that passes on what follows an
+                // upgrade request and an encoder that knows which responses answer `HEAD`. Its
+                // upgrade handler — here one with no upgraders — goes at once: the real one is
+                // added when a request reaches it (``openHummingbird(on:)``).
+                var configuration = NIOUpgradableHTTPServerPipelineConfiguration<Void>(
+                    upgradeConfiguration: .init(upgraders: [], notUpgradingCompletionHandler: { $0.eventLoop.makeSucceededVoidFuture() }))
+                configuration.enablePipelining = false
+                configuration.enableErrorHandling = false
+                configuration.enableResponseHeaderValidation = false  // HTTPTypes validates them
+                configuration.decoderConfiguration = decoderLimits
+                _ = try pipeline.configureUpgradableHTTPServerPipeline(configuration: configuration)
+                try pipeline.removeHandler(context: pipeline.context(handlerType: NIOTypedHTTPServerUpgradeHandler<Void>.self), promise: nil)
+            } else {
+                try pipeline.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: false,
+                                                         withOutboundHeaderValidation: false, withEncoderConfiguration: .init(),
+                                                         withDecoderLimitConfiguration: decoderLimits)
+            }
+            try pipeline.addHandler(hotPath())
+            return Value(channel: channel)
+        }
+    }
+
+    /// Nothing: a connection has no task of its own. What it needs beyond the hot path starts
+    /// when a request needs it (``openHummingbird(on:)``), counted in ``HotPathTasks``, which a
+    /// graceful shutdown waits for.
+    func handle(value: Value, logger: Logger) async {}
+
+    /// Builds Hummingbird's side of `channel` after its hot path and starts what runs it: the
+    /// upgrade handler (which either upgrades to a WebSocket session or adds the HTTP/1 handlers
+    /// and hands over), or with upgrades off the HTTP/1 handlers and the request loop. Called on
+    /// the connection's event loop, before the first request passed on goes on.
+    func openHummingbird(on channel: any Channel) {
+        opened.add(1, ordering: .relaxed)
+        do {
+            if let webSocket {
+                try openUpgrade(on: channel, endpoint: webSocket)
+            } else {
+                let http1 = try addHTTP1Handlers(to: channel)
+                tasks.startLoop(executor: nil) { [self] in await handleHTTP(asyncChannel: http1, logger: logger) }
+            }
+        } catch {
+            logger.critical("could not build a connection's HTTP handlers", metadata: ["error": "\(error)"])
+            channel.close(promise: nil)
+        }
+    }
+
+    /// Hummingbird's HTTP/1 handlers and the `NIOAsyncChannel` its request loop reads.
+    private func addHTTP1Handlers(to channel: any Channel) throws -> NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart> {
+        let pipeline = channel.pipeline.syncOperations
+        try pipeline.addHandler(HTTP1ToHTTPServerCodec(secure: false))
+        try pipeline.addHandler(HTTPConnectionStateHandler(idleTimeout: nil, logger: logger))
+        return try NIOAsyncChannel(wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
+    }
+
+    /// The upgrade handler with the WebSocket upgrader, deciding on the first request passed on.
+    private func openUpgrade(on channel: any Channel, endpoint: WebSocketEndpoint) throws {
+        let pipeline = channel.pipeline.syncOperations
+        let encoder = try pipeline.handler(type: HTTPResponseEncoder.self)
+        let decoder = try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
+        let attempted = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
+        let accepted = NIOLoopBoundBox<WebSocketDataHandler<WebSocketSessionContext>?>(nil, eventLoop: channel.eventLoop)
+        let logger = logger
+        let upgrader = NIOTypedWebSocketServerUpgrader<UpgradeResult>(
+            maxFrameSize: endpoint.maxFrameBytes,
+            shouldUpgrade: { channel, head in
+                attempted.value = true
+                let request: HTTPRequest
+                do {
+                    request = try HTTPRequest(head, secure: false, splitCookie: false)
+                } catch {
+                    return channel.eventLoop.makeFailedFuture(error)
+                }
+                switch endpoint.shouldUpgrade(request, channel, logger) {
+                case .dontUpgrade:
+                    return channel.eventLoop.makeSucceededFuture(nil)
+                case .upgrade(let headers, let handler):
+                    accepted.value = handler
+                    return channel.eventLoop.makeSucceededFuture(HTTPHeaders(headers))
+                }
+            },
+            upgradePipelineHandler: { channel, _ in
+                channel.eventLoop.makeCompletedFuture {
+                    guard let handler = accepted.value else { throw ChannelError.inappropriateOperationForState }
+                    let frames = try NIOAsyncChannel<WebSocketFrame, WebSocketFrame>(
+                        wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
+                    return .webSocket(frames, handler)
+                }
+            })
+        let upgrade = NIOTypedHTTPServerUpgradeHandler<UpgradeResult>(
+            httpEncoder: encoder, extraHTTPHandlers: [decoder],
+            upgradeConfiguration: .init(upgraders: [upgrader], notUpgradingCompletionHandler: { [self] channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let http1 = try addHTTP1Handlers(to: channel)
+                    return attempted.value ? .failedUpgrade(http1) : .notUpgraded(http1)
+                }
+            }))
+        try pipeline.addHandler(upgrade)
+        let result = upgrade.upgradeResultFuture
+        let configuration = endpoint.handlerConfiguration
+        tasks.startLoop(executor: nil) { [self] in
+            let outcome: UpgradeResult
+            do {
+                outcome = try await result.get()
+            } catch {
+                return  // the connection ended before the first request passed on was read whole
+            }
+            switch outcome {
+            case .notUpgraded(let http1):
+                await handleHTTP(asyncChannel: http1, logger: logger)
+            case .failedUpgrade(let http1):
+                await Self.refuseUpgrade(http1)
+            case .webSocket(let frames, let handler):
+                do {
+                    _ = try await WebSocketHandler.handle(type: .server, configuration: configuration, asyncChannel: frames,
+                                                          context: WebSocketSessionContext(logger: logger), handler: handler)
+                } catch {
+                    logger.debug("WebSocket handler error", metadata: ["error": "\(error)"])
+                }
+            }
+        }
+    }
+
+    /// A WebSocket upgrade the endpoint refused: `400`, and the connection closes.
+    private static func refuseUpgrade(_ http1: NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>) async {
+        try? await http1.executeThenClose { _, outbound in
+            let head = HTTPResponse(status: .badRequest, headerFields: [.connection: "close", .contentLength: "0"])
+            try await outbound.write(contentsOf: [.head(head), .end(nil)])
+        }
+    }
+
+    /// A WebSocket upgrade request after other requests on a connection Hummingbird answers can
+    /// no longer upgrade it: it is sent to a new connection (`307` to the same path, and this one
+    /// closes), as Hummingbird does.
+    private static func redirectingUpgrades(_ responder: @escaping Responder) -> Responder {
+        struct RedirectClose: Error {}
+        return { request, responseWriter, channel in
+            guard request.headers[.upgrade] == "websocket" else {
+                return try await responder(request, responseWriter, channel)
+            }
+            let location = request.uri.query.map { "\(request.uri.path)?\($0)" } ?? request.uri.path
+            try await responseWriter.writeResponse(HTTPResponse(status: .temporaryRedirect,
+                                                                headerFields: [.connection: "close", .location: location]))
+            throw RedirectClose()
+        }
+    }
+}
+
+/// What a WebSocket session's handler is given besides its streams.
+struct WebSocketSessionContext: WebSocketContext {
+    let logger: Logger
+}
