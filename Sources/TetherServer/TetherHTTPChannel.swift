@@ -43,8 +43,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     private let hotPath: @Sendable () -> HotPathHandler
     /// The logger of Hummingbird's part of each connection.
     private let logger: Logger
-    /// Connections whose Hummingbird side was built (tests).
-    private let opened = Atomic<Int>(0)
+    /// Counts the connections whose Hummingbird side was built.
+    private let sides: HummingbirdSides
 
     /// - Parameters:
     ///   - responder: Hummingbird's responder for the requests the hot path passes on.
@@ -52,22 +52,21 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     ///   - decoderLimits: the HTTP/1 decoder's limits (header sizes and count).
     ///   - tasks: where request loops, answers and open connections are counted.
     ///   - hotPath: makes a connection's ``HotPathHandler``.
+    ///   - sides: counts the connections whose Hummingbird side was built.
     ///   - logger: the logger of Hummingbird's part of a connection. Hummingbird logs every
     ///     connection whose upgrade negotiation fails (a failed TLS handshake, a peer gone before
     ///     its first request) at `error`, none of which is the operator's to act on: pass one
     ///     that speaks at `critical` only.
     init(responder: @escaping Responder, webSocket: WebSocketEndpoint?, decoderLimits: NIOHTTPDecoderLimitConfiguration,
-         tasks: HotPathTasks, hotPath: @escaping @Sendable () -> HotPathHandler, logger: Logger) {
+         tasks: HotPathTasks, hotPath: @escaping @Sendable () -> HotPathHandler, sides: HummingbirdSides, logger: Logger) {
         self.responder = webSocket == nil ? responder : Self.redirectingUpgrades(responder)
         self.webSocket = webSocket
         self.decoderLimits = decoderLimits
         self.tasks = tasks
         self.hotPath = hotPath
+        self.sides = sides
         self.logger = logger
     }
-
-    /// How many connections have had Hummingbird's side built (tests).
-    var hummingbirdConnections: Int { opened.load(ordering: .relaxed) }
 
     /// Prepares a new connection, before its first read: its gate, NIO's HTTP/1 decoder and
     /// encoder, and the hot path after them. Its first receive buffer is sized for a request
@@ -112,7 +111,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     /// and hands over), or with upgrades off the HTTP/1 handlers and the request loop. Called on
     /// the connection's event loop, before the first request passed on goes on.
     func openHummingbird(on channel: any Channel) {
-        opened.add(1, ordering: .relaxed)
+        sides.opened()
         do {
             if let webSocket {
                 try openUpgrade(on: channel, endpoint: webSocket)
@@ -230,4 +229,14 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
 /// What a WebSocket session's handler is given besides its streams.
 struct WebSocketSessionContext: WebSocketContext {
     let logger: Logger
+}
+
+/// Counts the connections whose Hummingbird side was built (``TetherHTTPChannel``), for tests.
+final class HummingbirdSides: Sendable {
+    private let count = Atomic<Int>(0)
+
+    func opened() { count.add(1, ordering: .relaxed) }
+
+    /// Connections whose Hummingbird side was built since the server started.
+    var total: Int { count.load(ordering: .relaxed) }
 }

@@ -92,6 +92,8 @@ public struct TetherServer: Sendable {
     private let logger: Logger
     /// The WebSocket sessions (connected and kept).
     let webSockets: WebSocketSessions
+    /// Counts the connections whose Hummingbird side was built.
+    private let hummingbirdSides = HummingbirdSides()
     /// The service group while ``run(handleSignals:onReady:)`` runs, for ``shutdown()``.
     private let running = RunningGroup()
 
@@ -233,6 +235,11 @@ public struct TetherServer: Sendable {
     /// WebSocket upgrades accepted since the server started (tests).
     package var webSocketUpgradesAccepted: Int { webSockets.acceptedCount }
 
+    /// Connections whose Hummingbird side (HTTP/1 handlers and request loop, or the upgrade
+    /// handler) was built since the server started: only those that sent a request the hot
+    /// path passes on (tests).
+    package var hummingbirdConnections: Int { hummingbirdSides.total }
+
     /// Runs the WebSocket sessions' timers once (pings, deadlines) at the clock's current time;
     /// the server's own loop does this at least once a second.
     package func tickWebSocketSessions() async {
@@ -280,7 +287,7 @@ public struct TetherServer: Sendable {
         connectionLogger.logLevel = max(logger.logLevel, .critical)
         let http1 = HTTPServerBuilder { [connectionLogger, decoderLimits] responder in
             TetherHTTPChannel(responder: responder, webSocket: endpoint, decoderLimits: decoderLimits, tasks: hotTasks,
-                              hotPath: hotPath, logger: connectionLogger)
+                              hotPath: hotPath, sides: hummingbirdSides, logger: connectionLogger)
         }
         var server = http1
         let scheme = configuration.tls == nil ? "http" : "https"

@@ -34,26 +34,25 @@ import TetherTesting
         }
     }
 
-    /// Records a connection's request loop run through its ``HummingbirdGate``.
-    final class Flag: Sendable {
-        private let passed = Atomic<Bool>(false)
-        private let returned = Atomic<Bool>(false)
-        let tasks = HotPathTasks()
-        /// Whether the loop ran.
-        var isSet: Bool { passed.load(ordering: .acquiring) }
-        /// Whether the connection's task returned (with the loop run, or left to the gate).
-        var taskReturned: Bool { returned.load(ordering: .acquiring) }
+    /// Records when a connection's Hummingbird side is built, and puts a handler where
+    /// Hummingbird's would go (after the hot path) that records the request heads reaching it.
+    final class Opener: HummingbirdOpener, @unchecked Sendable {
+        /// Request paths that reached Hummingbird's side.
+        var heads: [String] = []
+        var opened = 0
 
-        /// Runs ``HummingbirdGate/whenOpen(_:tasks:executor:_:)`` for `channel` as a
-        /// connection's task would, everything on the embedded loop (the test thread drives it).
-        func start(_ channel: EmbeddedChannel) {
-            let executor = EventLoopTaskExecutor(channel.embeddedEventLoop)
-            Task(executorPreference: executor) {
-                await HummingbirdGate.whenOpen(channel, tasks: self.tasks, executor: executor) {
-                    self.passed.store(true, ordering: .releasing)
-                }
-                self.returned.store(true, ordering: .releasing)
+        final class Recorder: ChannelInboundHandler, @unchecked Sendable {
+            typealias InboundIn = HTTPServerRequestPart
+            let opener: Opener
+            init(_ opener: Opener) { self.opener = opener }
+            func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+                if case .head(let head) = unwrapInboundIn(data) { opener.heads.append(head.uri) }
             }
+        }
+
+        func openHummingbird(on channel: any Channel) {
+            opened += 1
+            try! channel.pipeline.syncOperations.addHandler(Recorder(self))
         }
     }
 
@@ -154,45 +153,35 @@ import TetherTesting
         _ = try channel.finish()
     }
 
-    @Test func hummingbirdsLoopWaitsAtTheGateUntilARequestIsPassedOn() throws {
+    @Test func hummingbirdsSideIsBuiltOnlyWhenARequestIsPassedOn() throws {
         let answers = Answers()
-        let channel = try pipeline(answers)
-        let gate = HummingbirdGate()
-        try channel.pipeline.syncOperations.addHandler(gate, position: .first)
-        let passed = Flag()
-        passed.start(channel)
-        channel.embeddedEventLoop.run()
-        // The connection's task returned; the gate holds the loop, with no task waiting.
-        #expect(gate.holdsLoop)
-        #expect(passed.taskReturned && !passed.isSet)
-        #expect(passed.tasks.running == 0)
-        // Hot requests never start the loop.
+        let channel = EmbeddedChannel()
+        let opener = Opener()
+        let gate = HummingbirdGate(opener: opener)
+        try channel.pipeline.syncOperations.addHandler(gate)
+        try channel.pipeline.syncOperations.addHandler(HotPathHandler(maxBodyBytes: 1024, idleTimeout: Self.idle, answer: answers.answer))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        // Hot requests never build it.
         for _ in 0..<3 {
             try request(channel, .get, "/v2/subscribe/s/ch/0?tt=0")
             channel.embeddedEventLoop.run()
         }
         #expect(try responses(channel).count == 3)
-        #expect(!passed.isSet)
+        #expect(opener.opened == 0)
         #expect(!gate.isOpen)
-        // The first request passed on opens it.
+        // The first request passed on builds it, before its head goes on: the head reaches it.
         try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
         channel.embeddedEventLoop.run()
-        #expect(passed.isSet)
-        #expect(!gate.holdsLoop)
-        #expect(passed.tasks.running == 0, "the loop's task ended and was counted out")
-        #expect(try forwarded(channel) == ["/v2/history/sub-key/s/channel/ch"])
-        // Past the gate, the loop runs at once in the calling task; so it does on a connection
-        // without a gate.
-        let again = Flag()
-        again.start(channel)
+        #expect(opener.opened == 1)
+        #expect(gate.isOpen)
+        #expect(opener.heads == ["/v2/history/sub-key/s/channel/ch"])
+        try channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        // Once: later requests passed on reach the same side.
+        try request(channel, .get, "/v1/channel-registration/sub-key/s/channel-group/g")
         channel.embeddedEventLoop.run()
-        #expect(again.isSet)
+        #expect(opener.opened == 1)
+        #expect(opener.heads == ["/v2/history/sub-key/s/channel/ch", "/v1/channel-registration/sub-key/s/channel-group/g"])
         _ = try channel.finish()
-        let plain = EmbeddedChannel()
-        let none = Flag()
-        none.start(plain)
-        plain.embeddedEventLoop.run()
-        #expect(none.isSet)
     }
 
     @Test func cancellingTheServerStopsTheLoopsStartedAtAGateAndClosesItsConnections() async throws {
@@ -223,21 +212,18 @@ import TetherTesting
         #expect(!late.isActive, "a connection accepted after the stop is closed")
     }
 
-    @Test func theGateOpensWhenTheConnectionEnds() throws {
+    @Test func theGateCountsItsConnectionWhileOpenAndBuildsNothingAtItsEnd() throws {
         let channel = EmbeddedChannel()
-        let passed = Flag()
-        let gate = HummingbirdGate(tasks: passed.tasks)
+        let tasks = HotPathTasks()
+        let opener = Opener()
+        let gate = HummingbirdGate(tasks: tasks, opener: opener)
         try channel.pipeline.syncOperations.addHandler(gate)
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
-        #expect(passed.tasks.openConnections == 1, "counted while open, for a graceful shutdown to wait for")
-        passed.start(channel)
-        channel.embeddedEventLoop.run()
-        #expect(gate.holdsLoop)
-        #expect(!passed.isSet)
+        #expect(tasks.openConnections == 1, "counted while open, for a graceful shutdown to wait for")
         _ = try channel.finish()  // closed: the handlers are removed
         channel.embeddedEventLoop.run()
-        #expect(passed.isSet)
-        #expect(passed.tasks.openConnections == 0)
+        #expect(tasks.openConnections == 0)
+        #expect(opener.opened == 0 && !gate.isOpen, "a connection that ends without a request passed on builds nothing")
     }
 
     @Test func aHotRequestBehindAPassedOnOneIsPassedOnToo() throws {

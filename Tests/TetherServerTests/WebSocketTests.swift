@@ -586,6 +586,36 @@ import TetherTestingServer
         await server.stop()
     }
 
+    /// A connection gets Hummingbird's side (its HTTP/1 handlers and request loop, or the upgrade
+    /// handler) only once it sends a request the hot path passes on; the hot routes are answered
+    /// without it, and upgrades and passed-on requests still work, with the endpoint on or off.
+    @Test(arguments: [true, false])
+    func hummingbirdsSideIsBuiltOnlyForConnectionsThatNeedIt(webSocketEnabled: Bool) async throws {
+        let server = try await Self.start(webSocket: .init(enabled: webSocketEnabled))
+        func get(_ path: String, close: Bool = false) -> String {
+            "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n" + (close ? "Connection: close\r\n" : "") + "\r\n"
+        }
+        let hot = try await rawHTTP(port: server.port, get("/time/0") + get("/publish/demo/demo/0/ch/0/%22hi%22")
+                                        + get("/v2/subscribe/demo/ch/0?tt=0") + get("/time/0", close: true))
+        #expect(hot.components(separatedBy: "HTTP/1.1 200 OK").count - 1 == 4, "\(hot)")
+        #expect(server.server.hummingbirdConnections == 0, "hot requests alone build nothing of Hummingbird's")
+        let mixed = try await rawHTTP(port: server.port, get("/time/0") + get("/v2/history/sub-key/demo/channel/ch", close: true))
+        #expect(mixed.components(separatedBy: "HTTP/1.1 200 OK").count - 1 == 2, "\(mixed)")
+        #expect(mixed.contains("\"hi\""), "the history request was answered by Hummingbird's side: \(mixed)")
+        #expect(server.server.hummingbirdConnections == 1)
+        if webSocketEnabled {
+            let client = WebSocketTestClient(baseURL: server.baseURL)
+            client.send(Self.hello())
+            #expect(await client.frame()?.type == "welcome")
+            await client.close()
+            #expect(server.server.hummingbirdConnections == 2, "an upgrade builds the upgrade handler")
+        } else {
+            let refused = try await rawHTTP(port: server.port, Self.upgradeRequest)
+            #expect(!refused.hasPrefix("HTTP/1.1 101"), "\(refused)")
+        }
+        await server.stop()
+    }
+
     static let upgradeRequest = """
         GET /v2/ws HTTP/1.1\r
         Host: 127.0.0.1\r
