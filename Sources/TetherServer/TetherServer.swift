@@ -261,8 +261,8 @@ public struct TetherServer: Sendable {
         let idle = configuration.subscribeTimeout + .seconds(30)
         let maxBody = state.keysets.largestPublishBody
         let hotTasks = HotPathTasks()
-        // Each connection's hot path sits right after the HTTP decoder, in front of Hummingbird's
-        // handlers (`HummingbirdGate.install`).
+        // Each connection's hot path sits right after the HTTP decoder; Hummingbird's handlers
+        // come after it, and only once a request needs them (`TetherHTTPChannel`).
         // One answer closure for every connection (made per connection, its captures were
         // ~0.4 KiB of each).
         let answer: HotPathHandler.Answer = { request, channel, slot in
