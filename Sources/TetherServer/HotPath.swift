@@ -35,10 +35,10 @@ import TetherServerCore
 /// HTTP parser refuses: those get the protocol's JSON 400 after every request before them is
 /// answered, and the connection closes.
 ///
-/// It sits right after NIO's HTTP/1 decoder, before Hummingbird's handlers — on a connection
-/// that may upgrade to WebSocket, before the upgrade handler, so a connection that only ever
-/// sends hot requests never gets Hummingbird's HTTP/1 handlers, its `NIOAsyncChannel` or its
-/// request loop (``HummingbirdGate``) — and speaks NIO's HTTP/1 parts.
+/// It sits right after NIO's HTTP/1 decoder and speaks NIO's HTTP/1 parts. Hummingbird's handlers
+/// — the upgrade handler, or its HTTP/1 handlers, `NIOAsyncChannel` and request loop — are added
+/// after it only when it first passes a request on (``HummingbirdGate``, ``TetherHTTPChannel``),
+/// so a connection that only ever sends hot requests never gets them.
 final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
@@ -174,8 +174,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    /// Passes a request's head on to Hummingbird, starting its request loop first if this is
-    /// the connection's first request that is not hot (``HummingbirdGate``).
+    /// Passes a request's head on to Hummingbird, building the connection's Hummingbird side
+    /// after this handler first if this is its first request that is not hot (``HummingbirdGate``).
     private func passOn(_ head: HTTPServerRequestPart, context: ChannelHandlerContext) {
         if !loopStarted {
             loopStarted = true
@@ -628,8 +628,8 @@ final class HotPathLoop: @unchecked Sendable {
 }
 
 /// What a graceful shutdown waits for (``HotPathDrainService``) before presence and the store
-/// stop, server-wide: the hot path's answers in flight, the request loops a ``HummingbirdGate``
-/// started late, and the open connections — none of them is one of Hummingbird's
+/// stop, server-wide: the hot path's answers in flight, the tasks running the Hummingbird side of
+/// connections that needed one (``TetherHTTPChannel``), and the open connections — none of them is one of Hummingbird's
 /// per-connection tasks, which its server would have waited for. ``stopAll()`` ends them when the
 /// server's run is cancelled or the wait runs out. It also holds what each event loop's hot
 /// paths share (``HotPathLoop``: the answers' executor and the idle sweep).
@@ -724,11 +724,13 @@ protocol HummingbirdOpener: AnyObject, Sendable {
 /// handler — from being built until a request needs it: the first request the hot path passes
 /// on. A connection that only ever sends hot requests (a PubNub subscriber's long-polls, a
 /// publisher's publishes) never builds it, nor keeps a task: that machinery was most of an idle
-/// long-poll's memory (docs/benchmarks.md, "Idle connections without Hummingbird's loop").
+/// long-poll's memory (docs/benchmarks.md, "Idle connections without a task" and "Hummingbird's
+/// side only when a request needs it").
 ///
 /// It also counts the connection as open in ``HotPathTasks`` while it is, for a graceful
-/// shutdown to wait for. It sits first in the pipeline to be found, passing every event on
-/// untouched (NIO has no handler that events skip). Used on the connection's event loop only.
+/// shutdown to wait for. It sits in front of the HTTP handlers (after TLS, when the server
+/// speaks it), passing every event on untouched (NIO has no handler that events skip). Used on
+/// the connection's event loop only.
 final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = Never
 

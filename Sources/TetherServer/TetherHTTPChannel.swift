@@ -17,7 +17,7 @@ import Synchronization
 /// handlers, `NIOAsyncChannel` and request loop, or the upgrade handler with the WebSocket
 /// upgrader — is built only when the hot path passes a request on (``HummingbirdGate``), so a
 /// connection that only sends publishes, subscribes and time requests never builds it
-/// (docs/benchmarks.md, "Hummingbird only when a request needs it").
+/// (docs/benchmarks.md, "Hummingbird's side only when a request needs it").
 ///
 /// One instance serves every connection of the server.
 final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, HummingbirdOpener {
@@ -43,6 +43,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     private let hotPath: @Sendable () -> HotPathHandler
     /// The logger of Hummingbird's part of each connection.
     private let logger: Logger
+    /// The server's logger, for the WebSocket endpoint's upgrade decisions.
+    private let serverLogger: Logger
     /// Counts the connections whose Hummingbird side was built.
     private let sides: HummingbirdSides
 
@@ -53,10 +55,10 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     ///   - tasks: where request loops, answers and open connections are counted.
     ///   - hotPath: makes a connection's ``HotPathHandler``.
     ///   - sides: counts the connections whose Hummingbird side was built.
-    ///   - logger: the logger of Hummingbird's part of a connection. Hummingbird logs every
-    ///     connection whose upgrade negotiation fails (a failed TLS handshake, a peer gone before
-    ///     its first request) at `error`, none of which is the operator's to act on: pass one
-    ///     that speaks at `critical` only.
+    ///   - logger: the server's logger. Hummingbird's part of a connection gets a copy that
+    ///     speaks at `critical` only: Hummingbird logs every connection whose request loop or
+    ///     upgrade fails (a peer gone mid-request, a failed TLS handshake) at `error`, none of
+    ///     which is the operator's to act on. The WebSocket endpoint's decisions use it as is.
     init(responder: @escaping Responder, webSocket: WebSocketEndpoint?, decoderLimits: NIOHTTPDecoderLimitConfiguration,
          tasks: HotPathTasks, hotPath: @escaping @Sendable () -> HotPathHandler, sides: HummingbirdSides, logger: Logger) {
         self.responder = webSocket == nil ? responder : Self.redirectingUpgrades(responder)
@@ -65,7 +67,10 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         self.tasks = tasks
         self.hotPath = hotPath
         self.sides = sides
-        self.logger = logger
+        self.serverLogger = logger
+        var quiet = logger
+        quiet.logLevel = max(logger.logLevel, .critical)
+        self.logger = quiet
     }
 
     /// Prepares a new connection, before its first read: its gate, NIO's HTTP/1 decoder and
@@ -111,7 +116,6 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     /// and hands over), or with upgrades off the HTTP/1 handlers and the request loop. Called on
     /// the connection's event loop, before the first request passed on goes on.
     func openHummingbird(on channel: any Channel) {
-        sides.opened()
         do {
             if let webSocket {
                 try openUpgrade(on: channel, endpoint: webSocket)
@@ -119,8 +123,9 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                 let http1 = try addHTTP1Handlers(to: channel)
                 tasks.startLoop(executor: nil) { [self] in await handleHTTP(asyncChannel: http1, logger: logger) }
             }
+            sides.opened()
         } catch {
-            logger.critical("could not build a connection's HTTP handlers", metadata: ["error": "\(error)"])
+            serverLogger.error("could not build a connection's HTTP handlers; closing it", metadata: ["error": "\(error)"])
             channel.close(promise: nil)
         }
     }
@@ -140,7 +145,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         let decoder = try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
         let attempted = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
         let accepted = NIOLoopBoundBox<WebSocketDataHandler<WebSocketSessionContext>?>(nil, eventLoop: channel.eventLoop)
-        let logger = logger
+        let logger = logger, serverLogger = serverLogger
         let upgrader = NIOTypedWebSocketServerUpgrader<UpgradeResult>(
             maxFrameSize: endpoint.maxFrameBytes,
             shouldUpgrade: { channel, head in
@@ -151,7 +156,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                 } catch {
                     return channel.eventLoop.makeFailedFuture(error)
                 }
-                switch endpoint.shouldUpgrade(request, channel, logger) {
+                switch endpoint.shouldUpgrade(request, channel, serverLogger) {
                 case .dontUpgrade:
                     return channel.eventLoop.makeSucceededFuture(nil)
                 case .upgrade(let headers, let handler):
@@ -183,7 +188,10 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             do {
                 outcome = try await result.get()
             } catch {
-                return  // the connection ended before the first request passed on was read whole
+                // The connection ended before the first request passed on was read whole, or
+                // the upgrade failed after the pipeline changed: nothing more can be served.
+                channel.close(promise: nil)
+                return
             }
             switch outcome {
             case .notUpgraded(let http1):

@@ -283,11 +283,9 @@ public struct TetherServer: Sendable {
             ? WebSocketEndpoint(sessions: webSockets, responder: TetherResponder(state: state),
                                 maxFrameBytes: WebSocketEndpoint.maxFrameBytes(keysets: state.keysets))
             : nil
-        var connectionLogger = logger
-        connectionLogger.logLevel = max(logger.logLevel, .critical)
-        let http1 = HTTPServerBuilder { [connectionLogger, decoderLimits] responder in
+        let http1 = HTTPServerBuilder { [decoderLimits] responder in
             TetherHTTPChannel(responder: responder, webSocket: endpoint, decoderLimits: decoderLimits, tasks: hotTasks,
-                              hotPath: hotPath, sides: hummingbirdSides, logger: connectionLogger)
+                              hotPath: hotPath, sides: hummingbirdSides, logger: logger)
         }
         var server = http1
         let scheme = configuration.tls == nil ? "http" : "https"
