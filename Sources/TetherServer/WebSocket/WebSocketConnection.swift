@@ -171,16 +171,16 @@ final class WebSocketConnection: Sendable {
                 fail(WebSocketCloseCode.malformed, "malformed", "the first frame must be hello")
                 return false
             }
-            return await self.hello(hello)
+            return await Self.inChildTask { await self.hello(hello) }
         }
         switch frame {
         case .hello:
             fail(WebSocketCloseCode.malformed, "malformed", "hello was already received")
             return false
         case .subscribe(let subscribe):
-            return await self.subscribe(subscribe, session: session)
+            return await Self.inChildTask { await self.subscribe(subscribe, session: session) }
         case .unsubscribe(let channels, let groups):
-            await unsubscribe(channels: channels, groups: groups, session: session)
+            await Self.inChildTask { await self.unsubscribe(channels: channels, groups: groups, session: session) }
             return true
         case .publish(let publish):
             await self.publish(publish, session: session)
@@ -193,12 +193,25 @@ final class WebSocketConnection: Sendable {
             return false
         case .suspend(let seconds, let presence, let push):
             // The app goes to the background: the session outlives its socket this long.
-            if let granted = await sessions.suspend(id, seconds: seconds, presence: presence, push: push) {
+            let (sessions, id) = (sessions, id)
+            if let granted = await Self.inChildTask({ await sessions.suspend(id, seconds: seconds, presence: presence, push: push) }) {
                 send(WebSocketServerFrame.suspended(keepAliveSeconds: granted))
             }
             return true
         case .ping, .pong:
             return true
+        }
+    }
+
+    /// Runs `work` in a child task of its own and returns its result. For the rare, deep
+    /// requests (hello, subscribe, unsubscribe, suspend: presence, the store, the hub): a task
+    /// keeps the memory its deepest call ever needed for as long as it lives, and the reading
+    /// task lives as long as the socket — done here, that memory goes when the request is
+    /// answered (docs/benchmarks.md, "Hummingbird's side only when a request needs it").
+    private static func inChildTask<T: Sendable>(_ work: @escaping @Sendable () async -> T) async -> T {
+        await withTaskGroup(of: T.self) { group in
+            group.addTask(operation: work)
+            return await group.next()!
         }
     }
 
