@@ -81,8 +81,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var leaving: ChannelHandlerContext.RemovalToken?
     /// The handler is replaying held parts (``write(_:_:context:)``).
     private var replaying = false
-    /// A request was passed on: the connection's Hummingbird request loop runs.
-    private var loopStarted = false
+    /// A request was passed on: the connection's Hummingbird side is built (``HummingbirdGate``).
+    private var hummingbirdOpened = false
     /// The HTTP parser refused what followed the requests read so far: the JSON 400 goes out
     /// once they are answered (``answerParseFailureIfDue(context:)``).
     private var parseFailed = false
@@ -177,8 +177,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// Passes a request's head on to Hummingbird, building the connection's Hummingbird side
     /// after this handler first if this is its first request that is not hot (``HummingbirdGate``).
     private func passOn(_ head: HTTPServerRequestPart, context: ChannelHandlerContext) {
-        if !loopStarted {
-            loopStarted = true
+        if !hummingbirdOpened {
+            hummingbirdOpened = true
             HummingbirdGate.open(context.channel)
         }
         context.fireChannelRead(wrapInboundOut(head))
@@ -321,7 +321,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         if let token = leaving.take() { context.leavePipeline(removalToken: token) }
     }
 
-    /// Asked to leave (a WebSocket upgrade was accepted: ``WebSocketEndpoint``). In the middle
+    /// Asked to leave (a WebSocket upgrade was accepted: ``TetherHTTPChannel``). In the middle
     /// of replaying held parts, it stays until the replay has passed the rest of the upgrade
     /// request on; otherwise it leaves at once.
     func removeHandler(context: ChannelHandlerContext, removalToken: ChannelHandlerContext.RemovalToken) {
@@ -398,7 +398,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
         // Idle, and Hummingbird's handlers never saw a request (they are not even in the
         // pipeline of a connection that only sent hot requests): nothing else would close it.
-        if event is ChannelShouldQuiesceEvent, !loopStarted {
+        if event is ChannelShouldQuiesceEvent, !hummingbirdOpened {
             context.close(promise: nil)
             return
         }

@@ -143,6 +143,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         let pipeline = channel.pipeline.syncOperations
         let encoder = try pipeline.handler(type: HTTPResponseEncoder.self)
         let decoder = try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
+        let hotPath = try pipeline.handler(type: HotPathHandler.self)
         let attempted = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
         let accepted = NIOLoopBoundBox<WebSocketDataHandler<WebSocketSessionContext>?>(nil, eventLoop: channel.eventLoop)
         let logger = logger, serverLogger = serverLogger
@@ -173,7 +174,9 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                 }
             })
         let upgrade = NIOTypedHTTPServerUpgradeHandler<UpgradeResult>(
-            httpEncoder: encoder, extraHTTPHandlers: [decoder],
+            // An accepted upgrade takes the HTTP handlers out: the hot path first (it passes on
+            // untouched what the decoder hands over as it goes), then the decoder.
+            httpEncoder: encoder, extraHTTPHandlers: [hotPath, decoder],
             upgradeConfiguration: .init(upgraders: [upgrader], notUpgradingCompletionHandler: { [self] channel in
                 channel.eventLoop.makeCompletedFuture {
                     let http1 = try addHTTP1Handlers(to: channel)

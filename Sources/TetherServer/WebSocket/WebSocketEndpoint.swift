@@ -59,10 +59,6 @@ struct WebSocketEndpoint: Sendable {
         let connection = WebSocketConnection(id: id, channel: channel, queue: queue, sessions: sessions, responder: responder,
                                              maxFrameBytes: maxFrameBytes)
         channel.closeFuture.whenComplete { _ in connection.releaseIfNeverRun() }
-        // The socket stops speaking HTTP: the hot path after the HTTP decoder goes with it.
-        if let context = try? channel.pipeline.syncOperations.context(handlerType: HotPathHandler.self) {
-            channel.pipeline.syncOperations.removeHandler(context: context, promise: nil)
-        }
         return .upgrade(headers) { inbound, outbound, _ in
             await connection.run(inbound: inbound, outbound: outbound)
         }
