@@ -83,24 +83,18 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                                                value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
             let pipeline = channel.pipeline.syncOperations
             try pipeline.addHandler(HummingbirdGate(tasks: tasks, opener: self))
-            if webSocket != nil {
-                // NIO's upgradable pipeline gives a decoder that passes on what follows an
-                // upgrade request and an encoder that knows which responses answer `HEAD`. Its
-                // upgrade handler — here one with no upgraders — goes at once: the real one is
-                // added when a request reaches it (``openHummingbird(on:)``).
-                var configuration = NIOUpgradableHTTPServerPipelineConfiguration<Void>(
-                    upgradeConfiguration: .init(upgraders: [], notUpgradingCompletionHandler: { $0.eventLoop.makeSucceededVoidFuture() }))
-                configuration.enablePipelining = false
-                configuration.enableErrorHandling = false
-                configuration.enableResponseHeaderValidation = false  // HTTPTypes validates them
-                configuration.decoderConfiguration = decoderLimits
-                _ = try pipeline.configureUpgradableHTTPServerPipeline(configuration: configuration)
-                try pipeline.removeHandler(context: pipeline.context(handlerType: NIOTypedHTTPServerUpgradeHandler<Void>.self), promise: nil)
-            } else {
-                try pipeline.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: false,
-                                                         withOutboundHeaderValidation: false, withEncoderConfiguration: .init(),
-                                                         withDecoderLimitConfiguration: decoderLimits)
-            }
+            // NIO's upgradable pipeline gives a decoder that passes on what follows an upgrade
+            // request and an encoder that knows which responses answer `HEAD`. Its upgrade
+            // handler — here one with no upgraders — goes at once: with the WebSocket endpoint
+            // on, the real one is added when a request reaches it (``openHummingbird(on:)``).
+            var configuration = NIOUpgradableHTTPServerPipelineConfiguration<Void>(
+                upgradeConfiguration: .init(upgraders: [], notUpgradingCompletionHandler: { $0.eventLoop.makeSucceededVoidFuture() }))
+            configuration.enablePipelining = false
+            configuration.enableErrorHandling = false
+            configuration.enableResponseHeaderValidation = false  // HTTPTypes validates them
+            configuration.decoderConfiguration = decoderLimits
+            _ = try pipeline.configureUpgradableHTTPServerPipeline(configuration: configuration)
+            try pipeline.removeHandler(context: pipeline.context(handlerType: NIOTypedHTTPServerUpgradeHandler<Void>.self), promise: nil)
             try pipeline.addHandler(hotPath())
             return Value(channel: channel)
         }
