@@ -37,8 +37,14 @@ import TetherServerCore
 ///
 /// It sits right after NIO's HTTP/1 decoder and speaks NIO's HTTP/1 parts. Hummingbird's handlers
 /// — the upgrade handler, or its HTTP/1 handlers, `NIOAsyncChannel` and request loop — are added
-/// after it only when it first passes a request on (``HummingbirdGate``, ``TetherHTTPChannel``),
-/// so a connection that only ever sends hot requests never gets them.
+/// after it only when it first passes a request on (its ``HummingbirdOpener``,
+/// ``TetherHTTPChannel``), so a connection that only ever sends hot requests never gets them: that
+/// machinery was most of an idle long-poll's memory (docs/benchmarks.md, "Idle connections
+/// without a task" and "Hummingbird's side only when a request needs it").
+///
+/// While it is in the pipeline it also counts its connection as open in ``HotPathTasks``, for a
+/// graceful shutdown to wait for (a connection upgraded to WebSocket, which it leaves, is counted
+/// by the task running the session instead).
 final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
@@ -63,11 +69,13 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var reading = Reading.idle
     /// Requests passed on whose response has not ended.
     private var forwardedInFlight = 0
-    /// A hot request is being answered.
-    private var answering = false
     /// Parts that arrived while a hot request was being answered, replayed after its answer.
     /// (An array: empty, it allocates nothing, and nearly every connection never holds a part.)
     private var held: [HTTPServerRequestPart] = []
+    // The flags are declared together: every idle connection keeps this object, and flags
+    // between wider fields each take a field's width.
+    /// A hot request is being answered.
+    private var answering = false
     private var readPending = false
     private var closeAfterAnswer = false
     /// A request passed on asked for `Connection: close` (Hummingbird answers it and closes) or
@@ -75,18 +83,18 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var inputDone = false
     /// The request being passed on ends the connection's input at its end (``inputDone``).
     private var lastForwardedEndsInput = false
-    /// Set when the pipeline asked this handler to leave (an accepted WebSocket upgrade) while
-    /// it was replaying parts held behind a hot answer: it passes everything on untouched and
-    /// leaves once the replay is done.
-    private var leaving: ChannelHandlerContext.RemovalToken?
     /// The handler is replaying held parts (``write(_:_:context:)``).
     private var replaying = false
-    /// A request was passed on: the connection's Hummingbird side is built (``HummingbirdGate``).
+    /// A request was passed on: the connection's Hummingbird side is built (``opener``).
     private var hummingbirdOpened = false
     /// The HTTP parser refused what followed the requests read so far: the JSON 400 goes out
     /// once they are answered (``answerParseFailureIfDue(context:)``).
     private var parseFailed = false
     private var parseFailureAnswered = false
+    /// Set when the pipeline asked this handler to leave (an accepted WebSocket upgrade) while
+    /// it was replaying parts held behind a hot answer: it passes everything on untouched and
+    /// leaves once the replay is done.
+    private var leaving: ChannelHandlerContext.RemovalToken?
     private var lastActivity = NIODeadline.now()
     /// What this connection shares with the others on its event loop: the executor its
     /// answers' tasks run on, and the sweep that checks its idle timeout.
@@ -95,13 +103,18 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var context: ChannelHandlerContext?
     /// This handler's place in its loop's idle sweep (``HotPathLoop``); -1 when not in it.
     fileprivate var sweepIndex = -1
-    /// The server's count of answers in flight (graceful shutdown waits for them), and where
-    /// the connection's ``HotPathLoop`` comes from.
+    /// The server's count of answers in flight and open connections (graceful shutdown waits
+    /// for them), and where the connection's ``HotPathLoop`` comes from.
     private let inFlight: HotPathTasks
+    /// Builds the connection's Hummingbird side when the first request is passed on; `nil`
+    /// passes requests on to whatever follows this handler.
+    private let opener: (any HummingbirdOpener)?
 
-    init(maxBodyBytes: Int, idleTimeout: TimeAmount, tasks: HotPathTasks = HotPathTasks(), answer: @escaping Answer) {
+    init(maxBodyBytes: Int, idleTimeout: TimeAmount, tasks: HotPathTasks = HotPathTasks(), opener: (any HummingbirdOpener)? = nil,
+         answer: @escaping Answer) {
         self.answerRequest = answer
         self.inFlight = tasks
+        self.opener = opener
         self.maxBodyBytes = maxBodyBytes
         self.idleTimeout = idleTimeout
     }
@@ -175,11 +188,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     /// Passes a request's head on to Hummingbird, building the connection's Hummingbird side
-    /// after this handler first if this is its first request that is not hot (``HummingbirdGate``).
+    /// after this handler first if this is its first request that is not hot (``opener``).
     private func passOn(_ head: HTTPServerRequestPart, context: ChannelHandlerContext) {
         if !hummingbirdOpened {
             hummingbirdOpened = true
-            HummingbirdGate.open(context.channel)
+            opener?.openHummingbird(on: context.channel)
         }
         context.fireChannelRead(wrapInboundOut(head))
     }
@@ -232,9 +245,12 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         if head.headerFields[.connection] == "close" { closeAfterAnswer = true }
         let request = Request(head: head, body: RequestBody(buffer: body ?? ByteBuffer()))
         var slot: LongPollSlot?
-        if head.method == .get, head.path?.hasPrefix("/v2/subscribe/") == true {
+        if head.method == .get, let path = head.path, path.hasPrefix("/v2/subscribe/") {
             // A long-poll with nothing to deliver parks in the hub without a task; its wake-up
-            // runs the request again on this loop (a client gone needs no answer).
+            // runs the request again on this loop (a client gone needs no answer). While it is
+            // parked only its path is kept, not the request: a subscribe reads nothing else of
+            // it (no header, no body), and the request with its parsed URI and header fields is
+            // ~0.5 KiB of every idle long-poll (docs/benchmarks.md, seventh pass).
             let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
             let loop = context.eventLoop
             slot = LongPollSlot { slot, reason in
@@ -246,11 +262,17 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
                         context.close(promise: nil)
                         return
                     }
-                    handler.run(request, slot, context: context)
+                    handler.run(Self.subscribeRequest(path: path), slot, context: context)
                 }
             }
         }
         run(request, slot, context: context)
+    }
+
+    /// A parked subscribe's request, made again for the run after its wake-up from the only
+    /// part of it a subscribe reads: the path with its query.
+    static func subscribeRequest(path: String) -> Request {
+        Request(head: HTTPRequest(method: .get, scheme: nil, authority: nil, path: path), body: RequestBody(buffer: ByteBuffer()))
     }
 
     private func run(_ request: Request, _ slot: LongPollSlot?, context: ChannelHandlerContext) {
@@ -430,10 +452,14 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         lastActivity = context.eventLoop.now
         loopShare = inFlight.loopShare(for: context.eventLoop, idleTimeout: idleTimeout)
         loopShare.add(self)
+        // Counted while in the pipeline; a connection accepted after the server stopped
+        // (``HotPathTasks/stopAll()``) is closed at once.
+        if !inFlight.connectionOpened() { context.close(promise: nil) }
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
         loopShare.remove(self)
+        inFlight.connectionClosed()
         self.context = nil
     }
 
@@ -448,6 +474,9 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         if case .idle = reading { return false }
         return true
     }
+
+    /// Closes the connection (the server stopped: ``HotPathTasks/stopAll()``).
+    fileprivate func closeConnection() { context?.close(promise: nil) }
 
     /// Hummingbird's rule: a connection is closed after `idleTimeout` without reading anything,
     /// unless a request it sent whole is being answered (a long-poll). A request whose body
@@ -616,6 +645,12 @@ final class HotPathLoop: @unchecked Sendable {
         }
     }
 
+    /// Closes every connection in the sweep (``HotPathTasks/stopAll()``).
+    fileprivate func closeAll() {
+        // A copy: closing a connection takes its handler out.
+        for handler in members { handler.closeConnection() }
+    }
+
     private func schedule() {
         sweep = loop.scheduleTask(in: period) { [self] in
             sweep = nil
@@ -629,19 +664,22 @@ final class HotPathLoop: @unchecked Sendable {
 
 /// What a graceful shutdown waits for (``HotPathDrainService``) before presence and the store
 /// stop, server-wide: the hot path's answers in flight, the tasks running the Hummingbird side of
-/// connections that needed one (``TetherHTTPChannel``), and the open connections — none of them is one of Hummingbird's
-/// per-connection tasks, which its server would have waited for. ``stopAll()`` ends them when the
-/// server's run is cancelled or the wait runs out. It also holds what each event loop's hot
-/// paths share (``HotPathLoop``: the answers' executor and the idle sweep).
+/// connections that needed one (``TetherHTTPChannel``), and the open connections — none of them
+/// is one of Hummingbird's per-connection tasks, which its server would have waited for.
+/// ``stopAll()`` ends them when the server's run is cancelled or the wait runs out. It also holds
+/// what each event loop's hot paths share (``HotPathLoop``: the answers' executor and the idle
+/// sweep).
 final class HotPathTasks: Sendable {
     private let count = Atomic<Int>(0)
+    /// Connections whose hot path is in their pipeline (``HotPathHandler``).
+    private let open = Atomic<Int>(0)
+    /// Set by ``stopAll()``: connections opened later are closed at once.
+    private let stopped = Atomic<Bool>(false)
 
     private struct Registry {
         var nextLoop: UInt64 = 0
-        /// Connections' request loops started at their gate's opening (``HummingbirdGate``).
+        /// Connections' request loops, started when their hot path first passed a request on.
         var loops: [UInt64: Task<Void, Never>] = [:]
-        /// Connections open, registered by their gate.
-        var connections: [ObjectIdentifier: any Channel] = [:]
         /// Set when the server's run was cancelled: what starts later is cancelled at once.
         var stopped = false
     }
@@ -665,21 +703,19 @@ final class HotPathTasks: Sendable {
     func ended() { count.subtract(1, ordering: .releasing) }
     var running: Int { count.load(ordering: .acquiring) }
 
-    func connectionOpened(_ channel: any Channel) {
-        let stopped = registry.withLock { r in
-            if !r.stopped { r.connections[ObjectIdentifier(channel)] = channel }
-            return r.stopped
-        }
-        if stopped { channel.close(promise: nil) }
+    /// Counts a connection as open; `false` when the server has stopped (the caller closes it).
+    /// Called from its hot path's `handlerAdded`, on its event loop, after it joined its loop's
+    /// sweep: ``stopAll()`` either finds it there or is seen here.
+    func connectionOpened() -> Bool {
+        open.add(1, ordering: .relaxed)
+        return !stopped.load(ordering: .acquiring)
     }
 
-    func connectionClosed(_ channel: any Channel) {
-        registry.withLock { _ = $0.connections.removeValue(forKey: ObjectIdentifier(channel)) }
-    }
+    func connectionClosed() { open.subtract(1, ordering: .releasing) }
 
     /// Connections still open: a graceful shutdown waits for them too, as Hummingbird's server
     /// waited for each connection's task when that task lived as long as its connection.
-    var openConnections: Int { registry.withLock { $0.connections.count } }
+    var openConnections: Int { open.load(ordering: .acquiring) }
 
     /// Runs a connection's request loop in a task of its own, counted and cancellable.
     func startLoop(executor: (any TaskExecutor)?, _ loop: @escaping @Sendable () async -> Void) {
@@ -697,18 +733,22 @@ final class HotPathTasks: Sendable {
     }
 
     /// The server's run was cancelled (or its graceful shutdown ran out of time): cancels the
-    /// request loops running and closes every connection still open, as Hummingbird's server
-    /// cancels the tasks it owns; loops and connections that start later are stopped at once.
-    /// Returns how many loops and connections it stopped.
+    /// request loops running and closes every connection still open (on its event loop), as
+    /// Hummingbird's server cancels the tasks it owns; loops and connections that start later
+    /// are stopped at once. Returns how many loops and connections it stopped.
     @discardableResult
     func stopAll() -> (loops: Int, connections: Int) {
-        let (loops, connections) = registry.withLock { r in
+        stopped.store(true, ordering: .releasing)
+        let tasks = registry.withLock { r in
             r.stopped = true
-            return (Array(r.loops.values), Array(r.connections.values))
+            return Array(r.loops.values)
         }
-        for task in loops { task.cancel() }
-        for channel in connections { channel.close(promise: nil) }
-        return (loops.count, connections.count)
+        let connections = openConnections
+        for task in tasks { task.cancel() }
+        for share in loops.withLock({ Array($0.values) }) {
+            share.loop.execute { share.closeAll() }
+        }
+        return (tasks.count, connections)
     }
 }
 
@@ -718,53 +758,4 @@ protocol HummingbirdOpener: AnyObject, Sendable {
     /// Adds Hummingbird's handlers after the hot path of `channel` and starts what runs them.
     /// Called on the connection's event loop, before the request is passed on.
     func openHummingbird(on channel: any Channel)
-}
-
-/// Keeps a connection's Hummingbird side — its HTTP/1 handlers and request loop, or the upgrade
-/// handler — from being built until a request needs it: the first request the hot path passes
-/// on. A connection that only ever sends hot requests (a PubNub subscriber's long-polls, a
-/// publisher's publishes) never builds it, nor keeps a task: that machinery was most of an idle
-/// long-poll's memory (docs/benchmarks.md, "Idle connections without a task" and "Hummingbird's
-/// side only when a request needs it").
-///
-/// It also counts the connection as open in ``HotPathTasks`` while it is, for a graceful
-/// shutdown to wait for. It sits in front of the HTTP handlers (after TLS, when the server
-/// speaks it), passing every event on untouched (NIO has no handler that events skip). Used on
-/// the connection's event loop only.
-final class HummingbirdGate: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = Never
-
-    private var opened = false
-    /// Builds the connection's Hummingbird side.
-    private let opener: (any HummingbirdOpener)?
-    /// Where the connection is counted while open.
-    private let tasks: HotPathTasks?
-
-    init(tasks: HotPathTasks? = nil, opener: (any HummingbirdOpener)? = nil) {
-        self.tasks = tasks
-        self.opener = opener
-    }
-
-    /// Whether the connection's Hummingbird side was built.
-    var isOpen: Bool { opened }
-
-    /// Builds the connection's Hummingbird side (again: a no-op).
-    func open(_ channel: any Channel) {
-        guard !opened else { return }
-        opened = true
-        opener?.openHummingbird(on: channel)
-    }
-
-    func handlerAdded(context: ChannelHandlerContext) {
-        tasks?.connectionOpened(context.channel)
-    }
-
-    func handlerRemoved(context: ChannelHandlerContext) {
-        tasks?.connectionClosed(context.channel)
-    }
-
-    /// Opens the gate of `channel`'s connection; call on its event loop.
-    static func open(_ channel: any Channel) {
-        (try? channel.pipeline.syncOperations.handler(type: HummingbirdGate.self))?.open(channel)
-    }
 }

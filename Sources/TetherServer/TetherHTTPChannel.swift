@@ -15,7 +15,7 @@ import Synchronization
 /// session). A new connection gets NIO's HTTP/1 decoder and encoder and the hot path
 /// (``HotPathHandler``) — nothing else. Hummingbird's part of a connection — its HTTP/1
 /// handlers, `NIOAsyncChannel` and request loop, or the upgrade handler with the WebSocket
-/// upgrader — is built only when the hot path passes a request on (``HummingbirdGate``), so a
+/// upgrader — is built only when the hot path passes a request on (``openHummingbird(on:)``), so a
 /// connection that only sends publishes, subscribes and time requests never builds it
 /// (docs/benchmarks.md, "Hummingbird's side only when a request needs it").
 ///
@@ -40,7 +40,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     private let webSocket: WebSocketEndpoint?
     private let decoderLimits: NIOHTTPDecoderLimitConfiguration
     private let tasks: HotPathTasks
-    private let hotPath: @Sendable () -> HotPathHandler
+    private let hotPath: @Sendable (any HummingbirdOpener) -> HotPathHandler
     /// The logger of Hummingbird's part of each connection.
     private let logger: Logger
     /// The server's logger, for the WebSocket endpoint's upgrade decisions.
@@ -53,14 +53,16 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     ///   - webSocket: the WebSocket endpoint, or `nil` when upgrades are off.
     ///   - decoderLimits: the HTTP/1 decoder's limits (header sizes and count).
     ///   - tasks: where request loops, answers and open connections are counted.
-    ///   - hotPath: makes a connection's ``HotPathHandler``.
+    ///   - hotPath: makes a connection's ``HotPathHandler``, given what builds the rest of the
+    ///     connection when it passes a request on (this channel).
     ///   - sides: counts the connections whose Hummingbird side was built.
     ///   - logger: the server's logger. Hummingbird's part of a connection gets a copy that
     ///     speaks at `critical` only: Hummingbird logs every connection whose request loop or
     ///     upgrade fails (a peer gone mid-request, a failed TLS handshake) at `error`, none of
     ///     which is the operator's to act on. The WebSocket endpoint's decisions use it as is.
     init(responder: @escaping Responder, webSocket: WebSocketEndpoint?, decoderLimits: NIOHTTPDecoderLimitConfiguration,
-         tasks: HotPathTasks, hotPath: @escaping @Sendable () -> HotPathHandler, sides: HummingbirdSides, logger: Logger) {
+         tasks: HotPathTasks, hotPath: @escaping @Sendable (any HummingbirdOpener) -> HotPathHandler, sides: HummingbirdSides,
+         logger: Logger) {
         self.responder = webSocket == nil ? responder : Self.redirectingUpgrades(responder)
         self.webSocket = webSocket
         self.decoderLimits = decoderLimits
@@ -73,8 +75,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         self.logger = quiet
     }
 
-    /// Prepares a new connection, before its first read: its gate, NIO's HTTP/1 decoder and
-    /// encoder, and the hot path after them. Its first receive buffer is sized for a request
+    /// Prepares a new connection, before its first read: NIO's HTTP/1 decoder and encoder, and
+    /// the hot path after them. Its first receive buffer is sized for a request
     /// line and its headers (512 bytes, growing as reads fill it) instead of NIO's 2 KiB: the
     /// last receive buffer is kept for the next read, so every idle connection holds one.
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
@@ -82,7 +84,6 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             try channel.syncOptions?.setOption(ChannelOptions.recvAllocator,
                                                value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
             let pipeline = channel.pipeline.syncOperations
-            try pipeline.addHandler(HummingbirdGate(tasks: tasks, opener: self))
             // NIO's upgradable pipeline gives a decoder that passes on what follows an upgrade
             // request and an encoder that knows which responses answer `HEAD`. Its upgrade
             // handler — here one with no upgraders — goes at once: with the WebSocket endpoint
@@ -95,7 +96,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             configuration.decoderConfiguration = decoderLimits
             _ = try pipeline.configureUpgradableHTTPServerPipeline(configuration: configuration)
             try pipeline.removeHandler(context: pipeline.context(handlerType: NIOTypedHTTPServerUpgradeHandler<Void>.self), promise: nil)
-            try pipeline.addHandler(hotPath())
+            try pipeline.addHandler(hotPath(self))
             return Value(channel: channel)
         }
     }

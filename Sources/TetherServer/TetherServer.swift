@@ -270,8 +270,8 @@ public struct TetherServer: Sendable {
             context.longPollSlot = slot
             return await responder.respondCollected(to: request, context: context)
         }
-        let hotPath: @Sendable () -> HotPathHandler = {
-            HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks, answer: answer)
+        let hotPath: @Sendable (any HummingbirdOpener) -> HotPathHandler = { opener in
+            HotPathHandler(maxBodyBytes: maxBody, idleTimeout: idle, tasks: hotTasks, opener: opener, answer: answer)
         }
         var decoderLimits = NIOHTTPDecoderLimitConfiguration()
         decoderLimits.maxHeaderFieldSize = headerLimit
@@ -352,7 +352,8 @@ private final class RunningGroup: Sendable {
 }
 
 /// Waits, once the HTTP server has stopped, for the hot path's answers still in flight, the
-/// request loops started at a gate's opening, and the connections still open (at most 10 s):
+/// request loops of connections whose hot path passed a request on, and the connections still
+/// open (at most 10 s):
 /// none of them is one of the server's per-connection tasks, which end at once for a connection
 /// that only sends hot requests.
 struct HotPathDrainService: Service {

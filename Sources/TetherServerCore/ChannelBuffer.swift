@@ -13,9 +13,9 @@ public struct BufferedEvent: Sendable {
     /// Bytes this event holds in memory (payload, meta, the encoded copy and bookkeeping), for
     /// the windows' memory budget.
     public var cost: Int
-    /// The event's meta and payload parsed for filter expressions, once per event (not once
-    /// per subscriber), on first use.
-    public let filterInputs: FilterInputs
+    /// Where the event's meta and payload are kept once parsed for filter expressions: once per
+    /// event (not once per subscriber), on first use (``filterValues``).
+    let filterInputs: FilterInputs
 
     /// The event's timetoken.
     public var timetoken: Timetoken { envelope.timetoken }
@@ -27,7 +27,13 @@ public struct BufferedEvent: Sendable {
         self.isStored = isStored
         self.cost = Self.overhead + encoded.count + envelope.payload.utf8.count + (envelope.meta?.utf8.count ?? 0)
             + envelope.channel.utf8.count + (envelope.publisher?.utf8.count ?? 0)
-        self.filterInputs = FilterInputs(meta: envelope.meta, payload: envelope.payload)
+        self.filterInputs = FilterInputs()
+    }
+
+    /// The event's meta and payload parsed for filter expressions (`nil` where missing or not
+    /// JSON), parsed by the first subscriber that needs them and shared with the others.
+    public var filterValues: (meta: JSONValue?, data: JSONValue?) {
+        filterInputs.values(meta: envelope.meta, payload: envelope.payload)
     }
 
     /// Fixed per-event bookkeeping, estimated (array slot, strings' headers, the inputs box).
@@ -122,19 +128,14 @@ public struct ChannelBuffer: Sendable {
 }
 
 /// An event's meta and payload parsed for filter evaluation, computed on first use and shared
-/// by every subscriber that evaluates a filter against the event.
-public final class FilterInputs: Sendable {
-    private let meta: String?
-    private let payload: String
+/// by every subscriber that evaluates a filter against the event. It keeps only the parsed
+/// values: the texts are the event's own (every buffered event has one of these).
+final class FilterInputs: Sendable {
     private let parsed = Mutex<(meta: JSONValue?, data: JSONValue?)?>(nil)
 
-    init(meta: String?, payload: String) {
-        self.meta = meta
-        self.payload = payload
-    }
-
-    /// The parsed meta and payload (`nil` where missing or not JSON).
-    public var values: (meta: JSONValue?, data: JSONValue?) {
+    /// The parsed `meta` and `payload` of the event this belongs to (`nil` where missing or not
+    /// JSON); the same texts every time.
+    func values(meta: String?, payload: String) -> (meta: JSONValue?, data: JSONValue?) {
         if let done = parsed.withLock({ $0 }) { return done }
         // Parsed outside the lock; two first users may both parse, and either result is equal.
         let value = (meta: meta.flatMap { try? JSONValue(parsing: $0) }, data: try? JSONValue(parsing: payload))

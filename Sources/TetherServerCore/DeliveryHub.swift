@@ -101,7 +101,7 @@ public struct ReadPlan: Sendable {
         candidates.reserveCapacity(bufferEvents.count + storeResults.reduce(0) { $0 + $1.envelopes.count })
         for (event, match) in bufferEvents where event.timetoken <= cap {
             if let include {
-                let inputs = event.filterInputs.values
+                let inputs = event.filterValues
                 if !include(inputs.meta, inputs.data) { continue }
             }
             candidates.append((event.timetoken, SubscribeEnvelope.encodedWithMatch(event.encoded, match: match)))

@@ -157,9 +157,8 @@ import TetherTesting
         let answers = Answers()
         let channel = EmbeddedChannel()
         let opener = Opener()
-        let gate = HummingbirdGate(opener: opener)
-        try channel.pipeline.syncOperations.addHandler(gate)
-        try channel.pipeline.syncOperations.addHandler(HotPathHandler(maxBodyBytes: 1024, idleTimeout: Self.idle, answer: answers.answer))
+        try channel.pipeline.syncOperations.addHandler(HotPathHandler(maxBodyBytes: 1024, idleTimeout: Self.idle, opener: opener,
+                                                                      answer: answers.answer))
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
         // Hot requests never build it.
         for _ in 0..<3 {
@@ -168,12 +167,10 @@ import TetherTesting
         }
         #expect(try responses(channel).count == 3)
         #expect(opener.opened == 0)
-        #expect(!gate.isOpen)
         // The first request passed on builds it, before its head goes on: the head reaches it.
         try request(channel, .get, "/v2/history/sub-key/s/channel/ch")
         channel.embeddedEventLoop.run()
         #expect(opener.opened == 1)
-        #expect(gate.isOpen)
         #expect(opener.heads == ["/v2/history/sub-key/s/channel/ch"])
         try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         // Once: later requests passed on reach the same side.
@@ -184,16 +181,17 @@ import TetherTesting
         _ = try channel.finish()
     }
 
-    @Test func cancellingTheServerStopsTheLoopsStartedAtAGateAndClosesItsConnections() async throws {
+    @Test func cancellingTheServerStopsTheRequestLoopsAndClosesTheConnections() async throws {
         let tasks = HotPathTasks()
         tasks.startLoop(executor: nil) {
             // A request loop that would wait for its connection for an hour.
             try? await Task.sleep(for: .seconds(3600))
         }
         #expect(tasks.running == 1)
-        // A connection held at its gate (no loop running).
+        // A connection with only its hot path (no loop running).
         let channel = EmbeddedChannel()
-        try channel.pipeline.syncOperations.addHandler(HummingbirdGate(tasks: tasks))
+        try channel.pipeline.syncOperations.addHandler(HotPathHandler(maxBodyBytes: 1024, idleTimeout: Self.idle, tasks: tasks,
+                                                                      answer: Answers().answer))
         try await channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).get()
         #expect(tasks.openConnections == 1)
         #expect(tasks.stopAll() == (loops: 1, connections: 1))
@@ -207,23 +205,41 @@ import TetherTesting
         let late = EmbeddedChannel()
         try await late.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).get()
         #expect(late.isActive)
-        try late.pipeline.syncOperations.addHandler(HummingbirdGate(tasks: tasks))
+        try late.pipeline.syncOperations.addHandler(HotPathHandler(maxBodyBytes: 1024, idleTimeout: Self.idle, tasks: tasks,
+                                                                   answer: Answers().answer))
         late.embeddedEventLoop.run()
         #expect(!late.isActive, "a connection accepted after the stop is closed")
     }
 
-    @Test func theGateCountsItsConnectionWhileOpenAndBuildsNothingAtItsEnd() throws {
+    @Test func theHotPathCountsItsConnectionWhileOpenAndBuildsNothingAtItsEnd() throws {
         let channel = EmbeddedChannel()
         let tasks = HotPathTasks()
         let opener = Opener()
-        let gate = HummingbirdGate(tasks: tasks, opener: opener)
-        try channel.pipeline.syncOperations.addHandler(gate)
+        try channel.pipeline.syncOperations.addHandler(HotPathHandler(maxBodyBytes: 1024, idleTimeout: Self.idle, tasks: tasks,
+                                                                      opener: opener, answer: Answers().answer))
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
         #expect(tasks.openConnections == 1, "counted while open, for a graceful shutdown to wait for")
         _ = try channel.finish()  // closed: the handlers are removed
         channel.embeddedEventLoop.run()
         #expect(tasks.openConnections == 0)
-        #expect(opener.opened == 0 && !gate.isOpen, "a connection that ends without a request passed on builds nothing")
+        #expect(opener.opened == 0, "a connection that ends without a request passed on builds nothing")
+    }
+
+    @Test func aConnectionThatLeavesItsHotPathIsNoLongerCountedHere() throws {
+        // A WebSocket upgrade takes the hot path out; the session's task is counted instead.
+        let channel = EmbeddedChannel()
+        let tasks = HotPathTasks()
+        let hotPath = HotPathHandler(maxBodyBytes: 1024, idleTimeout: Self.idle, tasks: tasks, answer: Answers().answer)
+        try channel.pipeline.syncOperations.addHandler(hotPath)
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        #expect(tasks.openConnections == 1)
+        try channel.pipeline.syncOperations.removeHandler(hotPath).wait()
+        #expect(tasks.openConnections == 0)
+        #expect(channel.isActive)
+        #expect(tasks.stopAll() == (loops: 0, connections: 0))
+        channel.embeddedEventLoop.run()
+        #expect(channel.isActive, "closed by the task that runs it, not here")
+        _ = try channel.finish()
     }
 
     @Test func aHotRequestBehindAPassedOnOneIsPassedOnToo() throws {

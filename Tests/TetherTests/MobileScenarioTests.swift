@@ -225,6 +225,8 @@ struct MobileScenarioTests {
         let gateway = try await PushGatewayServer.start { _ in .init(status: 204) }
         let ca = FileManager.default.temporaryDirectory.appendingPathComponent("tether-ca-\(UUID().uuidString).pem")
         try Data(TestCertificates.certificateAuthorityPEM).write(to: ca)
+        // The push client reads the file when the server starts, so it is removed right after.
+        defer { try? FileManager.default.removeItem(at: ca) }
         var file = ConfigurationFile(subscribeTimeoutSeconds: 30)
         file.push = ConfigurationFile.Push(webhook: .init(url: gateway.baseURL + "/hook", secret: "s", caCertificatePath: ca.path))
         return (gateway, try await InProcessServer.start(file: file))
