@@ -204,9 +204,9 @@ public struct DeliveryHub: Sendable {
     private var foldedLoss: [String: Timetoken] = [:]
     /// Waiting long-polls.
     private var waiters: [WaiterID: SubscriptionSpec] = [:]
-    private var waitersByChannel: [ChannelKey: Set<WaiterID>] = [:]
-    private var waitersByPrefix: [ChannelKey: Set<WaiterID>] = [:]
-    private var waitersByGroup: [ChannelKey: Set<WaiterID>] = [:]
+    private var waitersByChannel: [ChannelKey: CompactSet<WaiterID>] = [:]
+    private var waitersByPrefix: [ChannelKey: CompactSet<WaiterID>] = [:]
+    private var waitersByGroup: [ChannelKey: CompactSet<WaiterID>] = [:]
     /// Channel group membership: keyset → group → channels.
     private var groupMembers: [String: [String: Set<String>]] = [:]
     /// Reverse index: channel → groups containing it.

@@ -166,15 +166,47 @@ public enum PresenceRecordChange: Sendable, Hashable {
 /// ``takeUnsavedChanges()`` and writes it; a heartbeat that only moves a deadline changes nothing
 /// to store. After a restart ``restore(_:now:)`` brings the stored members back silently.
 public struct PresenceTracker: Sendable {
+    /// One uuid on one channel. Its times are kept as nanoseconds (a `Duration` is 16 bytes):
+    /// there is one of these per membership, and a channel's member table is most of what an
+    /// occupant costs (docs/benchmarks.md).
     private struct Member: Sendable {
-        /// When the member times out unless it heartbeats again.
-        var deadline: Duration
-        /// The timeout of its last heartbeat (stored, so a restart can give it a fresh deadline).
-        var timeout: Duration
-        /// When this member's heap entry comes due (never after ``deadline``).
-        var queuedAt: Duration
+        private var deadlineNanoseconds: Int64
+        private var timeoutNanoseconds: Int64
+        private var queuedAtNanoseconds: Int64
         /// The generation of this member's heap entry; entries with another one are stale.
         var queuedGeneration: UInt64
+
+        init(deadline: Duration, timeout: Duration, queuedAt: Duration, queuedGeneration: UInt64) {
+            deadlineNanoseconds = Self.nanoseconds(deadline)
+            timeoutNanoseconds = Self.nanoseconds(timeout)
+            queuedAtNanoseconds = Self.nanoseconds(queuedAt)
+            self.queuedGeneration = queuedGeneration
+        }
+
+        /// When the member times out unless it heartbeats again.
+        var deadline: Duration {
+            get { .nanoseconds(deadlineNanoseconds) }
+            set { deadlineNanoseconds = Self.nanoseconds(newValue) }
+        }
+        /// The timeout of its last heartbeat (stored, so a restart can give it a fresh deadline).
+        var timeout: Duration {
+            get { .nanoseconds(timeoutNanoseconds) }
+            set { timeoutNanoseconds = Self.nanoseconds(newValue) }
+        }
+        /// When this member's heap entry comes due (never after ``deadline``).
+        var queuedAt: Duration {
+            get { .nanoseconds(queuedAtNanoseconds) }
+            set { queuedAtNanoseconds = Self.nanoseconds(newValue) }
+        }
+
+        /// `duration` in whole nanoseconds, saturating at ±292 years.
+        static func nanoseconds(_ duration: Duration) -> Int64 {
+            let (seconds, attoseconds) = duration.components
+            let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+            guard !overflow else { return seconds < 0 ? .min : .max }
+            let (total, overflowAdding) = whole.addingReportingOverflow(attoseconds / 1_000_000_000)
+            return overflowAdding ? (seconds < 0 ? .min : .max) : total
+        }
 
         /// Moves the deadline to `newDeadline`; returns whether a heap entry must be queued for it
         /// (only when it is earlier than the queued one), recording it under `generation`.
@@ -260,7 +292,7 @@ public struct PresenceTracker: Sendable {
     private let configurationBySubscribeKey: [String: PresenceConfiguration]
     private let defaultConfiguration: PresenceConfiguration
     private var channels: [ChannelKey: Channel] = [:]
-    private var channelsByUUID: [String: [String: Set<String>]] = [:]  // subscribeKey → uuid → channels
+    private var channelsByUUID: [String: [String: CompactSet<String>]] = [:]  // subscribeKey → uuid → channels
     private var heap = DeadlineHeap<PresenceDeadline>()
     /// Channels in interval mode (the only ones with interval boundaries).
     private var intervalChannels: Set<ChannelKey> = []

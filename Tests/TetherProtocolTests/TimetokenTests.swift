@@ -107,6 +107,30 @@ import Testing
         #expect(try JSONText.validate(text) == .object)
     }
 
+    @Test func theEncodedBufferIsSizedToFit() {
+        let long = String(repeating: "x", count: 92)
+        let envelopes = [
+            SubscribeEnvelope(timetoken: Timetoken(17953281265171442), subscribeKey: "demo", channel: "ch-pnpres",
+                              payload: #"{"action":"join","timestamp":1795328126,"uuid":"u-1","occupancy":1}"#),
+            SubscribeEnvelope(timetoken: Timetoken(.max), region: .max, subscribeKey: long, channel: long, payload: "1",
+                              publisher: long, meta: #"{"k":"v"}"#, kind: .messageAction, customMessageType: long,
+                              sequence: .min, shard: long),
+            SubscribeEnvelope(timetoken: Timetoken(0), region: -1, subscribeKey: "k", channel: "c", payload: "null", sequence: 7),
+            SubscribeEnvelope(timetoken: Timetoken(5), subscribeKey: "k", channel: "c", payload: "1", kind: .signal),
+        ]
+        for envelope in envelopes {
+            let count = envelope.encoded().count
+            #expect(count <= envelope.encodedCapacity, "never grown while encoding")
+            #expect(envelope.encodedCapacity - count <= 64, "and little left unused")
+        }
+        // A 17-digit timetoken, one-digit region, nothing optional: 3 bytes to spare.
+        #expect(envelopes[0].encodedCapacity - envelopes[0].encoded().count == 3)
+        // A string that needs escaping grows the buffer, and is still encoded whole.
+        let escaped = SubscribeEnvelope(timetoken: Timetoken(5), subscribeKey: "k", channel: "c", payload: "1",
+                                        publisher: String(repeating: "\u{1}", count: 40))
+        #expect(escaped.encoded().count > escaped.encodedCapacity)
+    }
+
     @Test func signalsCarryEventType() {
         let envelope = SubscribeEnvelope(timetoken: Timetoken(5), subscribeKey: "k", channel: "c", payload: "1", kind: .signal)
         #expect(String(decoding: envelope.encoded(), as: UTF8.self).contains("\"e\":1"))
