@@ -8,7 +8,8 @@ import Synchronization
 /// The WAL is synced through a descriptor of its own: `fdatasync` flushes the file, whichever
 /// descriptor wrote it. Its path is the database path with symbolic links resolved (SQLite puts
 /// the WAL beside the file a link points to). The descriptor is checked against the path before
-/// every sync (two `stat`s), so a WAL that SQLite removed and created again is opened again; the
+/// every sync (device and inode of both, read without asking for times: ``FileIdentity``), so a
+/// WAL that SQLite removed and created again is opened again; the
 /// directory is synced whenever a WAL file is first opened, so its entry is durable too. The
 /// database file itself is never opened here: closing a descriptor of it would drop SQLite's
 /// POSIX locks.
