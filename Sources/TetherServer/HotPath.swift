@@ -678,8 +678,9 @@ final class HotPathTasks: Sendable {
 
     private struct Registry {
         var nextLoop: UInt64 = 0
-        /// Connections' request loops, started when their hot path first passed a request on.
-        var loops: [UInt64: Task<Void, Never>] = [:]
+        /// Connections' request loops (Hummingbird's, or a WebSocket session's), started when
+        /// their hot path first passed a request on, with their connections.
+        var loops: [UInt64: (task: Task<Void, Never>, channel: (any Channel)?)] = [:]
         /// Set when the server's run was cancelled: what starts later is cancelled at once.
         var stopped = false
     }
@@ -717,8 +718,9 @@ final class HotPathTasks: Sendable {
     /// waited for each connection's task when that task lived as long as its connection.
     var openConnections: Int { open.load(ordering: .acquiring) }
 
-    /// Runs a connection's request loop in a task of its own, counted and cancellable.
-    func startLoop(executor: (any TaskExecutor)?, _ loop: @escaping @Sendable () async -> Void) {
+    /// Runs a connection's request loop in a task of its own, counted and cancellable; a stop
+    /// (``stopAll()``) cancels it and closes `channel`.
+    func startLoop(executor: (any TaskExecutor)?, channel: (any Channel)? = nil, _ loop: @escaping @Sendable () async -> Void) {
         started()
         registry.withLock { r in
             let id = r.nextLoop
@@ -728,27 +730,36 @@ final class HotPathTasks: Sendable {
                 self.registry.withLock { _ = $0.loops.removeValue(forKey: id) }
                 self.ended()
             }
-            if r.stopped { task.cancel() } else { r.loops[id] = task }
+            if r.stopped {
+                task.cancel()
+                channel?.close(promise: nil)
+            } else {
+                r.loops[id] = (task, channel)
+            }
         }
     }
 
     /// The server's run was cancelled (or its graceful shutdown ran out of time): cancels the
-    /// request loops running and closes every connection still open (on its event loop), as
-    /// Hummingbird's server cancels the tasks it owns; loops and connections that start later
-    /// are stopped at once. Returns how many loops and connections it stopped.
+    /// request loops running and closes their connections (a WebSocket session's hot path has
+    /// left its pipeline), and closes every connection still open with its hot path (on its event
+    /// loop), as Hummingbird's server cancels the tasks it owns; loops and connections that start
+    /// later are stopped at once. Returns how many loops and hot-path connections it stopped.
     @discardableResult
     func stopAll() -> (loops: Int, connections: Int) {
         stopped.store(true, ordering: .releasing)
-        let tasks = registry.withLock { r in
+        let loopsRunning = registry.withLock { r in
             r.stopped = true
             return Array(r.loops.values)
         }
         let connections = openConnections
-        for task in tasks { task.cancel() }
+        for (task, channel) in loopsRunning {
+            task.cancel()
+            channel?.close(promise: nil)
+        }
         for share in loops.withLock({ Array($0.values) }) {
             share.loop.execute { share.closeAll() }
         }
-        return (tasks.count, connections)
+        return (loopsRunning.count, connections)
     }
 }
 

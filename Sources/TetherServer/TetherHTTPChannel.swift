@@ -116,7 +116,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                 try openUpgrade(on: channel, endpoint: webSocket)
             } else {
                 let http1 = try addHTTP1Handlers(to: channel)
-                tasks.startLoop(executor: nil) { [self] in await handleHTTP(asyncChannel: http1, logger: logger) }
+                tasks.startLoop(executor: nil, channel: channel) { [self] in await handleHTTP(asyncChannel: http1, logger: logger) }
             }
             sides.opened()
         } catch {
@@ -181,7 +181,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         try pipeline.addHandler(upgrade)
         let result = upgrade.upgradeResultFuture
         let configuration = endpoint.handlerConfiguration
-        tasks.startLoop(executor: nil) { [self] in
+        tasks.startLoop(executor: nil, channel: channel) { [self] in
             let outcome: UpgradeResult
             do {
                 outcome = try await result.get()

@@ -35,6 +35,11 @@ final class WALSync: Sendable {
         self.directory = (resolved as NSString).deletingLastPathComponent
     }
 
+    /// The identity of the WAL the last sync went to, if one is open (tests).
+    package var syncedFile: FileIdentity? {
+        state.withLock { $0.descriptor >= 0 ? FileIdentity(descriptor: $0.descriptor) : nil }
+    }
+
     /// The failure that stopped syncing, if one did.
     var failure: StoreError? { state.withLock { $0.failure } }
 
@@ -127,8 +132,7 @@ package struct FileIdentity: Equatable, Sendable {
     /// The identity of the open file `descriptor`; `nil` if it cannot be read.
     package init?(descriptor: Int32) {
         #if os(Linux)
-        if let statx = Self.statx {
-            guard let identity = Self.read(statx, directory: descriptor, path: "", flags: Self.emptyPath) else { return nil }
+        if let identity = Self.read(directory: descriptor, path: "", flags: Self.emptyPath) {
             self = identity
             return
         }
@@ -141,8 +145,7 @@ package struct FileIdentity: Equatable, Sendable {
     /// The identity of the file at `path` (links followed); `nil` if there is none.
     package init?(path: String) {
         #if os(Linux)
-        if let statx = Self.statx {
-            guard let identity = Self.read(statx, directory: AT_FDCWD, path: path, flags: 0) else { return nil }
+        if let identity = Self.read(directory: AT_FDCWD, path: path, flags: 0) {
             self = identity
             return
         }
@@ -176,19 +179,26 @@ package struct FileIdentity: Equatable, Sendable {
 
     /// Reads device and inode through `statx`, asking for the inode number only: `struct statx`
     /// is 256 bytes, with `stx_mask` at 0, `stx_ino` at 32, `stx_dev_major` and `stx_dev_minor`
-    /// (always filled) at 136 and 140.
-    private static func read(_ statx: Statx, directory: Int32, path: String, flags: Int32) -> FileIdentity? {
-        let buffer = UnsafeMutableRawPointer.allocate(byteCount: 256, alignment: 8)
-        defer { buffer.deallocate() }
-        buffer.initializeMemory(as: UInt8.self, repeating: 0, count: 256)
-        guard statx(directory, path, flags, inodeOnly, buffer) == 0,
-              buffer.load(fromByteOffset: 0, as: UInt32.self) & inodeOnly != 0
-        else { return nil }
-        let major = UInt64(buffer.load(fromByteOffset: 136, as: UInt32.self))
-        let minor = UInt64(buffer.load(fromByteOffset: 140, as: UInt32.self))
-        // glibc's `makedev`, so the device matches `stat`'s `st_dev`.
-        let device = (major & 0xFFF) << 8 | (major & ~0xFFF) << 32 | (minor & 0xFF) | (minor & ~0xFF) << 12
-        return FileIdentity(device: device, inode: buffer.load(fromByteOffset: 32, as: UInt64.self))
+    /// (always filled) at 136 and 140. `nil` when `statx` is missing, fails (a seccomp filter
+    /// may refuse it with `EPERM`) or does not report the inode: the caller then uses `stat`,
+    /// which reports a missing file the same way.
+    private static func read(directory: Int32, path: String, flags: Int32) -> FileIdentity? {
+        guard let statx else { return nil }
+        return withUnsafeTemporaryAllocation(byteCount: 256, alignment: 8) { buffer -> FileIdentity? in
+            guard let base = buffer.baseAddress else { return nil }
+            buffer.initializeMemory(as: UInt8.self, repeating: 0)
+            guard statx(directory, path, flags, inodeOnly, base) == 0,
+                  base.load(fromByteOffset: 0, as: UInt32.self) & inodeOnly != 0
+            else { return nil }
+            let major = UInt64(base.load(fromByteOffset: 136, as: UInt32.self))
+            let minor = UInt64(base.load(fromByteOffset: 140, as: UInt32.self))
+            return FileIdentity(device: makeDevice(major: major, minor: minor), inode: base.load(fromByteOffset: 32, as: UInt64.self))
+        }
+    }
+
+    /// glibc's `makedev`, so a device read by `statx` matches `stat`'s `st_dev`.
+    package static func makeDevice(major: UInt64, minor: UInt64) -> UInt64 {
+        (major & 0xFFF) << 8 | (major & ~0xFFF) << 32 | (minor & 0xFF) | (minor & ~0xFF) << 12
     }
     #endif
 }

@@ -564,7 +564,8 @@ public struct PresenceTracker: Sendable {
 
     /// Records a member's new timeout (its stored record is then out of date).
     private mutating func updateTimeout(of uuid: String, in key: ChannelKey, to timeout: Duration) {
-        guard let current = channels[key]?.members[uuid]?.timeout, current != timeout else { return }
+        // Compared as kept (in whole nanoseconds), so a timeout finer than that is no change.
+        guard let current = channels[key]?.members[uuid]?.timeout, current != .nanoseconds(Member.nanoseconds(timeout)) else { return }
         channels[key]?.members[uuid]?.timeout = timeout
         unsaved.insert(MemberID(channel: key, uuid: uuid))
     }

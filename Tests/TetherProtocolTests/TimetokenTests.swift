@@ -125,6 +125,8 @@ import Testing
         }
         // A 17-digit timetoken, one-digit region, nothing optional: 3 bytes to spare.
         #expect(envelopes[0].encodedCapacity - envelopes[0].encoded().count == 3)
+        // And the buffer is made that size (the allocator may round it up a little).
+        #expect(envelopes[0].encoded().capacity <= envelopes[0].encodedCapacity + 16)
         // A string that needs escaping grows the buffer, and is still encoded whole.
         let escaped = SubscribeEnvelope(timetoken: Timetoken(5), subscribeKey: "k", channel: "c", payload: "1",
                                         publisher: String(repeating: "\u{1}", count: 40))

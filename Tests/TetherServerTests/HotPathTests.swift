@@ -211,6 +211,34 @@ import TetherTesting
         #expect(!late.isActive, "a connection accepted after the stop is closed")
     }
 
+    @Test func aParkedSubscribeIsRunAgainFromItsPathAndQuery() {
+        let path = "/v2/subscribe/sub-c-1/a%2Cb,c/0?tt=17953281265171442&tr=1&uuid=u%201&filter-expr=x%20%3D%3D%201"
+        let request = HotPathHandler.subscribeRequest(path: path)
+        #expect(request.method == .get)
+        #expect(request.uri.string == path)
+        #expect(request.uri.path == "/v2/subscribe/sub-c-1/a%2Cb,c/0")
+        #expect(request.uri.query == "tt=17953281265171442&tr=1&uuid=u%201&filter-expr=x%20%3D%3D%201")
+    }
+
+    @Test func stoppingClosesTheConnectionsOfTheLoopsItCancels() async throws {
+        // A WebSocket session's connection has no hot path left: its loop's channel is closed.
+        let tasks = HotPathTasks()
+        let session = EmbeddedChannel()
+        try await session.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).get()
+        tasks.startLoop(executor: nil, channel: session) { try? await Task.sleep(for: .seconds(3600)) }
+        #expect(tasks.stopAll() == (loops: 1, connections: 0))
+        session.embeddedEventLoop.run()
+        #expect(!session.isActive)
+        #expect(await eventually { tasks.running == 0 })
+        // A loop started after the stop: cancelled, its channel closed at once.
+        let late = EmbeddedChannel()
+        try await late.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).get()
+        tasks.startLoop(executor: nil, channel: late) { try? await Task.sleep(for: .seconds(3600)) }
+        late.embeddedEventLoop.run()
+        #expect(!late.isActive)
+        #expect(await eventually { tasks.running == 0 })
+    }
+
     @Test func theHotPathCountsItsConnectionWhileOpenAndBuildsNothingAtItsEnd() throws {
         let channel = EmbeddedChannel()
         let tasks = HotPathTasks()

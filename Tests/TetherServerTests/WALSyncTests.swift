@@ -36,6 +36,8 @@ import Testing
         #expect(replaced != byDescriptor)
         #expect(FileIdentity(descriptor: fd) == byDescriptor)
         #expect(FileIdentity(descriptor: -1) == nil)
+        // glibc's makedev, high bits included (the value Python's os.makedev gives).
+        #expect(FileIdentity.makeDevice(major: 0x1234_5678, minor: 0x1ABC_DEF0) == 0x1234_51AB_CDE6_78F0, "as os.makedev gives")
     }
 
     @Test func syncFollowsAReplacedWALAndAMissingOneIsAFinalFailure() throws {
@@ -48,10 +50,20 @@ import Testing
         defer { sync.release() }
         try sync.sync()
         try sync.sync()
-        // SQLite removed the WAL and made a new one: the new one is opened and synced.
-        try FileManager.default.removeItem(atPath: walPath)
-        #expect(FileManager.default.createFile(atPath: walPath, contents: Data("new".utf8)))
+        #expect(sync.syncedFile == FileIdentity(path: walPath))
+        // Another WAL took the path (renamed over it, so it cannot reuse the old inode, which the
+        // sync's descriptor keeps): the new one is opened and synced.
+        let first = try #require(sync.syncedFile)
+        let next = dir.appendingPathComponent("next-wal").path
+        #expect(FileManager.default.createFile(atPath: next, contents: Data("new".utf8)))
+        #expect(rename(next, walPath) == 0)
         try sync.sync()
+        let replaced = try #require(FileIdentity(path: walPath))
+        #expect(replaced != first)
+        #expect(sync.syncedFile == replaced)
+        // While the WAL stays, the same descriptor is kept.
+        try sync.sync()
+        #expect(sync.syncedFile == replaced)
         // No WAL after a commit: a failure, and every sync after it fails too.
         try FileManager.default.removeItem(atPath: walPath)
         #expect(throws: StoreError.self) { try sync.sync() }
