@@ -4,7 +4,7 @@ import Synchronization
 
 /// Result of the `requests` scenario: the server's CPU per request of one kind, closed loop.
 struct RequestCostResult: Codable, Sendable {
-    /// `time`, `publish-realtime` (store=0) or `publish-stored`.
+    /// `time`, `publish-realtime` (store=0), `publish-stored` or `subscribe-one`.
     var kind: String
     /// Keep-alive connections, one request in flight each.
     var connections: Int
@@ -33,6 +33,12 @@ enum RequestCostKind: String, CaseIterable, Sendable {
     case publishRealtime = "publish-realtime"
     /// A stored publish: acknowledged after its group commit (the server's `--durability`).
     case publishStored = "publish-stored"
+    /// A subscribe that returns one message at once: each connection's uuid subscribes to the
+    /// run's channel from the timetoken of the first of two messages published before the run,
+    /// so every answer is the second message, read from the in-memory window (with its presence
+    /// heartbeat, cursor, plan and encoding; without the parking and wake-up of a live long-poll,
+    /// which the fan-out runs measure with the publish).
+    case subscribeOne = "subscribe-one"
 }
 
 /// A closed-loop connection that repeats one kind of request.
@@ -40,15 +46,21 @@ final class RequestFlood: BenchConnectionLogic {
     private let kind: RequestCostKind
     private let request: PublishRequest
     private let timeRequest: String
+    /// The `subscribe-one` request; empty for the other kinds.
+    private let subscribeRequest: String
     private let ledger: PublishLedger
     private let control: FloodControl
     private var inFlight = false
     private var done = false
 
-    init(kind: RequestCostKind, channel: String, target: BenchTarget, ledger: PublishLedger, control: FloodControl) {
+    /// - Parameter after: `subscribe-one`: the timetoken to subscribe from; `uuid`, the connection's.
+    init(kind: RequestCostKind, channel: String, target: BenchTarget, ledger: PublishLedger, control: FloodControl,
+         after: UInt64 = 0, uuid: String = "bench-requests") {
         self.kind = kind
         self.request = PublishRequest(channel: channel, target: target, store: kind == .publishStored)
         self.timeRequest = "GET /time/0" + target.requestTrailer
+        self.subscribeRequest = kind == .subscribeOne
+            ? "GET /v2/subscribe/demo/\(channel)/0?tt=\(after)&tr=1&uuid=\(uuid)" + target.requestTrailer : ""
         self.ledger = ledger
         self.control = control
     }
@@ -62,9 +74,10 @@ final class RequestFlood: BenchConnectionLogic {
         }
         inFlight = true
         switch kind {
-        case .time:
-            var buffer = context.channel.allocator.buffer(capacity: timeRequest.utf8.count)
-            buffer.writeString(timeRequest)
+        case .time, .subscribeOne:
+            let text = kind == .time ? timeRequest : subscribeRequest
+            var buffer = context.channel.allocator.buffer(capacity: text.utf8.count)
+            buffer.writeString(text)
             context.writeAndFlush(NIOAny(buffer), promise: nil)
         case .publishRealtime, .publishStored:
             let id = ledger.nextID.wrappingAdd(1, ordering: .relaxed).oldValue
@@ -73,13 +86,22 @@ final class RequestFlood: BenchConnectionLogic {
     }
 
     func received(_ response: BenchResponse, context: ChannelHandlerContext) {
-        if response.status == 200 {
+        if response.status == 200, kind != .subscribeOne || Self.carriesOneMessage(response.body) {
             ledger.ackedCount.add(1, ordering: .relaxed)
         } else {
             ledger.errors.add(1, ordering: .relaxed)
         }
         inFlight = false
         sendNext(context)
+    }
+
+    /// Whether a subscribe answer carries exactly one message (`"m":[{…}]`, one `"p":{` in it).
+    static func carriesOneMessage(_ body: ByteBuffer) -> Bool {
+        body.withUnsafeReadableBytes { raw in
+            guard let list = BenchBytes.find("\"m\":[{", in: raw, from: 0),
+                  let first = BenchBytes.find("\"p\":{", in: raw, from: list) else { return false }
+            return BenchBytes.find("\"p\":{", in: raw, from: first + 1) == nil
+        }
     }
 
     private func finish() {
@@ -103,12 +125,29 @@ extension BenchRunner {
         let ledger = PublishLedger()
         let control = FloodControl()
         let channel = freshChannel("requests")
+        var after: UInt64 = 0
+        if kind == .subscribeOne {
+            // Two messages on the channel; every subscribe reads from the first one's timetoken.
+            var timetokens: [UInt64] = []
+            for text in ["first", "second"] {
+                let published = try await BenchConnector.get("/publish/demo/demo/0/\(channel)/0/%22\(text)%22?store=0&uuid=bench-requests",
+                                                             target: target, on: group.next())
+                guard published.status == 200,
+                      let timetoken = published.body.withUnsafeReadableBytes({ raw in
+                          BenchBytes.find("\"Sent\",\"", in: raw, from: 0).flatMap { BenchBytes.decimal(in: raw, from: $0 + 8)?.value }
+                      })
+                else { throw BenchError("requests: the setup publish failed with status \(published.status)") }
+                timetokens.append(timetoken)
+            }
+            after = timetokens[0]
+        }
         benchLog("requests: \(kind.rawValue) over \(connections) keep-alive connections for \(duration) s")
         let meter = CPUMeter(serverPID: serverPID)
         let start = benchNow()
         let countAtStart = ledger.ackedCount.load(ordering: .relaxed)
-        let channels = try await BenchConnector.connectMany(connections, to: target, group: group) { _ in
-            RequestFlood(kind: kind, channel: channel, target: target, ledger: ledger, control: control)
+        let channels = try await BenchConnector.connectMany(connections, to: target, group: group) { [after] index in
+            RequestFlood(kind: kind, channel: channel, target: target, ledger: ledger, control: control,
+                         after: after, uuid: "bench-requests-\(index)")
         }
         try await Task.sleep(for: .seconds(duration))
         let answered = ledger.ackedCount.load(ordering: .acquiring) - countAtStart

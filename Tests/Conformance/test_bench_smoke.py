@@ -57,7 +57,8 @@ def test_fanout_over_many_channels_delivers_each_subscriber_its_channel_exactly_
 
 def test_requests_scenario_reports_the_server_cpu_per_request_of_each_kind():
     out = bench("--scenario", "requests", "--duration", "1", "--publishers", "2", "--request-rounds", "1")
-    for kind in ("time", "publish-realtime", "publish-stored"):
+    # subscribe-one: an answer that does not carry exactly one message counts as an error.
+    for kind in ("time", "publish-realtime", "publish-stored", "subscribe-one"):
         row = next(line for line in out.splitlines() if line.strip().startswith(kind + " "))
         fields = row.split()
         # kind, connections, runs, requests/s, µs/request, the runs' µs, errors
@@ -65,6 +66,7 @@ def test_requests_scenario_reports_the_server_cpu_per_request_of_each_kind():
         assert float(fields[4]) > 0, row
         assert fields[-1] == "0", row
     assert "goal (#16): a stored publish ≤ 15 µs of server CPU" in out
+    assert "goal (#16): a subscribe cycle returning one message ≤ 15 µs" in out
 def test_recorder_scenario_reports_the_cost_per_publish_with_and_without_the_console():
     out = bench("--scenario", "recorder", "--subscribers", "3", "--recorder-clients", "50", "--recorder-iterations", "200",
                 "--recorder-repetitions", "1")
