@@ -457,58 +457,113 @@ final class WebSocketConnection: Sendable {
 
     /// Long-polls the hub from the session's cursor and sends each page as a `messages` frame,
     /// until cancelled (the subscription changed or the socket closed).
+    ///
+    /// The task running this lives as long as the subscription, and a task keeps the memory its
+    /// largest async frame needed: what is decided before and after each wait is in synchronous
+    /// functions (``startRound(session:)``, ``finishRound(_:page:session:)``), so this frame holds
+    /// only a ``DeliveryRound`` across the wait (docs/benchmarks.md, seventh pass of issue #16).
+    @inline(never)
     private func deliver() async {
         while !Task.isCancelled {
-            guard let session, let current = sessions.state(of: session), current.hasSubscribed,
-                  !(current.channels.isEmpty && current.groups.isEmpty)
-            else { return }
-            let keyset = current.keyset
-            let limits = state.keysets.limits(for: keyset)
-            let filter = current.filter.flatMap { try? state.filters.expression($0) }
-            var recheck: (@Sendable () -> AccessManager.Check)?
-            var check: AccessManager.Check?
-            if keyset.secretKey != nil {
-                let access = state.access
-                let request = AccessRequest(channels: current.channels, groups: current.groups, permission: .read, uuid: current.uuid)
-                let auth = current.auth
-                recheck = { access.check(request, keyset: keyset, auth: auth, signature: .absent) }
-                let now = access.check(request, keyset: keyset, auth: auth, signature: .absent)
-                if case .denied = now.decision {
-                    removeDenied(now, session: session)
-                    continue
-                }
-                check = now
+            guard let session else { return }
+            let round: DeliveryRound
+            switch startRound(session: session) {
+            case .stop: return
+            case .again: continue
+            case .round(let next): round = next
             }
-            let after = min(current.cursor, state.hub.currentCursor)
-            // After a resume, pages are read without waiting until one is not full: that one —
-            // empty or not — is sent at the cursor it reached (docs/websocket-protocol.md).
-            let marking = locked.withLock { $0.markReplayEnd }
             do {
                 let page = try await state.hub.receive(
-                    current.spec, after: after, limit: limits.maxEnvelopesPerResponse, timeout: marking ? .zero : state.subscribeTimeout,
-                    channel: channel, access: check, recheck: recheck, filter: filter)
+                    round.spec, after: round.after, limit: round.limit, timeout: round.timeout,
+                    channel: channel, access: round.check, recheck: round.recheck, filter: round.filter)
                 if Task.isCancelled { return }
-                let endsReplay = marking && page.envelopes.count < limits.maxEnvelopesPerResponse
-                if endsReplay { locked.withLock { $0.markReplayEnd = false } }
-                guard page.cursor > after || !page.envelopes.isEmpty || endsReplay else {
-                    if sessions.isDraining { return }  // the hub answers at once while shutting down
-                    continue
-                }
-                sessions.update(session) { $0.cursor = max($0.cursor, page.cursor) }
-                state.console?.sessionDelivered(uuid: current.uuid, page: page)
-                if page.envelopes.isEmpty && page.gaps.isEmpty && !endsReplay { continue }
-                send(WebSocketServerFrame.messages(cursor: page.cursor, envelopes: page.envelopes,
-                                                   gaps: page.gaps.map { ($0.channel, $0.from, $0.through) }))
-            } catch let error as AccessDeniedError {
-                removeDenied(error.check, session: session)
+                if !finishRound(round, page: page, session: session) { return }
             } catch {
-                if Task.isCancelled || error is CancellationError { return }  // subscription changed or socket closed
-                // A store read failed: the client resumes from its cursor on a new socket.
-                state.logger.error("WebSocket delivery failed", metadata: ["error": "\(error)"])
-                queue.close(code: WebSocketCloseCode.internalError, reason: "delivery failed; resume from your cursor")
-                return
+                if !deliveryFailed(error, session: session) { return }
             }
         }
+    }
+
+    /// One wait of ``deliver()``: what it asks the hub, and what it needs of the answer.
+    private struct DeliveryRound {
+        var spec: SubscriptionSpec
+        var after: Timetoken
+        var limit: Int
+        var timeout: TimeAmount
+        var check: AccessManager.Check?
+        var recheck: (@Sendable () -> AccessManager.Check)?
+        var filter: FilterExpression?
+        /// After a resume, pages are read without waiting until one is not full: that one —
+        /// empty or not — is sent at the cursor it reached (docs/websocket-protocol.md).
+        var marking: Bool
+        var uuid: String
+    }
+
+    private enum RoundStart {
+        /// Unsubscribed, or the session is gone.
+        case stop
+        /// Denied names were removed: start again.
+        case again
+        case round(DeliveryRound)
+    }
+
+    /// The next round of ``deliver()`` from the session's state, or why there is none.
+    @inline(never)
+    private func startRound(session: Table.SessionID) -> RoundStart {
+        guard let current = sessions.state(of: session), current.hasSubscribed,
+              !(current.channels.isEmpty && current.groups.isEmpty)
+        else { return .stop }
+        let keyset = current.keyset
+        let limits = state.keysets.limits(for: keyset)
+        let filter = current.filter.flatMap { try? state.filters.expression($0) }
+        var recheck: (@Sendable () -> AccessManager.Check)?
+        var check: AccessManager.Check?
+        if keyset.secretKey != nil {
+            let access = state.access
+            let request = AccessRequest(channels: current.channels, groups: current.groups, permission: .read, uuid: current.uuid)
+            let auth = current.auth
+            recheck = { access.check(request, keyset: keyset, auth: auth, signature: .absent) }
+            let now = access.check(request, keyset: keyset, auth: auth, signature: .absent)
+            if case .denied = now.decision {
+                removeDenied(now, session: session)
+                return .again
+            }
+            check = now
+        }
+        let marking = locked.withLock { $0.markReplayEnd }
+        return .round(DeliveryRound(spec: current.spec, after: min(current.cursor, state.hub.currentCursor),
+                                    limit: limits.maxEnvelopesPerResponse, timeout: marking ? .zero : state.subscribeTimeout,
+                                    check: check, recheck: recheck, filter: filter, marking: marking, uuid: current.uuid))
+    }
+
+    /// Sends what a round's wait brought; `false` when delivering stops (the server drains).
+    @inline(never)
+    private func finishRound(_ round: DeliveryRound, page: SubscribePage, session: Table.SessionID) -> Bool {
+        let endsReplay = round.marking && page.envelopes.count < round.limit
+        if endsReplay { locked.withLock { $0.markReplayEnd = false } }
+        guard page.cursor > round.after || !page.envelopes.isEmpty || endsReplay else {
+            return !sessions.isDraining  // the hub answers at once while shutting down
+        }
+        sessions.update(session) { $0.cursor = max($0.cursor, page.cursor) }
+        state.console?.sessionDelivered(uuid: round.uuid, page: page)
+        if page.envelopes.isEmpty && page.gaps.isEmpty && !endsReplay { return true }
+        send(WebSocketServerFrame.messages(cursor: page.cursor, envelopes: page.envelopes,
+                                           gaps: page.gaps.map { ($0.channel, $0.from, $0.through) }))
+        return true
+    }
+
+    /// A round's wait failed; `false` when delivering stops.
+    @inline(never)
+    private func deliveryFailed(_ error: any Error, session: Table.SessionID) -> Bool {
+        if let denied = error as? AccessDeniedError {
+            removeDenied(denied.check, session: session)
+            return true
+        }
+        if Task.isCancelled || error is CancellationError { return false }  // subscription changed or socket closed
+        // A store read failed: the client resumes from its cursor on a new socket.
+        state.logger.error("WebSocket delivery failed", metadata: ["error": "\(error)"])
+        queue.close(code: WebSocketCloseCode.internalError, reason: "delivery failed; resume from your cursor")
+        return false
     }
 
     /// A grant was revoked or a token expired: the denied names leave the subscription and the
