@@ -145,9 +145,13 @@ final class WebSocketSession: Sendable {
     func receive(channels: [String], groups: [String], cursor: Timetoken?, filter: String?) async throws(SessionFailure)
         -> (response: SubscribeResponse, gaps: [RetentionGap])
     {
-        // A socket lost while no receive waited is reported, not reopened: checked where the
-        // opening is decided, so a loss an instant before cannot be reopened silently.
-        var generation = try await open(resumeCursor: cursor ?? state.withLock { $0.expected }, reportingLoss: true)
+        if let lost = state.withLock({ state -> Int? in
+            defer { state.unnoticedLoss = nil }
+            return state.unnoticedLoss
+        }) {
+            throw closedFailure(generation: lost)
+        }
+        var generation = try await open(resumeCursor: cursor ?? state.withLock { $0.expected })
         guard let cursor else {
             let (subscribed, expected, welcome) = state.withLock { ($0.subscribed, $0.expected, $0.welcomeCursor) }
             if subscribed, case let added = try await reconcile(channels: channels, groups: groups, generation: generation),
@@ -331,18 +335,10 @@ final class WebSocketSession: Sendable {
     /// Opens (or resumes) the session unless a socket is open; returns the socket's generation.
     /// One opening at a time: a caller that finds another opening in progress waits for it and
     /// uses its socket (the engine's receive and ``TetherClient/open()`` may race).
-    ///
-    /// With `reportingLoss`, a socket lost while no receive waited on it (``State/unnoticedLoss``)
-    /// fails this call with the loss instead of being reopened, in the same step that would
-    /// reopen it: the engine's retry policy and connection events run for it.
-    private func open(resumeCursor: Timetoken?, reportingLoss: Bool = false) async throws(SessionFailure) -> Int {
+    private func open(resumeCursor: Timetoken?) async throws(SessionFailure) -> Int {
         while true {
-            enum Gate { case open(Int), shutDown, busy, mine, lost(Int) }
+            enum Gate { case open(Int), shutDown, busy, mine }
             let gate = state.withLock { state -> Gate in
-                if reportingLoss, let lost = state.unnoticedLoss {
-                    state.unnoticedLoss = nil
-                    return .lost(lost)
-                }
                 if state.opening { return .busy }
                 if state.link != nil && state.welcomed { return .open(state.generation) }
                 if state.isShutDown { return .shutDown }
@@ -352,7 +348,6 @@ final class WebSocketSession: Sendable {
             switch gate {
             case .open(let generation): return generation
             case .shutDown: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
-            case .lost(let generation): throw closedFailure(generation: generation)
             case .busy:
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     let done = state.withLock { state -> Bool in
