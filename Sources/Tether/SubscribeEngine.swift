@@ -92,6 +92,21 @@ final class SubscribeEngine: Sendable {
 
     private func random() -> Double { Double.random(in: 0...1) }
 
+    /// A probe of the session's socket failed: the socket is given up in the same transition
+    /// that reacts to the failure (``WebSocketSession/detachSocket()``), so the reconnection it
+    /// starts opens a new socket and the receive that waited on the dead one fails as a stale
+    /// request — not as a second failure racing the probe's, whose retry policy could delay the
+    /// reconnection the probe starts at once.
+    private func failedOverSocket(_ session: WebSocketSession,
+                                  _ input: (inout SubscribeMachine, Duration) -> [SubscribeMachine.Action]) async {
+        var detached: WebSocketSession.DetachedSocket?
+        send { machine, now in
+            defer { detached = session.detachSocket() }
+            return input(&machine, now)
+        }
+        await detached?.finish()
+    }
+
     private func perform(_ action: SubscribeMachine.Action, owner: WeakClient, session: WebSocketSession, group: inout DiscardingTaskGroup) {
         logger.trace("subscribe action", metadata: ["tether.action": "\(action)"])
         switch action {
@@ -188,8 +203,11 @@ final class SubscribeEngine: Sendable {
                             // socket that does not answer is given up, so the reconnection opens a
                             // new one and resumes the session (not the same dead socket).
                             do throws(TetherError) { _ = try await client.session.ping(timeout: timeout) } catch {
-                                await client.session.abandonSocket()
-                                throw error
+                                let status = error.status
+                                await failedOverSocket(client.session) { machine, now in
+                                    machine.livenessProbeFailed(status: status, now: now, randomness: random())
+                                }
+                                return
                             }
                         } else if presence && !(channels.isEmpty && groups.isEmpty) {
                             try await client.heartbeat(channels: channels, groups: groups, timeout: timeout)
@@ -244,8 +262,11 @@ final class SubscribeEngine: Sendable {
                             }
                         } else if client.session.isOpen && client.currentWire() == .webSocket {
                             do throws(TetherError) { _ = try await client.session.ping(timeout: timeout) } catch {
-                                await client.session.abandonSocket()
-                                throw error
+                                let status = error.status
+                                await failedOverSocket(client.session) { [self] machine, now in
+                                    machine.foregroundProbeFailed(id, status: status, now: now, randomness: random())
+                                }
+                                return
                             }
                         } else {
                             _ = try await client.time(timeout: timeout)

@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import Synchronization
 import Testing
 @testable import Tether
 import TetherProtocol
@@ -215,6 +216,62 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
+    /// A receive cancelled while the session closes (``TetherClient/enterBackground()`` with the
+    /// `disconnect` policy does both at once: the engine cancels its receive and the session
+    /// says `bye`). The close used to resume the waiting receive while holding the session's
+    /// lock, and the receive's cancellation handler — which the runtime runs holding the task's
+    /// status lock, the lock a resume takes — waited for the session's lock: each thread held
+    /// the lock the other wanted, and the client froze (the chaos suite's background scenario,
+    /// 4 runs in 10). Many rounds, each racing the two on the pool's threads: one deadlock hangs
+    /// the test until the suite's time limit.
+    @Test func aReceiveCancelledWhileTheSessionClosesNeverDeadlocks() async throws {
+        var configuration = try TetherConfiguration(subscribeKey: "demo", publishKey: "demo", userId: "stepper",
+                                                    origin: "tether.invalid", useTLS: false)
+        configuration.webSocket.inactivityPing = .zero
+        let socket = InMemoryWebSocket()
+        let clock = ElapsedClock(ManualClock())
+        let session = WebSocketSession(connector: socket, configuration: configuration, clock: clock,
+                                       origins: OriginRouter(configuration: configuration, clock: clock) { _ in }) { _ in }
+        let reading = Task { await session.run() }
+        // The server: every socket is welcomed and its subscribe taken; no messages follow.
+        let serving = Task {
+            await withDiscardingTaskGroup { group in
+                while let attempt = await socket.nextAttempt() {
+                    let peer = attempt.accept()
+                    group.addTask {
+                        _ = await peer.receive()
+                        peer.send(server: welcome(token: "t", resumed: false, cursor: 100))
+                        _ = await peer.receive()
+                    }
+                }
+            }
+        }
+        for _ in 0..<300 {
+            let receiving = Task {
+                try await session.receive(channels: ["a"], groups: [], cursor: Timetoken(100), filter: nil)
+            }
+            while !session.hasWaitingReceive { await Task.yield() }
+            // Both start together, on two threads: each spins until the other is ready.
+            let start = SpinBarrier(parties: 2)
+            let cancelling = Task.detached {
+                start.arriveAndWait()
+                receiving.cancel()
+            }
+            let closing = Task.detached {
+                start.arriveAndWait()
+                await session.close(bye: false)
+            }
+            await cancelling.value
+            await closing.value
+            #expect(await receiving.result.isFailure)
+            #expect(!session.hasWaitingReceive)
+        }
+        await session.finish()
+        await socket.shutdown()
+        serving.cancel()
+        await reading.value
+    }
+
     @Test func pingMeasuresTheRoundTripOverTheSocket() async throws {
         let (client, socket, clock) = try makeSocketClient()
         client.subscribe(to: ["a"])
@@ -250,6 +307,21 @@ struct WebSocketStepTests {
 }
 
 // MARK: - Helpers
+
+/// Lets threads start a step together: each spins until all `parties` arrived (or, on a pool
+/// too narrow to run them all at once, a few milliseconds passed: it never waits for good).
+final class SpinBarrier: Sendable {
+    private let arrived = Atomic(0)
+    private let parties: Int
+
+    init(parties: Int) { self.parties = parties }
+
+    func arriveAndWait() {
+        arrived.add(1, ordering: .sequentiallyConsistent)
+        var spins = 0
+        while arrived.load(ordering: .sequentiallyConsistent) < parties && spins < 10_000_000 { spins += 1 }
+    }
+}
 
 func makeSocketClient(transport: InMemoryTransport = InMemoryTransport(), monitor: (any NetworkMonitor)? = nil,
                       configure: (inout TetherConfiguration) -> Void = { _ in })

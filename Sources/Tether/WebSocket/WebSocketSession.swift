@@ -45,6 +45,12 @@ final class WebSocketSession: Sendable {
         var rtt: Duration?
     }
 
+    /// The receive waiting for a frame, and which wait it is (``WebSocketSession/nextFrame(generation:)``).
+    fileprivate struct Consumer {
+        var wait: Int
+        var continuation: CheckedContinuation<Void, Never>
+    }
+
     private struct State {
         var link: (any WebSocketLink)?
         var generation = 0
@@ -63,7 +69,12 @@ final class WebSocketSession: Sendable {
         /// Server frames not yet consumed, for the current generation.
         var frames: [SessionFrame.Server] = []
         var closure: (code: UInt16?, reason: String)?
-        var consumer: CheckedContinuation<Void, Never>?
+        /// The receive waiting for a frame. Resumed only after the lock is released: a
+        /// cancellation handler takes this lock while the runtime holds the cancelled task's
+        /// status lock, which resuming a continuation also takes — resuming under this lock
+        /// could deadlock against it.
+        var consumer: Consumer?
+        var nextWait = 0
         var drainDelay: Duration?
         /// The origin the current socket was opened to.
         var origin: String?
@@ -120,6 +131,9 @@ final class WebSocketSession: Sendable {
     /// Whether a socket is open (after `welcome`).
     var isOpen: Bool { state.withLock { $0.link != nil && $0.welcomed } }
 
+    /// Whether a receive is waiting for a frame (tests).
+    var hasWaitingReceive: Bool { state.withLock { $0.consumer != nil } }
+
     /// Reads every open socket (answering pings, queueing frames) and runs its inactivity pings,
     /// until ``finish()``.
     func run() async {
@@ -145,13 +159,9 @@ final class WebSocketSession: Sendable {
     func receive(channels: [String], groups: [String], cursor: Timetoken?, filter: String?) async throws(SessionFailure)
         -> (response: SubscribeResponse, gaps: [RetentionGap])
     {
-        if let lost = state.withLock({ state -> Int? in
-            defer { state.unnoticedLoss = nil }
-            return state.unnoticedLoss
-        }) {
-            throw closedFailure(generation: lost)
-        }
-        var generation = try await open(resumeCursor: cursor ?? state.withLock { $0.expected })
+        // A socket lost while no receive waited is reported, not reopened: checked where the
+        // opening is decided, so a loss an instant before cannot be reopened silently.
+        var generation = try await open(resumeCursor: cursor ?? state.withLock { $0.expected }, reportingLoss: true)
         guard let cursor else {
             let (subscribed, expected, welcome) = state.withLock { ($0.subscribed, $0.expected, $0.welcomeCursor) }
             if subscribed, case let added = try await reconcile(channels: channels, groups: groups, generation: generation),
@@ -297,18 +307,18 @@ final class WebSocketSession: Sendable {
     /// Closes the socket; with `bye` the server ends the session (presence leave) and the resume
     /// token is forgotten, otherwise the server keeps the session for its keep-alive window.
     func close(bye: Bool) async {
-        let link = state.withLock { state -> (any WebSocketLink)? in
+        let (link, consumer) = state.withLock { state -> ((any WebSocketLink)?, Consumer?) in
             defer {
                 state.link = nil
                 state.generation += 1
                 state.unnoticedLoss = nil
                 state.subscribed = false
                 if bye { state.resumeToken = nil; state.expected = nil }
-                state.consumer?.resume()
                 state.consumer = nil
             }
-            return state.link
+            return (state.link, state.consumer)
         }
+        consumer?.continuation.resume()
         guard let link else { return }
         if bye { try? await link.send(SessionFrame.bye) }
         await link.close(code: WebSocketCloseCode.normal)
@@ -335,10 +345,18 @@ final class WebSocketSession: Sendable {
     /// Opens (or resumes) the session unless a socket is open; returns the socket's generation.
     /// One opening at a time: a caller that finds another opening in progress waits for it and
     /// uses its socket (the engine's receive and ``TetherClient/open()`` may race).
-    private func open(resumeCursor: Timetoken?) async throws(SessionFailure) -> Int {
+    ///
+    /// With `reportingLoss`, a socket lost while no receive waited on it (``State/unnoticedLoss``)
+    /// fails this call with the loss instead of being reopened, in the same step that would
+    /// reopen it: the engine's retry policy and connection events run for it.
+    private func open(resumeCursor: Timetoken?, reportingLoss: Bool = false) async throws(SessionFailure) -> Int {
         while true {
-            enum Gate { case open(Int), shutDown, busy, mine }
+            enum Gate { case open(Int), shutDown, busy, mine, lost(Int) }
             let gate = state.withLock { state -> Gate in
+                if reportingLoss, let lost = state.unnoticedLoss {
+                    state.unnoticedLoss = nil
+                    return .lost(lost)
+                }
                 if state.opening { return .busy }
                 if state.link != nil && state.welcomed { return .open(state.generation) }
                 if state.isShutDown { return .shutDown }
@@ -348,6 +366,7 @@ final class WebSocketSession: Sendable {
             switch gate {
             case .open(let generation): return generation
             case .shutDown: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
+            case .lost(let generation): throw closedFailure(generation: generation)
             case .busy:
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     let done = state.withLock { state -> Bool in
@@ -602,22 +621,31 @@ final class WebSocketSession: Sendable {
             case .wait: break
             }
             if Task.isCancelled { throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe))) }
+            let wait = state.withLock { state -> Int in
+                state.nextWait += 1
+                return state.nextWait
+            }
             await withTaskCancellationHandler {
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                    let ready = state.withLock { state -> Bool in
+                    // A receive still waiting (one the engine replaced) is let go: it finds its
+                    // task cancelled, or the frames left to this one.
+                    let (ready, replaced) = state.withLock { state -> (Bool, Consumer?) in
                         if state.generation != generation || !state.frames.isEmpty || state.closure != nil || state.link == nil
-                            || state.quietDue || Task.isCancelled { return true }
-                        state.consumer?.resume()
-                        state.consumer = continuation
-                        return false
+                            || state.quietDue || Task.isCancelled { return (true, nil) }
+                        defer { state.consumer = Consumer(wait: wait, continuation: continuation) }
+                        return (false, state.consumer)
                     }
+                    replaced?.continuation.resume()
                     if ready { continuation.resume() }
                 }
             } onCancel: {
-                state.withLock { state in
-                    state.consumer?.resume()
+                // Only this wait's own continuation: another receive's is not resumed from here.
+                let mine = state.withLock { state -> Consumer? in
+                    guard let consumer = state.consumer, consumer.wait == wait else { return nil }
                     state.consumer = nil
+                    return consumer
                 }
+                mine?.continuation.resume()
             }
         }
     }
@@ -645,24 +673,46 @@ final class WebSocketSession: Sendable {
         return SessionFailure(error: TetherError(status))
     }
 
-    /// Drops the current socket without `bye` (the server keeps the session for its keep-alive
-    /// window): the pending receive fails and the next one resumes on a new socket.
-    func abandonSocket() async {
-        let generation = state.withLock { $0.link != nil ? $0.generation : nil }
-        if let generation { await drop(generation: generation) }
+    /// A socket taken out of the session (``detachSocket()``): the receive that waited on it
+    /// and the socket's close, both still to do, outside every lock (``finish()``).
+    struct DetachedSocket: Sendable {
+        fileprivate let link: any WebSocketLink
+        fileprivate let consumer: Consumer?
+
+        /// Lets the waiting receive fail (the socket is gone) and closes the socket.
+        func finish() async {
+            consumer?.continuation.resume()
+            await link.close(code: WebSocketCloseCode.normal)
+        }
+    }
+
+    /// Takes the current socket out of the session without `bye` (the server keeps the session
+    /// for its keep-alive window), at once: from here on no opening uses it, and the next one
+    /// resumes on a new socket. The subscribe engine calls it inside the machine transition
+    /// that reacts to a failed probe of the socket, so the reconnection that transition starts
+    /// cannot pick up the dead socket, and the receive that waited on it fails only after the
+    /// machine moved on (its failure is then stale, not a second reconnection with its own
+    /// retry delay). Nothing is resumed here: ``DetachedSocket/finish()`` does that.
+    func detachSocket() -> DetachedSocket? {
+        state.withLock { state -> DetachedSocket? in
+            guard let link = state.link else { return nil }
+            state.link = nil
+            state.closure = state.closure ?? (nil, "dropped by the client")
+            defer { state.consumer = nil }
+            return DetachedSocket(link: link, consumer: state.consumer)
+        }
     }
 
     /// Drops socket `generation` without `bye` (the server keeps the session).
     private func drop(generation: Int) async {
-        let link = state.withLock { state -> (any WebSocketLink)? in
+        let dropped = state.withLock { state -> DetachedSocket? in
             guard state.generation == generation, let link = state.link else { return nil }
             state.link = nil
             state.closure = state.closure ?? (nil, "dropped by the client")
-            state.consumer?.resume()
-            state.consumer = nil
-            return link
+            defer { state.consumer = nil }
+            return DetachedSocket(link: link, consumer: state.consumer)
         }
-        await link?.close(code: WebSocketCloseCode.normal)
+        await dropped?.finish()
     }
 
     // MARK: - Reading a socket
@@ -717,14 +767,14 @@ final class WebSocketSession: Sendable {
                     // out the drain's delay, which is for clients coming back to this node).
                     if let origin { origins.drained(at: origin) }
                 default:
-                    let consumer = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                    let consumer = state.withLock { state -> Consumer? in
                         state.lastFrameAt = now
                         guard state.generation == generation else { return nil }
                         state.frames.append(frame)
                         defer { state.consumer = nil }
                         return state.consumer
                     }
-                    consumer?.resume()
+                    consumer?.continuation.resume()
                 }
             case .closed(let code, let reason):
                 closed(generation: generation, code: code, reason: reason)
@@ -735,7 +785,7 @@ final class WebSocketSession: Sendable {
     }
 
     private func closed(generation: Int, code: UInt16?, reason: String) {
-        let (consumer, pings) = state.withLock { state -> (CheckedContinuation<Void, Never>?, [CheckedContinuation<Duration?, Never>]) in
+        let (consumer, pings) = state.withLock { state -> (Consumer?, [CheckedContinuation<Duration?, Never>]) in
             guard state.generation == generation else { return (nil, []) }
             state.closure = state.closure ?? (code, reason)
             if state.link != nil { state.unnoticedLoss = generation }
@@ -744,7 +794,7 @@ final class WebSocketSession: Sendable {
             return (state.consumer, state.pings.values.compactMap(\.reply))
         }
         logger.debug("websocket closed", metadata: ["code": "\(code.map(String.init) ?? "none")", "reason": "\(reason)"])
-        consumer?.resume()
+        consumer?.continuation.resume()
         for ping in pings { ping.resume(returning: nil) }
     }
 
@@ -758,13 +808,13 @@ final class WebSocketSession: Sendable {
         while !Task.isCancelled {
             do { try await clock.sleep(wait) } catch { return }
             let now = clock.now()
-            let quiet = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            let quiet = state.withLock { state -> Consumer? in
                 guard let since = state.receiveWaitingSince, now - since >= quietAnswer else { return nil }
                 state.quietDue = true
                 defer { state.consumer = nil }
                 return state.consumer
             }
-            quiet?.resume()
+            quiet?.continuation.resume()
             let silence = now - state.withLock { $0.lastFrameAt }
             if silence < options.inactivityPing {
                 wait = options.inactivityPing - silence
