@@ -437,8 +437,15 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         answerParseFailureIfDue(context: context)
     }
 
+    /// Reading goes on while a hot request is answered, and stops only once a request is held
+    /// behind the answer: a keep-alive client sends nothing more before its answer, so there is
+    /// nothing to hold back, and stopping a socket's reading costs two `epoll_ctl` calls per
+    /// request (unregistering its read interest, then registering it again after the answer:
+    /// ~5 % of the server's CPU for `GET /time/0`, docs/benchmarks.md). What a pipelining client
+    /// can make this handler hold stays one read's worth: the read after the first held part
+    /// waits for the answer.
     func read(context: ChannelHandlerContext) {
-        if answering {
+        if answering && !held.isEmpty {
             readPending = true
         } else {
             context.read()

@@ -309,6 +309,39 @@ import TetherTesting
         _ = try channel.finish()
     }
 
+    /// Counts the reads the hot path lets through to the socket.
+    final class Reads: ChannelOutboundHandler, @unchecked Sendable {
+        typealias OutboundIn = Any
+        var count = 0
+        func read(context: ChannelHandlerContext) {
+            count += 1
+            context.read()
+        }
+    }
+
+    @Test func readingStopsOnlyOnceARequestIsHeldBehindAnAnswer() throws {
+        let answers = Answers()
+        let reads = Reads()
+        let channel = EmbeddedChannel()
+        try channel.pipeline.syncOperations.addHandler(reads)
+        try channel.pipeline.syncOperations.addHandler(HotPathHandler(maxBodyBytes: 1024, idleTimeout: Self.idle, answer: answers.answer))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        // Answering, nothing held: reading goes on (stopping it costs the socket two epoll_ctl).
+        try request(channel, .get, "/time/0")
+        let before = reads.count
+        channel.read()
+        #expect(reads.count == before + 1)
+        // A request held behind the answer: reading waits for the answer.
+        try request(channel, .get, "/publish/p/s/0/ch/0/1")
+        channel.read()
+        channel.read()
+        #expect(reads.count == before + 1, "held: nothing more read while a request waits behind the answer")
+        channel.embeddedEventLoop.run()
+        #expect(try responses(channel) == ["/time/0", "/publish/p/s/0/ch/0/1"])
+        #expect(reads.count == before + 2, "the held read goes on once the answers are written")
+        _ = try channel.finish()
+    }
+
     @Test func aGetWithABodyIsPassedOn() throws {
         let answers = Answers()
         let channel = try pipeline(answers)
