@@ -504,13 +504,19 @@ final class OutboxListeners: Sendable {
 
     func stream() -> AsyncStream<OutboxChange> {
         let (stream, continuation) = AsyncStream.makeStream(of: OutboxChange.self)
-        let finishedAlready = state.withLock { $0.finished }
-        if finishedAlready {
+        let token = add { continuation.yield($0) }
+        // Checked and registered in one step: a stream made as the client shuts down is either
+        // finished by ``finishAll()`` or here, never left open.
+        let registered = state.withLock { state -> Bool in
+            guard !state.finished else { return false }
+            state.finishers[token.id] = { continuation.finish() }
+            return true
+        }
+        guard registered else {
+            token.cancel()
             continuation.finish()
             return stream
         }
-        let token = add { continuation.yield($0) }
-        state.withLock { $0.finishers[token.id] = { continuation.finish() } }
         continuation.onTermination = { _ in token.cancel() }
         return stream
     }

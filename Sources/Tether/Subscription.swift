@@ -182,6 +182,8 @@ final class ListenerRegistry: Sendable {
         var events: [Int: @Sendable (ConnectionEvent) -> Void] = [:]
         var subscriptions: [ObjectIdentifier: Subscription] = [:]
         var finishers: [Int: @Sendable () -> Void] = [:]
+        /// ``finishAll()`` ran (the client shut down): what is made or registered later ends at once.
+        var finished = false
     }
 
     private let state = Mutex(Listeners())
@@ -218,7 +220,18 @@ final class ListenerRegistry: Sendable {
     func stream<Element: Sendable>(_ add: (@escaping @Sendable (Element) -> Void) -> ListenerToken) -> AsyncStream<Element> {
         let (stream, continuation) = AsyncStream.makeStream(of: Element.self)
         let token = add { continuation.yield($0) }
-        state.withLock { $0.finishers[token.id] = { continuation.finish() } }
+        // Checked and registered in one step: a stream made as the client shuts down is either
+        // finished by ``finishAll()`` or here, never left open.
+        let registered = state.withLock { s -> Bool in
+            guard !s.finished else { return false }
+            s.finishers[token.id] = { continuation.finish() }
+            return true
+        }
+        guard registered else {
+            token.cancel()
+            continuation.finish()
+            return stream
+        }
         continuation.onTermination = { [weak self] _ in
             token.cancel()
             self?.state.withLock { _ = $0.finishers.removeValue(forKey: token.id) }
@@ -227,7 +240,13 @@ final class ListenerRegistry: Sendable {
     }
 
     func register(_ subscription: Subscription) {
-        state.withLock { $0.subscriptions[ObjectIdentifier(subscription)] = subscription }
+        let registered = state.withLock { s -> Bool in
+            guard !s.finished else { return false }
+            s.subscriptions[ObjectIdentifier(subscription)] = subscription
+            return true
+        }
+        // After the shutdown nothing is delivered: its streams end at once.
+        if !registered { subscription.finish() }
     }
 
     func unregister(_ subscription: Subscription) {
@@ -269,6 +288,7 @@ final class ListenerRegistry: Sendable {
     func finishAll() {
         let (subscriptions, finishers) = state.withLock { s in
             defer {
+                s.finished = true
                 s.subscriptions = [:]
                 s.status = [:]
                 s.connection = [:]

@@ -41,6 +41,26 @@ struct EngineStepTests {
         #expect(next.isAbandoned)
     }
 
+    /// Streams and subscriptions made after ``TetherClient/shutdown()`` end at once: the
+    /// registries remember that they finished (a stream made as the client shut down used to
+    /// miss the finish and wait for good).
+    @Test func streamsMadeAfterTheShutdownEndAtOnce() async throws {
+        let (client, _, _) = try makeStepClient()
+        await client.shutdown()
+        var statuses = client.statuses().makeAsyncIterator()
+        #expect(await statuses.next() == nil)
+        var events = client.connectionEvents().makeAsyncIterator()
+        #expect(await events.next() == nil)
+        var continuity = client.continuityOutcomes().makeAsyncIterator()
+        #expect(await continuity.next() == nil)
+        var changes = client.outbox.changes().makeAsyncIterator()
+        #expect(await changes.next() == nil)
+        for subscription in client.subscribe(to: ["a"]) {
+            var messages = subscription.messages.makeAsyncIterator()
+            #expect(await messages.next() == nil)
+        }
+    }
+
     @Test func aChannelChangeRestartsTheHeldLongPollFromTheSameCursor() async throws {
         let (client, transport, _) = try makeStepClient()
         var statuses = client.statuses().makeAsyncIterator()
