@@ -36,6 +36,11 @@ final class SubscribeEngine: Sendable {
 
     /// Applies one input to the machine and enqueues its actions (inside the lock, so the order of
     /// actions is the order of transitions).
+    ///
+    /// The enqueue may resume the engine's loop while the machine's lock is held, so no task
+    /// cancellation handler, and no stream termination handler, may ever take this lock: the
+    /// runtime runs those holding a task's status lock, which that resume needs (the deadlock
+    /// fixed in ``WebSocketSession``'s receive was this shape).
     func send(_ input: (inout SubscribeMachine, Duration) -> [SubscribeMachine.Action]) {
         let now = clock.now()
         machine.withLock { machine in

@@ -46,7 +46,7 @@ public struct ServerState: Sendable {
 /// A thin dispatcher: it classifies the request into one ``Route``, applies the route's rate
 /// limit, calls the route family's handler (one file per family under `Routes/`), and turns
 /// what a handler throws into the PubNub error body of its family.
-public struct TetherResponder: HTTPResponder {
+public final class TetherResponder: HTTPResponder, Sendable {
     /// The request context type.
     public typealias Context = TetherRequestContext
 
