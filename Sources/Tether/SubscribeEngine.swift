@@ -102,12 +102,21 @@ final class SubscribeEngine: Sendable {
     /// starts opens a new socket and the receive that waited on the dead one fails as a stale
     /// request — not as a second failure racing the probe's, whose retry policy could delay the
     /// reconnection the probe starts at once.
+    ///
+    /// The socket is given up only when the machine gives the connection up (its actions cancel
+    /// the subscribe request): a failure it tolerates (a liveness failure limit above one) or
+    /// ignores (a stale probe) leaves the socket, and its receive, as they are. A probe that was
+    /// cancelled (replaced, or the engine stopping) is no failure at all.
     private func failedOverSocket(_ session: WebSocketSession,
                                   _ input: (inout SubscribeMachine, Duration) -> [SubscribeMachine.Action]) async {
+        guard !Task.isCancelled else { return }
         var detached: WebSocketSession.DetachedSocket?
         send { machine, now in
-            defer { detached = session.detachSocket() }
-            return input(&machine, now)
+            let actions = input(&machine, now)
+            if actions.contains(where: { if case .cancelSubscribe = $0 { true } else { false } }) {
+                detached = session.detachSocket()
+            }
+            return actions
         }
         await detached?.finish()
     }

@@ -442,10 +442,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// nothing to hold back, and stopping a socket's reading costs two `epoll_ctl` calls per
     /// request (unregistering its read interest, then registering it again after the answer:
     /// ~5 % of the server's CPU for `GET /time/0`, docs/benchmarks.md). What a pipelining client
-    /// can make this handler hold stays one read's worth: the read after the first held part
-    /// waits for the answer.
+    /// can make this handler hold stays a read or two: the read asked for after the first held
+    /// part waits for the answer. After a parse error nothing more is read either (the decoder
+    /// would only report every later read as data after its error).
     func read(context: ChannelHandlerContext) {
-        if answering && !held.isEmpty {
+        if answering && (!held.isEmpty || parseFailed) {
             readPending = true
         } else {
             context.read()

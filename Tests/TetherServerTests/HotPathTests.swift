@@ -339,7 +339,18 @@ import TetherTesting
         channel.embeddedEventLoop.run()
         #expect(try responses(channel) == ["/time/0", "/publish/p/s/0/ch/0/1"])
         #expect(reads.count == before + 2, "the held read goes on once the answers are written")
-        _ = try channel.finish()
+        // A parse error behind an answer: nothing more is read; the 400 follows the answer.
+        try request(channel, .get, "/time/0")
+        channel.pipeline.fireErrorCaught(HTTPParserError.invalidVersion)
+        channel.read()
+        #expect(reads.count == before + 2, "nothing read after the parser's error")
+        channel.embeddedEventLoop.run()
+        var statuses: [HTTPResponseStatus] = []
+        while let part = try channel.readOutbound(as: HTTPServerResponsePart.self) {
+            if case .head(let head) = part { statuses.append(head.status) }
+        }
+        #expect(statuses == [.ok, .badRequest])
+        _ = try? channel.finish()
     }
 
     @Test func aGetWithABodyIsPassedOn() throws {

@@ -692,9 +692,12 @@ final class WebSocketSession: Sendable {
     /// that reacts to a failed probe of the socket, so the reconnection that transition starts
     /// cannot pick up the dead socket, and the receive that waited on it fails only after the
     /// machine moved on (its failure is then stale, not a second reconnection with its own
-    /// retry delay). Nothing is resumed here: ``DetachedSocket/finish()`` does that.
+    /// retry delay). Nothing is resumed here: the caller must call ``DetachedSocket/finish()``
+    /// (the waiting receive's own cancellation no longer reaches it). A loss the server caused
+    /// before (``State/unnoticedLoss``) is forgotten: the caller's reconnection is its report.
     func detachSocket() -> DetachedSocket? {
         state.withLock { state -> DetachedSocket? in
+            state.unnoticedLoss = nil
             guard let link = state.link else { return nil }
             state.link = nil
             state.closure = state.closure ?? (nil, "dropped by the client")
