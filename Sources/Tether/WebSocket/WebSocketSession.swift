@@ -698,24 +698,23 @@ final class WebSocketSession: Sendable {
     func detachSocket() -> DetachedSocket? {
         state.withLock { state -> DetachedSocket? in
             state.unnoticedLoss = nil
-            guard let link = state.link else { return nil }
-            state.link = nil
-            state.closure = state.closure ?? (nil, "dropped by the client")
-            defer { state.consumer = nil }
-            return DetachedSocket(link: link, consumer: state.consumer)
+            return Self.detach(&state)
         }
     }
 
     /// Drops socket `generation` without `bye` (the server keeps the session).
     private func drop(generation: Int) async {
-        let dropped = state.withLock { state -> DetachedSocket? in
-            guard state.generation == generation, let link = state.link else { return nil }
-            state.link = nil
-            state.closure = state.closure ?? (nil, "dropped by the client")
-            defer { state.consumer = nil }
-            return DetachedSocket(link: link, consumer: state.consumer)
-        }
+        let dropped = state.withLock { state in state.generation == generation ? Self.detach(&state) : nil }
         await dropped?.finish()
+    }
+
+    /// Takes the open socket, and the receive waiting on it, out of `state` (with the lock held).
+    private static func detach(_ state: inout State) -> DetachedSocket? {
+        guard let link = state.link else { return nil }
+        state.link = nil
+        state.closure = state.closure ?? (nil, "dropped by the client")
+        defer { state.consumer = nil }
+        return DetachedSocket(link: link, consumer: state.consumer)
     }
 
     // MARK: - Reading a socket
