@@ -140,8 +140,23 @@ public final class PresenceService: Sendable {
                        metadata: ["refused": "\(report.refused)", "memberships": "\(report.held)", "limit": "\(report.limit)"])
     }
 
+    /// The presence clock's reading, for ``refresh(subscribeKey:uuid:channels:groups:timeoutSeconds:heartbeatAt:)``.
+    public func now() -> Duration { clock.now() }
+
+    /// How long after its own heartbeat a long-poll's end extends nothing: a refresh sooner would
+    /// move the timeouts the heartbeat set by less than this.
+    static let refreshAfterHeartbeat = Duration.seconds(1)
+
     /// Extends `uuid`'s presence where it still is (the end of a long-poll); never joins.
-    public func refresh(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?) async {
+    ///
+    /// - Parameter heartbeatAt: when the same long-poll heartbeated (``now()`` before its
+    ///   ``heartbeat(subscribeKey:uuid:channels:groups:timeoutSeconds:states:)``), if it did. Less
+    ///   than ``refreshAfterHeartbeat`` later the refresh does nothing: a long-poll answered at
+    ///   once would otherwise take the tracker's lock (in a cluster, a round trip to the database)
+    ///   a second time for the same timeouts.
+    public func refresh(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?,
+                        heartbeatAt: Duration? = nil) async {
+        if let heartbeatAt, clock.now() - heartbeatAt < Self.refreshAfterHeartbeat { return }
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
         guard !concrete.isEmpty else { return }
         if let shared {

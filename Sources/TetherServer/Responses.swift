@@ -17,15 +17,19 @@ enum Reply {
 
     /// A JSON response whose body is written as it is produced (streamed, chunked).
     static func json(_ status: HTTPResponse.Status, body: ResponseBody, extraHeaders: HTTPFields = [:]) -> Response {
-        var headers: HTTPFields = [
-            .contentType: "text/javascript; charset=\"UTF-8\"",
-            .cacheControl: "no-cache",
-            .accessControlAllowOrigin: "*",
-            .accessControlAllowMethods: "GET, POST, DELETE, OPTIONS",
-        ]
-        headers.append(contentsOf: extraHeaders)
+        var headers = jsonHeaders
+        if !extraHeaders.isEmpty { headers.append(contentsOf: extraHeaders) }
         return Response(status: status, headers: headers, body: body)
     }
+
+    /// Every JSON response's header fields, made (and checked) once and shared: a response
+    /// copies them on write.
+    private static let jsonHeaders: HTTPFields = [
+        .contentType: "text/javascript; charset=\"UTF-8\"",
+        .cacheControl: "no-cache",
+        .accessControlAllowOrigin: "*",
+        .accessControlAllowMethods: "GET, POST, DELETE, OPTIONS",
+    ]
 
     static func json(_ status: HTTPResponse.Status, _ text: String, extraHeaders: HTTPFields = [:]) -> Response {
         json(status, Array(text.utf8), extraHeaders: extraHeaders)

@@ -1,3 +1,4 @@
+public import DequeModule
 @_spi(Benchmarks) public import TetherProtocol
 import Synchronization
 
@@ -47,8 +48,10 @@ public struct BufferedEvent: Sendable {
 /// Anything at or below it that still exists is in the durable store (stored messages); other
 /// events at or below it have left the window.
 public struct ChannelBuffer: Sendable {
-    /// Events in timetoken order.
-    public private(set) var events: [BufferedEvent] = []
+    /// Events in timetoken order. A ring buffer: a full window evicts its oldest event on every
+    /// publish, and an array's `removeFirst` moved every other event of the window for it (~3 %
+    /// of a publish's CPU with 100 events in the window).
+    public private(set) var events = Deque<BufferedEvent>()
     /// All events of the channel above this timetoken are in ``events``.
     public private(set) var coverage: Timetoken
     /// The newest *non-stored* event that left the window: a subscriber behind it missed
@@ -119,8 +122,8 @@ public struct ChannelBuffer: Sendable {
     }
 
     /// Events with `after < timetoken <= through`, oldest first.
-    public func events(after: Timetoken, through: Timetoken) -> ArraySlice<BufferedEvent> {
-        guard let start = events.firstIndex(where: { $0.timetoken > after }) else { return [] }
+    public func events(after: Timetoken, through: Timetoken) -> Slice<Deque<BufferedEvent>> {
+        guard let start = events.firstIndex(where: { $0.timetoken > after }) else { return events[events.endIndex...] }
         var end = events.endIndex
         while end > start, events[end - 1].timetoken > through { end -= 1 }
         return events[start..<end]

@@ -1,3 +1,4 @@
+import DequeModule
 @_spi(Benchmarks) public import TetherProtocol
 
 /// Identifies one waiting long-poll in a ``DeliveryHub``.

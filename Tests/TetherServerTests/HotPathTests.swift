@@ -632,6 +632,29 @@ import TetherTesting
         #expect(!channel.isActive)
     }
 
+    /// The hot path's own conversion of a request head gives what NIO's conversion gives, for
+    /// targets in origin form (which it takes as they are) and in the other forms (which it
+    /// hands to NIO's conversion).
+    @Test(arguments: [
+        "/v2/subscribe/demo/a,b/0?tt=17957854125496649&tr=1&uuid=u%20x&filter-expr=a%3D%3D1",
+        "/publish/demo/demo/0/ch/0/%7B%22a%22%3A1%7D?store=0",
+        "/time/0", "/", "//evil.example/v2/subscribe/demo/x/0?tt=0", "/a%2Fb/%E2%9C%93?x=y#frag",
+        "/path with space", "http://example.com/time/0?x=1", "https://example.com", "*",
+    ])
+    func theHotRequestIsNIOsConversionWithoutParsingAnOriginFormTarget(uri: String) throws {
+        var headers = HTTPHeaders([("Host", "example.com:8080"), ("User-Agent", "t"), ("Cookie", "a=1; b=2"),
+                                   ("Content-Length", "0"), ("X-Many", "1"), ("X-Many", "2")])
+        headers.add(name: "Connection", value: "keep-alive")
+        for method in [HTTPMethod.GET, .POST] {
+            let head = HTTPRequestHead(version: .http1_1, method: method, uri: uri, headers: headers)
+            let expected = try HTTPRequest(head, secure: false, splitCookie: false)
+            #expect(HotPathHandler.hotRequest(head) == expected)
+        }
+        // Without a Host header, too.
+        let bare = HTTPRequestHead(version: .http1_1, method: .GET, uri: uri)
+        #expect(HotPathHandler.hotRequest(bare) == (try HTTPRequest(bare, secure: false, splitCookie: false)))
+    }
+
     @Test func theDateHeaderIsIMFFixdate() {
         #expect(HTTPDate.format(0) == "Thu, 01 Jan 1970 00:00:00 GMT")
         #expect(HTTPDate.format(1_795_709_968) == "Thu, 26 Nov 2026 16:19:28 GMT")

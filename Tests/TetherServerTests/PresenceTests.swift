@@ -72,6 +72,37 @@ import TetherServer
         await server.stop()
     }
 
+    /// The end of a long-poll extends its uuid's presence — except within a second of the same
+    /// long-poll's own heartbeat (a long-poll answered at once), which set those timeouts.
+    @Test func aLongPollsEndExtendsPresenceUnlessItIsWithinASecondOfItsHeartbeat() async throws {
+        let clock = TestClock()
+        let server = try await TestServer.start(clock: clock)
+        let presence = server.server.state.presence
+        var cursor = try await server.handshake("den-pnpres")
+
+        // Erin: refreshed 0.9 s after her heartbeat — nothing moves; she times out at 20 s.
+        let erinAt = presence.now()
+        await presence.heartbeat(subscribeKey: "demo", uuid: "erin", channels: ["den"], groups: [], timeoutSeconds: 20)
+        #expect(try await events(server, "den-pnpres", from: &cursor, count: 1) == ["join:erin=1"])
+        await clock.advance(by: .milliseconds(900))
+        await presence.refresh(subscribeKey: "demo", uuid: "erin", channels: ["den"], groups: [], timeoutSeconds: 20, heartbeatAt: erinAt)
+        await clock.advance(by: .milliseconds(19_100))
+        #expect(try await events(server, "den-pnpres", from: &cursor, count: 1) == ["timeout:erin=0"])
+
+        // Finn: refreshed a second after his heartbeat — extended to 21 s after it.
+        let finnAt = presence.now()
+        await presence.heartbeat(subscribeKey: "demo", uuid: "finn", channels: ["den"], groups: [], timeoutSeconds: 20)
+        #expect(try await events(server, "den-pnpres", from: &cursor, count: 1) == ["join:finn=1"])
+        await clock.advance(by: .seconds(1))
+        await presence.refresh(subscribeKey: "demo", uuid: "finn", channels: ["den"], groups: [], timeoutSeconds: 20, heartbeatAt: finnAt)
+        await clock.advance(by: .milliseconds(19_500))
+        let present = try await server.object("/v2/presence/sub-key/demo/channel/den?uuid=x")
+        #expect(present["uuids"] as? [String] == ["finn"])
+        await clock.advance(by: .milliseconds(500))
+        #expect(try await events(server, "den-pnpres", from: &cursor, count: 1) == ["timeout:finn=0"])
+        await server.stop()
+    }
+
     @Test func subscribeCountsAsAHeartbeatAndComingBackDoesNotFlap() async throws {
         let clock = TestClock()
         let server = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 1), clock: clock)

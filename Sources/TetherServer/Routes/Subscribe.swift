@@ -89,7 +89,9 @@ extension TetherResponder {
         slot?.signature.withLock { $0 = signature }
         let options = try SubscribeRequest.Options(wire, channels: names)
         // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
+        var heartbeatAt: Duration?
         if let uuid = options.uuid, resumed == nil {
+            heartbeatAt = state.presence.now()
             await state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
                                            timeoutSeconds: options.heartbeat, states: options.states)
         }
@@ -148,8 +150,9 @@ extension TetherResponder {
         if let uuid = options.uuid {
             // The connection was alive for the whole long-poll: its end extends the uuid's
             // presence where it still is — but never re-joins one that left meanwhile.
+            // (Not when this same run heartbeated less than a second ago: nothing to extend.)
             await state.presence.refresh(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
-                                         timeoutSeconds: options.heartbeat)
+                                         timeoutSeconds: options.heartbeat, heartbeatAt: heartbeatAt)
         }
         var headers: HTTPFields = [:]
         if !page.gaps.isEmpty {
