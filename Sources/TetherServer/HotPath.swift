@@ -53,7 +53,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     /// What answers a hot request: ``TetherResponder/respondCollected(to:context:)``; `nil`
     /// when a subscribe parked in the hub instead (its slot's wake-up runs it again).
-    typealias Answer = @Sendable (Request, any Channel, LongPollSlot?) async -> (HTTPResponse, ByteBuffer)?
+    /// It runs on the caller's executor (the connection's event loop), not hopping away and back.
+    typealias Answer = nonisolated(nonsending) @Sendable (Request, any Channel, LongPollSlot?) async -> (HTTPResponse, ByteBuffer)?
 
     private let answerRequest: Answer
     /// The largest body a hot `POST` may declare; a larger or unsized one is passed on.
@@ -511,16 +512,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 }
 
 extension TetherResponder {
-    /// ``respond(to:context:)`` for the hot path: the response head (with `Date` and
+    /// ``answer(_:context:)`` for the hot path: the response head (with `Date` and
     /// `Content-Length`) and its body in one buffer.
     /// `nil` when the request is a long-poll that parked in the hub (``LongPollSlot``).
-    func respondCollected(to request: Request, context: TetherRequestContext) async -> (HTTPResponse, ByteBuffer)? {
-        var response: Response
-        do {
-            response = try await respond(to: request, context: context)
-        } catch {
-            response = Response(status: .internalServerError)
-        }
+    nonisolated(nonsending) func respondCollected(to request: Request, context: TetherRequestContext) async -> (HTTPResponse, ByteBuffer)? {
+        let response = await answer(request, context: context)
         if let slot = context.longPollSlot, slot.parked.exchange(false, ordering: .acquiringAndReleasing) { return nil }
         let sink = CollectedBody()
         do {

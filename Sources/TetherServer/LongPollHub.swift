@@ -220,7 +220,7 @@ public final class LongPollHub: Sendable {
     /// being stored waits for its outcome. The key is remembered durably in the same
     /// transaction as the message — or, for an event that is not stored, in a transaction of
     /// its own that the publish then waits for.
-    package func publish(
+    package nonisolated(nonsending) func publish(
         _ makeEnvelope: (Timetoken) -> SubscribeEnvelope, store stored: ((Timetoken) -> StoredMessage)?, dedupKey: DedupKey?
     ) async throws -> HubPublishResult {
         let key = deduplication.isEnabled ? dedupKey : nil
@@ -271,7 +271,7 @@ public final class LongPollHub: Sendable {
 
     /// The cluster's publish: the shared log numbers and commits the event (answering a repeat
     /// remembered by any node), and the log's reader delivers it on every node, this one too.
-    private func publish(
+    private nonisolated(nonsending) func publish(
         through shared: SharedLog, _ makeEnvelope: (Timetoken) -> SubscribeEnvelope, stored: ((Timetoken) -> StoredMessage)?,
         key: DedupKey?
     ) async throws -> HubPublishResult {
@@ -471,7 +471,7 @@ public final class LongPollHub: Sendable {
     /// `CancellationError`). With `parking`, it does not wait: it parks the long-poll with
     /// `parking`'s callback and throws ``LongPollParked``, and the callback is called once
     /// with why the wait ended (the caller then serves the request again).
-    package func receive(
+    package nonisolated(nonsending) func receive(
         _ spec: SubscriptionSpec, after: Timetoken, limit: Int, timeout: TimeAmount, channel: any Channel,
         access: AccessManager.Check? = nil, recheck: (@Sendable () -> AccessManager.Check)? = nil,
         filter: FilterExpression? = nil, parking: LongPollParking? = nil

@@ -103,7 +103,7 @@ public final class PresenceService: Sendable {
 
     /// A heartbeat (or subscribe) of `uuid`; returns once a join or new timeout or state it
     /// caused is durable.
-    public func heartbeat(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?,
+    public nonisolated(nonsending) func heartbeat(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?,
                           states: [String: String] = [:]) async {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
         guard !concrete.isEmpty else { return }
@@ -154,7 +154,7 @@ public final class PresenceService: Sendable {
     ///   than ``refreshAfterHeartbeat`` later the refresh does nothing: a long-poll answered at
     ///   once would otherwise take the tracker's lock (in a cluster, a round trip to the database)
     ///   a second time for the same timeouts.
-    public func refresh(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?,
+    public nonisolated(nonsending) func refresh(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?,
                         heartbeatAt: Duration? = nil) async {
         if let heartbeatAt, clock.now() - heartbeatAt < Self.refreshAfterHeartbeat { return }
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
@@ -393,7 +393,7 @@ public final class PresenceService: Sendable {
     /// changes it made (if any) are durable — at most the store's write timeout: presence is
     /// realtime traffic and keeps flowing while the store is stalled or full (the change stays
     /// in memory and is saved when the store can write again).
-    private func durableTransition(_ body: (inout PresenceTracker) -> [PresenceEvent]) async {
+    private nonisolated(nonsending) func durableTransition(_ body: (inout PresenceTracker) -> [PresenceEvent]) async {
         // Most transitions (a heartbeat that only moves a deadline) leave nothing to save: they
         // return here, without a waiter.
         let id: UInt64? = locked.withLock { locked in

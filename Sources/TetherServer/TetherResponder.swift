@@ -57,6 +57,14 @@ public final class TetherResponder: HTTPResponder, Sendable {
 
     /// Answers one request; never throws (every failure becomes a JSON error response).
     public func respond(to request: Request, context: TetherRequestContext) async throws -> Response {
+        await answer(request, context: context)
+    }
+
+    /// ``respond(to:context:)``, on its caller's executor: the hot path's answers run on their
+    /// connection's event loop, and every nonisolated async call on the way hopped to the
+    /// global executor and back (a lock of the task's status each time; docs/benchmarks.md,
+    /// ninth pass).
+    nonisolated(nonsending) func answer(_ request: Request, context: TetherRequestContext) async -> Response {
         var (endpoint, response) = await route(request, context: context)
         // Shutting down: every answer closes its connection, so a client that polls in a tight
         // loop over keep-alive (a long-poll answered at once from now on) cannot hold the
@@ -77,17 +85,21 @@ public final class TetherResponder: HTTPResponder, Sendable {
         return response
     }
 
+    /// A route's handler: runs on its caller's executor (no hop to the global executor and
+    /// back on every request; docs/benchmarks.md, ninth pass).
+    private typealias Handler = nonisolated(nonsending) () async throws -> Response
+
     /// What ``dispatch(_:context:)`` decided: an answer already, or the handler to await.
     private enum Dispatch {
         case answered(String, Response)
-        case handler(Route, () async throws -> Response)
+        case handler(Route, Handler)
     }
 
     /// The request's endpoint label and response. The only async part of routing: everything
     /// else is in the synchronous ``dispatch(_:context:)`` and ``failure(_:route:)``, so this
     /// function's async frame — allocated for every request and held for a long-poll's whole
     /// wait — stays small (docs/benchmarks.md, "Where a request's CPU and memory go").
-    private func route(_ request: Request, context: TetherRequestContext) async -> (String, Response) {
+    private nonisolated(nonsending) func route(_ request: Request, context: TetherRequestContext) async -> (String, Response) {
         if request.uri.string.utf8.count <= state.keysets.largestURILimit, let console = state.console,
            let response = await self.console(console, request, context: context) {
             return ("console", response)

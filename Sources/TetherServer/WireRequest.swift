@@ -12,8 +12,6 @@ struct WireRequest: Sendable {
     var flags: Set<String>
     /// Path segments as sent (still percent-encoded).
     var rawSegments: [Substring]
-    /// Query values as sent (still percent-encoded).
-    var rawQueryValues: [String: Substring]
     /// Length of the request URI in bytes (for the keyset's URI limit).
     var uriLength = 0
     /// The path as sent (still percent-encoded), for signature checks.
@@ -40,17 +38,17 @@ struct WireRequest: Sendable {
         }
         self.segments = segments
         self.rawSegments = rawSegments
-        var rawQueryValues: [String: Substring] = [:]
         var query: [String: String] = [:]
         var flags: Set<String> = []
         if let rawQuery, !rawQuery.isEmpty {
-            for pair in Self.split(rawQuery[...], on: UInt8(ascii: "&"), omittingEmpty: true) {
+            let pairs = Self.split(rawQuery[...], on: UInt8(ascii: "&"), omittingEmpty: true)
+            query.reserveCapacity(pairs.count)
+            for pair in pairs {
                 if let equals = pair.utf8.firstIndex(of: UInt8(ascii: "=")) {
                     let rawValue = pair[pair.utf8.index(after: equals)...]
                     guard let key = PercentCoding.decode(pair[..<equals]), let value = PercentCoding.decode(rawValue)
                     else { throw .badEncoding("query parameter is not valid percent-encoded UTF-8") }
                     query[key] = value
-                    rawQueryValues[key] = rawValue
                 } else {
                     guard let key = PercentCoding.decode(pair) else { throw .badEncoding("query parameter is not valid percent-encoded UTF-8") }
                     flags.insert(key)
@@ -58,7 +56,6 @@ struct WireRequest: Sendable {
             }
         }
         self.query = query
-        self.rawQueryValues = rawQueryValues
         self.flags = flags
         self.rawPath = rawPath
         self.rawQuery = rawQuery
@@ -79,8 +76,21 @@ struct WireRequest: Sendable {
 
     /// A comma-separated name list in a query parameter, split before decoding.
     func queryNames(_ key: String) -> [String] {
-        guard let raw = rawQueryValues[key] else { return [] }
+        guard let raw = rawQueryValue(key) else { return [] }
         return Self.split(raw)
+    }
+
+    /// Query parameter `key`'s value as sent (still percent-encoded); a repeated key's last.
+    /// Looked up in ``rawQuery`` when asked (only name lists need it), not kept for every
+    /// request.
+    func rawQueryValue(_ key: String) -> Substring? {
+        guard query[key] != nil, let rawQuery else { return nil }
+        var found: Substring?
+        for pair in Self.split(rawQuery[...], on: UInt8(ascii: "&"), omittingEmpty: true) {
+            guard let equals = pair.utf8.firstIndex(of: UInt8(ascii: "=")), PercentCoding.decode(pair[..<equals]) == key else { continue }
+            found = pair[pair.utf8.index(after: equals)...]
+        }
+        return found
     }
 
     private static func split(_ raw: Substring) -> [String] {
@@ -90,8 +100,28 @@ struct WireRequest: Sendable {
     /// Splits on an ASCII byte, walking UTF-8 (not `Character`s: a request's delimiters are
     /// bytes, and grapheme breaking cost a subscribe cycle several microseconds).
     static func split(_ text: Substring, on delimiter: UInt8, omittingEmpty: Bool) -> [Substring] {
-        var parts: [Substring] = []
         let utf8 = text.utf8
+        if let parts = utf8.withContiguousStorageIfAvailable({ bytes in
+            // The bytes in place, and the array sized before it fills: walking the view's
+            // indices and growing the array were most of a request line's parse.
+            var delimiters = 0
+            for byte in bytes where byte == delimiter { delimiters += 1 }
+            var parts: [Substring] = []
+            parts.reserveCapacity(delimiters + 1)
+            let base = utf8.startIndex
+            var start = 0
+            for offset in bytes.indices where bytes[offset] == delimiter {
+                if !omittingEmpty || start != offset {
+                    parts.append(text[utf8.index(base, offsetBy: start)..<utf8.index(base, offsetBy: offset)])
+                }
+                start = offset + 1
+            }
+            if !omittingEmpty || start != bytes.count { parts.append(text[utf8.index(base, offsetBy: start)...]) }
+            return parts
+        }) {
+            return parts
+        }
+        var parts: [Substring] = []
         var start = utf8.startIndex
         var index = start
         while index != utf8.endIndex {

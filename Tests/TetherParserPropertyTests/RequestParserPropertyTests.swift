@@ -81,7 +81,7 @@ import TetherProtocol
             let reference = Dictionary(pairs.map { ($0.0, $0.1) }, uniquingKeysWith: { _, last in last })
             #expect(wire.query == reference)
             for (key, value) in reference {
-                #expect(wire.rawQueryValues[key].flatMap { PercentCoding.decode($0) } == value)
+                #expect(wire.rawQueryValue(key).flatMap { PercentCoding.decode($0) } == value)
             }
             #expect(wire.flags.isEmpty)
         }

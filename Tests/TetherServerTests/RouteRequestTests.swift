@@ -93,7 +93,7 @@ import Testing
         #expect(wire.segments == ["v2", "subscribe", "demo", "a\u{301}", "\u{301}b", "/"])
         #expect(wire.rawSegments.last == "%2F")
         #expect(wire.query == ["x": "2", "y": "a&b", "e": ""])
-        #expect(wire.rawQueryValues["y"] == "a%26b")
+        #expect(wire.rawQueryValue("y") == "a%26b")
         #expect(wire.flags == ["flag"])
         #expect(try WireRequest(rawPath: "/c/a,%2C,,b", rawQuery: nil).pathNames(1) == ["a", ",", "b"])
         #expect(throws: WireRequest.ParseError.self) { try WireRequest(rawPath: "/a/%zz", rawQuery: nil) }

@@ -136,7 +136,7 @@ struct PublishRequest {
 
 extension TetherResponder {
     /// Publish and signal: target, body, access, message, then the hub (which stores it).
-    @inline(never) func publish(_ request: Request, _ wire: WireRequest, kind: EventKind) async throws -> Response {
+    @inline(never) nonisolated(nonsending) func publish(_ request: Request, _ wire: WireRequest, kind: EventKind) async throws -> Response {
         let target = try PublishRequest.Target(wire, kind: kind, keysets: state.keysets, now: state.hub.currentCursor)
         let limits = target.limits
         // The message: GET carries it in the path, POST in the (possibly compressed) body.
@@ -186,7 +186,7 @@ extension TetherResponder {
 
     /// The hub part of a publish, shared by REST and the WebSocket session: a fire is only
     /// acknowledged; otherwise the hub reserves, stores and delivers the message.
-    func commitPublish(_ publish: PublishRequest, kind: EventKind) async throws -> PublishOutcome {
+    nonisolated(nonsending) func commitPublish(_ publish: PublishRequest, kind: EventKind) async throws -> PublishOutcome {
         let target = publish.target
         if publish.isFire {
             // Tether has no server-side handlers yet: acknowledged with a fresh timetoken.

@@ -73,7 +73,7 @@ struct SubscribeRequest {
 
 extension TetherResponder {
     /// Subscribe: a heartbeat for its uuid, then the handshake cursor or a long-poll on the hub.
-    @inline(never) func subscribe(_ wire: WireRequest, context: TetherRequestContext) async throws -> Response {
+    @inline(never) nonisolated(nonsending) func subscribe(_ wire: WireRequest, context: TetherRequestContext) async throws -> Response {
         let request = try SubscribeRequest(wire, keysets: state.keysets, filters: state.filters)
         let keyset = request.keyset
         let names = request.channels
