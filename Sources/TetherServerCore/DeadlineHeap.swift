@@ -1,18 +1,20 @@
 /// What a ``DeadlineHeap`` orders: an entry due at `at`.
-protocol DeadlineEntry {
+@usableFromInline protocol DeadlineEntry {
     associatedtype Instant: Comparable
     var at: Instant { get }
 }
 
 /// A binary min-heap of deadlines ordered by `at`. Stale entries are skipped when popped (or
 /// dropped by ``rebuild(keeping:)``), so a push costs `O(log n)` and nothing is ever searched.
-struct DeadlineHeap<Entry: DeadlineEntry> {
-    private var items: [Entry] = []
+@usableFromInline struct DeadlineHeap<Entry: DeadlineEntry> {
+    @usableFromInline var items: [Entry] = []
 
-    var first: Entry? { items.first }
-    var count: Int { items.count }
+    @inlinable init() {}
 
-    mutating func push(_ element: Entry) {
+    @inlinable var first: Entry? { items.first }
+    @inlinable var count: Int { items.count }
+
+    @inlinable mutating func push(_ element: Entry) {
         items.append(element)
         var child = items.count - 1
         while child > 0 {
@@ -23,7 +25,7 @@ struct DeadlineHeap<Entry: DeadlineEntry> {
         }
     }
 
-    mutating func popMin() {
+    @inlinable mutating func popMin() {
         guard !items.isEmpty else { return }
         items.swapAt(0, items.count - 1)
         items.removeLast()
@@ -31,7 +33,7 @@ struct DeadlineHeap<Entry: DeadlineEntry> {
     }
 
     /// Keeps only the entries `isLive` accepts and restores the heap order in `O(n)`.
-    mutating func rebuild(keeping isLive: (Entry) -> Bool) {
+    @inlinable mutating func rebuild(keeping isLive: (Entry) -> Bool) {
         items.removeAll { !isLive($0) }
         var index = items.count / 2
         while index > 0 {
@@ -40,7 +42,7 @@ struct DeadlineHeap<Entry: DeadlineEntry> {
         }
     }
 
-    private mutating func siftDown(from start: Int) {
+    @inlinable mutating func siftDown(from start: Int) {
         var parent = start
         while true {
             let left = 2 * parent + 1

@@ -30,41 +30,46 @@ public enum WakeReason: Sendable, Hashable {
 ///   once with `reason`).
 /// - `parked(parked, connection)` — waiting. Can transition to: gone (resumed by a wake-up).
 public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable> {
-    fileprivate enum State {
+    @usableFromInline enum State {
         case registered
         case wokenEarly(WakeReason)
         case parked(Parked, connection: Connection)
     }
 
     /// Whether new waiters are accepted. Can transition to: `shuttingDown` (for good).
-    private enum Phase {
+    @usableFromInline enum Phase: Sendable {
         case running
         case shuttingDown
     }
 
     /// When a parked waiter is due (its `.timeout`).
-    fileprivate struct Due: DeadlineEntry {
-        var at: Deadline
-        var id: WaiterID
+    @usableFromInline struct Due: DeadlineEntry {
+        @usableFromInline var at: Deadline
+        @usableFromInline var id: WaiterID
+
+        @inlinable init(at: Deadline, id: WaiterID) {
+            self.at = at
+            self.id = id
+        }
     }
 
-    private var waiters: [WaiterID: State] = [:]
+    @usableFromInline var waiters: [WaiterID: State] = [:]
     /// The parked waiters' deadlines, earliest first: one ordering for all of them, so the shell
     /// keeps one timer (at ``nextDeadline()``) instead of one per waiter. An entry whose waiter
     /// was woken stays until it reaches the top or the heap is compacted.
-    private var due = DeadlineHeap<Due>()
+    @usableFromInline var due = DeadlineHeap<Due>()
     /// The parked waiter of each connection (a connection has at most one request in flight).
-    private var parkedByConnection: [Connection: WaiterID] = [:]
+    @usableFromInline var parkedByConnection: [Connection: WaiterID] = [:]
     /// Connections whose close the shell already observes.
-    private var watched: Set<Connection> = []
-    private var phase = Phase.running
-    private var parkedCount = 0
+    @usableFromInline var watched: Set<Connection> = []
+    @usableFromInline var phase = Phase.running
+    @usableFromInline var parkedCount = 0
 
     /// Creates an empty set of waiters.
-    public init() {}
+    @inlinable public init() {}
 
     /// Whether the server is shutting down: a long-poll then answers instead of waiting.
-    public var isShuttingDown: Bool {
+    @inlinable public var isShuttingDown: Bool {
         switch phase {
         case .running: false
         case .shuttingDown: true
@@ -72,10 +77,10 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
     }
 
     /// Waiters parked right now.
-    public var waitingCount: Int { parkedCount }
+    @inlinable public var waitingCount: Int { parkedCount }
 
     /// A waiter was registered in the hub and is about to park.
-    public mutating func registered(_ id: WaiterID) {
+    @inlinable public mutating func registered(_ id: WaiterID) {
         waiters[id] = .registered
     }
 
@@ -89,7 +94,7 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
     }
 
     /// A waiter of `connection` is about to park.
-    public mutating func watch(_ connection: Connection) -> WatchAction {
+    @inlinable public mutating func watch(_ connection: Connection) -> WatchAction {
         watched.insert(connection).inserted ? .observeClose : .none
     }
 
@@ -104,7 +109,7 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
 
     /// Parks a registered waiter until `deadline` (reported by ``expired(now:)``).
     /// `connectionIsOpen` is the connection's state as the shell sees it now.
-    public mutating func park(
+    @inlinable public mutating func park(
         _ id: WaiterID, _ parked: Parked, connection: Connection, connectionIsOpen: Bool, deadline: Deadline, now: Deadline
     ) -> ParkAction {
         guard let state = waiters[id] else {
@@ -150,7 +155,7 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
     /// Wakes waiters for `reason`: parked ones are handed back to be resumed (the shell
     /// unregisters every id from the hub); ones not parked yet
     /// remember the first reason and take it when they park.
-    public mutating func wake(_ ids: [WaiterID], reason: WakeReason) -> [Parked] {
+    @inlinable public mutating func wake(_ ids: [WaiterID], reason: WakeReason) -> [Parked] {
         var resumed: [Parked] = []
         for id in ids {
             guard let state = waiters[id] else { continue }
@@ -170,14 +175,14 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
     }
 
     /// A watched connection closed: the waiter parked on it, if any, to wake as `.clientGone`.
-    public mutating func connectionClosed(_ connection: Connection) -> WaiterID? {
+    @inlinable public mutating func connectionClosed(_ connection: Connection) -> WaiterID? {
         watched.remove(connection)
         return parkedByConnection.removeValue(forKey: connection)
     }
 
     /// The earliest deadline of a parked waiter, for the shell's one timer; `nil` when none
     /// waits. Drops the entries of woken waiters it finds on top.
-    public mutating func nextDeadline() -> Deadline? {
+    @inlinable public mutating func nextDeadline() -> Deadline? {
         while let top = due.first {
             if Self.isParked(waiters[top.id]) { return top.at }
             due.popMin()
@@ -187,7 +192,7 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
 
     /// The parked waiters whose deadline is at or before `now`, to wake as `.timeout` with
     /// ``wake(_:reason:)``; earliest first.
-    public mutating func expired(now: Deadline) -> [WaiterID] {
+    @inlinable public mutating func expired(now: Deadline) -> [WaiterID] {
         var ids: [WaiterID] = []
         while let top = due.first, top.at <= now {
             due.popMin()
@@ -197,14 +202,14 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
     }
 
     /// Entries in the deadline order, live or stale (tests: it stays bounded).
-    public var deadlineEntries: Int { due.count }
+    @inlinable public var deadlineEntries: Int { due.count }
 
-    private static func isParked(_ state: State?) -> Bool {
+    @inlinable static func isParked(_ state: State?) -> Bool {
         if case .parked = state { true } else { false }
     }
 
     /// Every parked waiter (to re-check access after a grant or revoke).
-    public var parkedWaiters: [WaiterID] {
+    @inlinable public var parkedWaiters: [WaiterID] {
         waiters.compactMap { id, state in
             switch state {
             case .parked: id
@@ -215,7 +220,7 @@ public struct DeliveryWaiters<Parked, Connection: Hashable, Deadline: Comparable
 
     /// Graceful shutdown starts: returns the parked waiters to wake as `.shutdown`; waiters
     /// that park from now on are answered at once.
-    public mutating func shutdown() -> [WaiterID] {
+    @inlinable public mutating func shutdown() -> [WaiterID] {
         phase = .shuttingDown
         return parkedWaiters
     }
