@@ -602,7 +602,8 @@ public struct DeliveryHub: Sendable {
                 let name = isPresence ? group + NameRules.presenceSuffix : group
                 if let ids = waitersByGroup[ChannelKey(subscribeKey: key.subscribeKey, channel: name)] { woken.append(contentsOf: ids) }
             }
-            if !isPresence {
+            // (No wildcard subscriber at all, the usual case: no prefixes to work out per event.)
+            if !isPresence, !waitersByPrefix.isEmpty {
                 for prefix in WildcardPattern.candidatePrefixes(of: key.channel) {
                     if let ids = waitersByPrefix[ChannelKey(subscribeKey: key.subscribeKey, channel: prefix)] {
                         woken.append(contentsOf: ids)
