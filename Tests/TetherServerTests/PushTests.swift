@@ -109,6 +109,29 @@ import TetherTesting
         await server.stop()
     }
 
+    /// The check every publish makes of its payload (`"pn_`, `"pn_debug"`) finds exactly what a
+    /// substring search finds: listed cases, then strings over a small alphabet that makes
+    /// near misses and overlaps common.
+    @Test func thePushMarkerSearchFindsWhatASubstringSearchFinds() {
+        var texts = ["", "\"", "\"pn", "\"pn_", "x\"pn_", "{\"pn_apns\":{}}", "{\"text\":\"pn_\"}", "\"p\"pn_debug\"",
+                     "é\"pn_debug\"ü", String(repeating: "\"pn", count: 50) + "_", "\"pn_debug", "{\"pn_debug\":true}"]
+        let alphabet: [Character] = ["\"", "p", "n", "_", "d", "e", "b", "u", "g", "é"]
+        var seed: UInt64 = 0x2545F4914F6CDD1D
+        for _ in 0..<2_000 {
+            var text = ""
+            seed = seed &* 6364136223846793005 &+ 1442695040888963407
+            for _ in 0..<Int(seed >> 58) {
+                seed = seed &* 6364136223846793005 &+ 1442695040888963407
+                text.append(alphabet[Int(seed >> 33) % alphabet.count])
+            }
+            texts.append(text)
+        }
+        for text in texts {
+            #expect(PushDispatcher.contains(text, "\"pn_") == text.contains("\"pn_"), "\(text)")
+            #expect(PushDispatcher.contains(text, "\"pn_debug\"") == text.contains("\"pn_debug\""), "\(text)")
+        }
+    }
+
     @Test func backoffDoublesToItsCapWithEqualJitter() {
         let backoff = PushBackoff(base: .milliseconds(100), cap: .seconds(1))
         #expect(backoff.delay(afterAttempt: 1, jitter: 0) == .milliseconds(50))
