@@ -1,4 +1,4 @@
-// swift-tools-version: 6.1
+// swift-tools-version: 6.2
 // Tether: a realtime messaging server (PubNub-compatible wire) and Swift client SDK.
 import PackageDescription
 

@@ -53,7 +53,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     /// What answers a hot request: ``TetherResponder/respondCollected(to:context:)``; `nil`
     /// when a subscribe parked in the hub instead (its slot's wake-up runs it again).
-    /// It runs on the caller's executor (the connection's event loop), not hopping away and back.
+    /// It runs on the caller's executor (the connection's event loop) without an executor switch.
     typealias Answer = nonisolated(nonsending) @Sendable (Request, any Channel, LongPollSlot?) async -> (HTTPResponse, ByteBuffer)?
 
     private let answerRequest: Answer

@@ -144,8 +144,9 @@ public final class PresenceService: Sendable {
     public func now() -> Duration { clock.now() }
 
     /// How long after its own heartbeat a long-poll's end extends nothing: a refresh sooner would
-    /// move the timeouts the heartbeat set by less than this.
-    static let refreshAfterHeartbeat = Duration.seconds(1)
+    /// move the timeouts the heartbeat set by less than this (a twentieth of the shortest timeout
+    /// a keyset may set, one second).
+    static let refreshAfterHeartbeat = Duration.milliseconds(50)
 
     /// Extends `uuid`'s presence where it still is (the end of a long-poll); never joins.
     ///

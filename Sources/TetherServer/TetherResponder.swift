@@ -61,9 +61,9 @@ public final class TetherResponder: HTTPResponder, Sendable {
     }
 
     /// ``respond(to:context:)``, on its caller's executor: the hot path's answers run on their
-    /// connection's event loop, and every nonisolated async call on the way hopped to the
-    /// global executor and back (a lock of the task's status each time; docs/benchmarks.md,
-    /// ninth pass).
+    /// connection's event loop, and every nonisolated async call on the way went through the
+    /// runtime's executor switch, which lands back on that loop (the task's executor
+    /// preference) but takes the task's status lock each time (docs/benchmarks.md, ninth pass).
     nonisolated(nonsending) func answer(_ request: Request, context: TetherRequestContext) async -> Response {
         var (endpoint, response) = await route(request, context: context)
         // Shutting down: every answer closes its connection, so a client that polls in a tight
@@ -85,8 +85,8 @@ public final class TetherResponder: HTTPResponder, Sendable {
         return response
     }
 
-    /// A route's handler: runs on its caller's executor (no hop to the global executor and
-    /// back on every request; docs/benchmarks.md, ninth pass).
+    /// A route's handler: runs on its caller's executor, without the runtime's executor switch
+    /// on every call (docs/benchmarks.md, ninth pass).
     private typealias Handler = nonisolated(nonsending) () async throws -> Response
 
     /// What ``dispatch(_:context:)`` decided: an answer already, or the handler to await.

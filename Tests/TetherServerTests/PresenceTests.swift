@@ -72,34 +72,56 @@ import TetherServer
         await server.stop()
     }
 
-    /// The end of a long-poll extends its uuid's presence — except within a second of the same
+    /// The end of a long-poll extends its uuid's presence — except within 50 ms of the same
     /// long-poll's own heartbeat (a long-poll answered at once), which set those timeouts.
-    @Test func aLongPollsEndExtendsPresenceUnlessItIsWithinASecondOfItsHeartbeat() async throws {
+    @Test func aLongPollsEndExtendsPresenceUnlessItFollowsItsOwnHeartbeat() async throws {
         let clock = TestClock()
         let server = try await TestServer.start(clock: clock)
         let presence = server.server.state.presence
         var cursor = try await server.handshake("den-pnpres")
 
-        // Erin: refreshed 0.9 s after her heartbeat — nothing moves; she times out at 20 s.
+        // Erin: refreshed 40 ms after her heartbeat — nothing moves; she times out at 20 s.
         let erinAt = presence.now()
         await presence.heartbeat(subscribeKey: "demo", uuid: "erin", channels: ["den"], groups: [], timeoutSeconds: 20)
         #expect(try await events(server, "den-pnpres", from: &cursor, count: 1) == ["join:erin=1"])
-        await clock.advance(by: .milliseconds(900))
+        await clock.advance(by: .milliseconds(40))
         await presence.refresh(subscribeKey: "demo", uuid: "erin", channels: ["den"], groups: [], timeoutSeconds: 20, heartbeatAt: erinAt)
-        await clock.advance(by: .milliseconds(19_100))
+        await clock.advance(by: .milliseconds(19_960))
         #expect(try await events(server, "den-pnpres", from: &cursor, count: 1) == ["timeout:erin=0"])
 
-        // Finn: refreshed a second after his heartbeat — extended to 21 s after it.
+        // Finn: refreshed 50 ms after his heartbeat — extended to 20.05 s after it.
         let finnAt = presence.now()
         await presence.heartbeat(subscribeKey: "demo", uuid: "finn", channels: ["den"], groups: [], timeoutSeconds: 20)
         #expect(try await events(server, "den-pnpres", from: &cursor, count: 1) == ["join:finn=1"])
-        await clock.advance(by: .seconds(1))
+        await clock.advance(by: .milliseconds(50))
         await presence.refresh(subscribeKey: "demo", uuid: "finn", channels: ["den"], groups: [], timeoutSeconds: 20, heartbeatAt: finnAt)
-        await clock.advance(by: .milliseconds(19_500))
+        await clock.advance(by: .milliseconds(19_950))
         let present = try await server.object("/v2/presence/sub-key/demo/channel/den?uuid=x")
         #expect(present["uuids"] as? [String] == ["finn"])
-        await clock.advance(by: .milliseconds(500))
+        await clock.advance(by: .milliseconds(50))
         #expect(try await events(server, "den-pnpres", from: &cursor, count: 1) == ["timeout:finn=0"])
+        await server.stop()
+    }
+
+    /// Through the server: a subscribe's long-poll that waited (parked in the hub, then woken by
+    /// a publish 15 s later) extends its uuid's presence from its end — 20 s after it, not after
+    /// the subscribe's own heartbeat.
+    @Test func aLongPollThatWaitedExtendsPresenceFromItsEnd() async throws {
+        let clock = TestClock()
+        let server = try await TestServer.start(clock: clock)
+        var cursor = try await server.handshake("nook-pnpres")
+        let start = cursor  // (a handshake on `nook` itself would make its uuid present there)
+        async let waited = server.get("/v2/subscribe/demo/nook/0?tt=\(start.rawValue)&tr=1&heartbeat=20&uuid=hana")
+        #expect(try await events(server, "nook-pnpres", from: &cursor, count: 1) == ["join:hana=1"])
+        #expect(await server.longPollsWaiting(1))
+        await clock.advance(by: .seconds(15))
+        _ = try await server.publish("nook", "1")
+        #expect(try await waited.status == 200)
+        await clock.advance(by: .seconds(19))  // 34 s: the heartbeat's 20 s are long past
+        let present = try await server.object("/v2/presence/sub-key/demo/channel/nook?uuid=x")
+        #expect(present["uuids"] as? [String] == ["hana"])
+        await clock.advance(by: .seconds(1))  // 35 s: 20 s after the long-poll's end
+        #expect(try await events(server, "nook-pnpres", from: &cursor, count: 1) == ["timeout:hana=0"])
         await server.stop()
     }
 

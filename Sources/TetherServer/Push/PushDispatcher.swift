@@ -120,7 +120,8 @@ package final class PushDispatcher: Sendable {
 
     /// Whether `text` contains `needle`, compared as UTF-8 bytes. Every publish asks this of its
     /// payload; Foundation's `contains(_:)` bridged the payload to `NSString` for it (~1.7 % of a
-    /// publish's CPU).
+    /// publish's CPU). Bytes, not characters: a combining mark right after the needle does not
+    /// hide it (that payload's push part is then parsed and found not to be one).
     package static func contains(_ text: String, _ needle: StaticString) -> Bool {
         let pattern = UnsafeBufferPointer(start: needle.utf8Start, count: needle.utf8CodeUnitCount)
         var text = text  // `withUTF8` reads a native string's bytes in place

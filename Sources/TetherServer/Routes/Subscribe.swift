@@ -150,7 +150,8 @@ extension TetherResponder {
         if let uuid = options.uuid {
             // The connection was alive for the whole long-poll: its end extends the uuid's
             // presence where it still is — but never re-joins one that left meanwhile.
-            // (Not when this same run heartbeated less than a second ago: nothing to extend.)
+            // (Not when this same run heartbeated a moment ago, `refreshAfterHeartbeat`: a
+            // long-poll answered at once has nothing to extend.)
             await state.presence.refresh(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
                                          timeoutSeconds: options.heartbeat, heartbeatAt: heartbeatAt)
         }
