@@ -121,17 +121,8 @@ struct WireRequest: Sendable {
         }) {
             return parts
         }
-        var parts: [Substring] = []
-        var start = utf8.startIndex
-        var index = start
-        while index != utf8.endIndex {
-            if utf8[index] == delimiter {
-                if !omittingEmpty || start != index { parts.append(text[start..<index]) }
-                start = utf8.index(after: index)
-            }
-            index = utf8.index(after: index)
-        }
-        if !omittingEmpty || start != utf8.endIndex { parts.append(text[start..<utf8.endIndex]) }
-        return parts
+        // Only text whose bytes are not stored contiguously (a bridged string) gets here; a
+        // native copy's are.
+        return split(Substring(String(text)), on: delimiter, omittingEmpty: omittingEmpty)
     }
 }
