@@ -497,6 +497,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         return true
     }
 
+    /// The task executor of the connection's event loop (the one its hot answers run on), for
+    /// what else serves the connection: a WebSocket session's tasks (``TetherHTTPChannel``).
+    /// Valid once the handler is in a pipeline.
+    var loopExecutor: EventLoopTaskExecutor { loopShare.executor }
+
     /// Closes the connection (the server stopped: ``HotPathTasks/stopAll()``).
     fileprivate func closeConnection() { context?.close(promise: nil) }
 

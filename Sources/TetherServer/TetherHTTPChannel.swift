@@ -139,6 +139,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         let encoder = try pipeline.handler(type: HTTPResponseEncoder.self)
         let decoder = try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
         let hotPath = try pipeline.handler(type: HotPathHandler.self)
+        let executor = hotPath.loopExecutor
         let attempted = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
         let accepted = NIOLoopBoundBox<WebSocketDataHandler<WebSocketSessionContext>?>(nil, eventLoop: channel.eventLoop)
         let logger = logger, serverLogger = serverLogger
@@ -197,11 +198,18 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             case .failedUpgrade(let http1):
                 await Self.refuseUpgrade(http1)
             case .webSocket(let frames, let handler):
-                do {
-                    _ = try await WebSocketHandler.handle(type: .server, configuration: configuration, asyncChannel: frames,
-                                                          context: WebSocketSessionContext(logger: logger), handler: handler)
-                } catch {
-                    logger.debug("WebSocket handler error", metadata: ["error": "\(error)"])
+                // The session's tasks (its reader, writer and deliveries, and Hummingbird's frame
+                // loop) run on the connection's event loop, as the hot path's answers do: a
+                // delivery woken by a publish is one job on the loop that writes the frame,
+                // instead of a wake-up of a concurrency-pool thread, a hop to the loop for the
+                // write and one back (docs/benchmarks.md, "WebSocket sessions on their event loop").
+                await withTaskExecutorPreference(executor) {
+                    do {
+                        _ = try await WebSocketHandler.handle(type: .server, configuration: configuration, asyncChannel: frames,
+                                                              context: WebSocketSessionContext(logger: logger), handler: handler)
+                    } catch {
+                        logger.debug("WebSocket handler error", metadata: ["error": "\(error)"])
+                    }
                 }
             }
         }

@@ -48,6 +48,15 @@ final class OutboundQueue: Sendable {
         return accepted
     }
 
+    /// Whether a text frame may be written straight to the channel instead of queued, keeping
+    /// the order of everything sent: the writer is waiting for a frame (so nothing is queued and
+    /// its last frame was handed to the channel) and the queue is neither closed nor finished.
+    /// Asked on the connection's event loop, where the writer runs, by a sender that then writes
+    /// on that loop without suspending.
+    var writerIsWaiting: Bool {
+        state.withLock { s in s.waiter != nil && !s.finished && s.close == nil }
+    }
+
     /// Queues the close frame (the first one wins), written after the frames queued before it.
     func close(code: UInt16, reason: String) {
         let (waiter, closed) = state.withLock { s -> (CheckedContinuation<OutboundItem?, Never>?, [CheckedContinuation<Void, Never>]) in

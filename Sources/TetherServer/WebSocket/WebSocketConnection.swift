@@ -95,8 +95,17 @@ final class WebSocketConnection: Sendable {
         }
     }
 
-    /// Queues a frame; a full buffer closes the socket as a slow consumer (session kept).
+    /// Sends a frame: written to the channel at once when that keeps the order and needs no
+    /// buffer (on the connection's event loop, the channel writable, the writer waiting with
+    /// nothing queued); otherwise queued for the writer, and a full queue closes the socket as a
+    /// slow consumer (session kept). Writing at once spares a delivery the writer task's wake-up
+    /// and the async writer between it and the channel (docs/benchmarks.md, tenth pass of
+    /// issue #16).
     private func send(_ text: String) {
+        if channel.eventLoop.inEventLoop, channel.isWritable, queue.writerIsWaiting {
+            channel.writeAndFlush(WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(string: text)), promise: nil)
+            return
+        }
         guard !queue.send(text) else { return }
         state.logger.debug("WebSocket closed: slow consumer (outbound buffer full)")
         // The writer is stuck behind unread data: the close frame goes straight to the channel,
