@@ -55,7 +55,9 @@ package struct Bench: AsyncParsableCommand {
 
             --transport websocket: the fan-out, latency and memory subscribers are WebSocket sessions \
             (GET /v2/ws, hello, subscribe) instead of long-polls; publishing stays REST. The memory \
-            run then holds idle sessions.
+            run then holds idle sessions. --publish-wire websocket: the fan-out's closed-loop \
+            publishers send `publish` frames over WebSocket sessions (each with a request id) \
+            instead of REST publishes.
 
             resume (only when named): --resume-sessions WebSocket sessions subscribe, drop their \
             sockets without `bye`, --resume-missed messages are published, and after --drop-seconds \
@@ -109,6 +111,10 @@ package struct Bench: AsyncParsableCommand {
     /// The subscribers' wire.
     @Option(help: "Subscribers' wire for fanout, latency and memory: long-poll or websocket.")
     var transport: BenchTransport = .longPoll
+
+    /// The fan-out publishers' wire.
+    @Option(name: .customLong("publish-wire"), help: "Fan-out's closed-loop publishers: rest or websocket (publish frames on sessions).")
+    var publishWire: BenchPublishWire = .rest
 
     /// Every fan-out publish carries a unique request id.
     @Flag(name: .customLong("request-ids"), help: "Fan-out: every publish carries a unique requestid (the server's deduplication check).")
@@ -300,6 +306,14 @@ package struct Bench: AsyncParsableCommand {
             throw ValidationError("--recorder-clients and --recorder-iterations must be positive, --recorder-repetitions 1 to 101")
         }
         if let fanoutRate, !(1...100_000).contains(fanoutRate) { throw ValidationError("--fanout-rate must be between 1 and 100000") }
+        if publishWire == .websocket {
+            guard fanoutRate == nil else {
+                throw ValidationError("--publish-wire websocket publishes closed-loop: leave out --fanout-rate")
+            }
+            guard !requestIDs else {
+                throw ValidationError("--publish-wire websocket: every publish frame carries a request id already; leave out --request-ids")
+            }
+        }
         guard rate > 0 && rate <= 100_000 else { throw ValidationError("--rate must be between 1 and 100000") }
         guard latencySubscribers > 0 else { throw ValidationError("--latency-subscribers must be positive") }
         guard warmup >= 0 else { throw ValidationError("--warmup must not be negative") }
@@ -389,7 +403,7 @@ package struct Bench: AsyncParsableCommand {
                     let result = try await withServer(external) { target, pid in
                         try await runner.fanout(target: target, serverPID: pid, subscribers: count, channels: fanoutChannels,
                                                 publishers: publishers, rate: fanoutRate, duration: duration, store: !noStore, requestIDs: requestIDs,
-                                                transport: transport)
+                                                transport: transport, publishWire: publishWire)
                     }
                     report.fanout.append(result)
                     if !json { benchLog(Self.describe(result)) }
@@ -637,6 +651,7 @@ package struct Bench: AsyncParsableCommand {
             lines.append("")
             let publishing = first.targetRate.map { "publishing \(grouped(Double($0))) msg/s over \(first.publishers) connections" }
                 ?? "\(first.publishers) closed-loop publishers"
+                + (first.publishWire == BenchPublishWire.websocket.rawValue ? " (publish frames on WebSocket sessions)" : "")
             let wire = first.transport == BenchTransport.websocket.rawValue ? "WebSocket sessions" : "long-polls"
             let channelText = first.channels == 1 ? "one channel" : "\(grouped(Double(first.channels))) channels (round-robin)"
             lines.append("Fan-out (\(wire)) — \(channelText), \(publishing), \(fixed(first.publishSeconds, 1)) s, "
@@ -800,6 +815,7 @@ package struct Bench: AsyncParsableCommand {
 extension BenchRunner.IdleMode: ExpressibleByArgument {}
 
 extension BenchTransport: ExpressibleByArgument {}
+extension BenchPublishWire: ExpressibleByArgument {}
 
 extension Bench {
     /// The resume run's lines.

@@ -93,6 +93,8 @@ struct FanoutResult: Codable, Sendable {
     var serverMicrosPerRequest: Double?
     /// Channels the subscribers were spread over and the publishes went round-robin to.
     var channels: Int = 1
+    /// The closed-loop publishers' wire: `rest` or `websocket` (`publish` frames).
+    var publishWire: String = BenchPublishWire.rest.rawValue
     /// Deliveries in each second of the run.
     var deliveriesPerSecondSeries: [Int]
     /// Server CPU while publishing, in percent of one CPU (spawned servers only).
@@ -355,7 +357,7 @@ struct BenchRunner {
     func fanout(
         target: BenchTarget, serverPID: Int32?, subscribers: Int, channels channelCount: Int = 1, publishers: Int, rate: Int?,
         duration: Double, store: Bool, requestIDs: Bool = false,
-        transport: BenchTransport
+        transport: BenchTransport, publishWire: BenchPublishWire = .rest
     ) async throws -> FanoutResult {
         let prefix = freshChannel("fanout")
         let names = channelCount == 1 ? [prefix] : (0..<channelCount).map { "\(prefix)-\($0)" }
@@ -391,6 +393,12 @@ struct BenchRunner {
         if let paced {
             try await loop.submit { paced.value.start(on: loop) }.get()
             floodChannels = []
+        } else if publishWire == .websocket {
+            let flood = BenchWebSocketFlood(channels: names, store: store, ledger: ledger, control: control)
+            floodChannels = try await BenchConnector.connectManyWebSockets(publishers, to: target, group: group) { index in
+                BenchWebSocketSubscriber(mode: .publish(flood), uuid: "bench-publisher-\(index)", target: target,
+                                         progress: SubscriberProgress(), recordLatencyFrom: nil)
+            }
         } else {
             floodChannels = try await BenchConnector.connectMany(publishers, to: target, group: group) { _ in
                 FloodPublisher(request: request, ledger: ledger, control: control)
@@ -461,6 +469,7 @@ struct BenchRunner {
             deliveriesPerSecondSeries: series, serverCPUPercent: cpu.server, clientCPUPercent: cpu.client,
             interruptCPUPercent: cpu.interrupts, otherCPUPercent: cpu.other)
         result.channels = channelCount
+        result.publishWire = publishWire.rawValue
         for (index, report) in reports.enumerated() {
             result.deliveries += report.deliveries
             let lost = acked.countMissing(from: report.received, residue: index % channelCount, modulus: channelCount)

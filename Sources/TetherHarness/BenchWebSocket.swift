@@ -16,6 +16,15 @@ enum BenchTransport: String, Codable, CaseIterable, Sendable {
     case websocket
 }
 
+/// The wire a bench fan-out's closed-loop publishers use.
+enum BenchPublishWire: String, Codable, CaseIterable, Sendable {
+    /// `GET /publish/…` over keep-alive HTTP connections.
+    case rest
+    /// `publish` frames over WebSocket sessions, each with a request id; the next is sent at
+    /// each `ack`.
+    case websocket
+}
+
 /// What a WebSocket bench subscriber knows of its session; kept across its sockets, so a later
 /// socket can resume the session.
 struct BenchSessionState: Sendable {
@@ -46,6 +55,25 @@ enum BenchWebSocketMode: Sendable {
     /// `hello` with the resume token and cursor of the progress's session; ready at a
     /// `welcome` with `resumed: true`, then receives the replay.
     case resume
+    /// `hello`, then closed-loop `publish` frames (one in flight, the next sent at its `ack`)
+    /// until the flood's control stops it: a fan-out's publisher on the session wire.
+    case publish(BenchWebSocketFlood)
+}
+
+/// What a WebSocket publisher of a fan-out run publishes and where it records the answers: the
+/// fan-out's messages (message `id` on channel `id mod channels`, the id from the shared ledger),
+/// each a `publish` frame with a request id of its own.
+struct BenchWebSocketFlood: Sendable {
+    let channels: [String]
+    let store: Bool
+    let ledger: PublishLedger
+    let control: FloodControl
+
+    /// The `publish` frame of message `id` sent at `sentAt`.
+    func frame(id: Int, sentAt: UInt64) -> String {
+        "{\"type\":\"publish\",\"requestId\":\"b\(id)\",\"channel\":\"\(channels[id % channels.count])\","
+            + "\"message\":{\"i\":\(id),\"s\":\(sentAt)}" + (store ? "}" : ",\"store\":false}")
+    }
 }
 
 /// One WebSocket subscriber: upgrade, `hello`, `subscribe` (or resume), then every `messages`
@@ -69,6 +97,10 @@ final class BenchWebSocketSubscriber: ChannelInboundHandler {
     private var fragments: ByteBuffer?
     private var cursor: UInt64 = 0
     private var resumeToken: String?
+    /// A publisher's publish awaiting its `ack`.
+    private var inFlight: Int?
+    /// A publisher counted itself finished in its flood's control.
+    private var publisherFinished = false
 
     /// Creates a subscriber with uuid `uuid` on the `demo` keyset. In `.resume` mode it continues
     /// the session (and the delivery checks) the progress recorded when its last socket closed.
@@ -79,6 +111,7 @@ final class BenchWebSocketSubscriber: ChannelInboundHandler {
             + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
             + "Sec-WebSocket-Protocol: tether.v1.json\r\n\r\n"
         var hello = "{\"type\":\"hello\",\"v\":1,\"subscribeKey\":\"demo\",\"uuid\":\"\(uuid)\""
+        if case .publish = mode { hello += ",\"publishKey\":\"demo\"" }
         if case .resume = mode {
             let session = progress.session.withLock { $0 }
             let prior = progress.report.withLock { $0 } ?? SubscriberReport()
@@ -231,9 +264,33 @@ final class BenchWebSocketSubscriber: ChannelInboundHandler {
                 book.report.errors += 1
                 let message = String(decoding: raw.prefix(300), as: UTF8.self)
                 progress.session.withLock { $0.lastError = message }
+            } else if BenchBytes.hasPrefixIgnoringCase("{\"type\":\"ack\"", in: raw, at: 0) {
+                guard case .publish(let flood) = mode, let id = inFlight else { return }
+                // An ack carries `timetoken` when the publish was accepted, `error` when it was not.
+                let accepted = BenchBytes.find("\"timetoken\":", in: raw, from: 0) != nil
+                flood.ledger.record(id: id, status: accepted ? 200 : 0, roundTrip: nil)
+                inFlight = nil
+                publishNext(flood, context: context)
             }
-            // `ack`, `pong`, `unsubscribed`: nothing to do.
+            // `pong`, `unsubscribed`: nothing to do.
         }
+    }
+
+    /// A publisher's next publish, or its end once the flood is stopped.
+    private func publishNext(_ flood: BenchWebSocketFlood, context: ChannelHandlerContext) {
+        guard !flood.control.stop.load(ordering: .acquiring) else {
+            finishPublishing()
+            return
+        }
+        let id = flood.ledger.nextID.wrappingAdd(1, ordering: .relaxed).oldValue
+        inFlight = id
+        send(flood.frame(id: id, sentAt: benchNow()), context: context)
+    }
+
+    private func finishPublishing() {
+        guard case .publish(let flood) = mode, !publisherFinished else { return }
+        publisherFinished = true
+        flood.control.finished.add(1, ordering: .releasing)
     }
 
     private func welcome(_ raw: UnsafeRawBufferPointer, now: UInt64, context: ChannelHandlerContext) {
@@ -260,6 +317,9 @@ final class BenchWebSocketSubscriber: ChannelInboundHandler {
             } else {
                 fail(context, "the session was not resumed")
             }
+        case .publish(let flood):
+            progress.ready.store(true, ordering: .releasing)
+            publishNext(flood, context: context)
         }
     }
 
@@ -275,6 +335,11 @@ final class BenchWebSocketSubscriber: ChannelInboundHandler {
 
     /// Keeps what the next socket of the session needs and reports the checks.
     func channelInactive(context: ChannelHandlerContext) {
+        if case .publish(let flood) = mode {
+            if inFlight != nil { flood.ledger.errors.add(1, ordering: .relaxed) }
+            inFlight = nil
+            finishPublishing()
+        }
         let report = book.report
         progress.report.withLock { $0 = report }
         progress.session.withLock {

@@ -1,5 +1,5 @@
 """`tether bench` over WebSocket still runs, at a toy size: fan-out, latency and memory with
-`--transport websocket`, and the resume run (drop without `bye`, messages published while away,
+`--transport websocket`, the fan-out with `--publish-wire websocket`, and the resume run (drop without `bye`, messages published while away,
 resume with token + cursor). Each spawns its own server and checks what it measured (every message
 delivered exactly once, in order; the session resumed). The figures are for docs/benchmarks.md."""
 
@@ -31,6 +31,23 @@ def test_websocket_fanout_delivers_every_message_exactly_once_in_order():
     assert fields[6:10] == ["0", "0", "0", "0"], row
     assert int(fields[2].replace(",", "")) > 0, row
     assert re.match(r"^\d+\.\d+$", fields[-1]), row  # server µs per delivery
+
+
+def test_websocket_publishers_fan_out_every_message_exactly_once_in_order():
+    out = bench("--scenario", "fanout", "--transport", "websocket", "--publish-wire", "websocket", "--duration", "2",
+                "--subscribers", "6", "--fanout-channels", "3", "--publishers", "2")
+    assert "2 closed-loop publishers (publish frames on WebSocket sessions)" in out, out
+    row = next(line for line in out.splitlines() if re.match(r"^\s+6\s", line))
+    fields = row.split()
+    assert int(fields[1].replace(",", "")) > 0, row  # publishes/s: the acks were counted
+    assert fields[6:10] == ["0", "0", "0", "0"], row
+
+
+def test_websocket_publish_wire_refuses_a_paced_rate():
+    proc = subprocess.run([TETHER_BIN, "bench", "--scenario", "fanout", "--publish-wire", "websocket", "--fanout-rate", "100"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0
+    assert "--publish-wire websocket publishes closed-loop" in proc.stderr + proc.stdout
 
 
 def test_websocket_latency_has_no_loss():
