@@ -164,6 +164,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             upgradePipelineHandler: { channel, _ in
                 channel.eventLoop.makeCompletedFuture {
                     guard let handler = accepted.value else { throw ChannelError.inappropriateOperationForState }
+                    try channel.pipeline.syncOperations.addHandler(WebSocketCloseGuard())
                     let frames = try NIOAsyncChannel<WebSocketFrame, WebSocketFrame>(
                         wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
                     return .webSocket(frames, handler)

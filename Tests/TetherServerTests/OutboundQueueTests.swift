@@ -19,7 +19,7 @@ import TetherTesting
         #expect(!queue.writerIsWaiting)
         #expect(Self.text(await queue.next()) == "a", "a queued frame is taken without waiting")
 
-        let writer = Task { await queue.next() }
+        let writer = Task { await queue.next(onEventLoop: true) }
         #expect(await eventually { queue.writerIsWaiting })
         queue.send("b")
         #expect(!queue.writerIsWaiting, "a frame handed to the waiting writer ends its wait")
@@ -31,7 +31,7 @@ import TetherTesting
         #expect(!queue.writerIsWaiting)
         #expect(Self.text(await queue.next()) == "c")
         #expect(Self.text(await queue.next()) == "d")
-        let next = Task { await queue.next() }
+        let next = Task { await queue.next(onEventLoop: true) }
         #expect(await eventually { queue.writerIsWaiting })
         queue.close(code: 1000, reason: "bye")
         #expect(!queue.writerIsWaiting, "after the close frame nothing more is written")
@@ -43,9 +43,20 @@ import TetherTesting
         #expect(!queue.writerIsWaiting)
     }
 
+    @Test func aWriterOffTheEventLoopIsNeverWrittenAround() async {
+        // Off the loop, NIO's async writer hands a frame to the channel in a job of its own
+        // after `write` returns: a frame written straight to the channel could overtake it.
+        let queue = OutboundQueue(maxFrames: 4, maxBytes: 1024)
+        let writer = Task { await queue.next(onEventLoop: false) }
+        #expect(await eventually { queue.writerParked })
+        #expect(!queue.writerIsWaiting)
+        queue.finish()
+        #expect(await writer.value == nil)
+    }
+
     @Test func aFinishedQueueHasNoWaitingWriter() async {
         let queue = OutboundQueue(maxFrames: 4, maxBytes: 1024)
-        let writer = Task { await queue.next() }
+        let writer = Task { await queue.next(onEventLoop: true) }
         #expect(await eventually { queue.writerIsWaiting })
         queue.finish()
         #expect(!queue.writerIsWaiting)

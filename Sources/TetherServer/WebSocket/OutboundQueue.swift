@@ -1,3 +1,5 @@
+import NIOCore
+import NIOWebSocket
 import Synchronization
 import TetherServerCore
 
@@ -16,6 +18,8 @@ final class OutboundQueue: Sendable {
         var close: (code: UInt16, reason: String)?
         var finished = false
         var waiter: CheckedContinuation<OutboundItem?, Never>?
+        /// The waiting writer runs on the connection's event loop (``next(onEventLoop:)``).
+        var waiterOnEventLoop = false
         var closedWaiters: [CheckedContinuation<Void, Never>] = []
 
         /// Marks the queue finished; returns who awaited that.
@@ -49,13 +53,17 @@ final class OutboundQueue: Sendable {
     }
 
     /// Whether a text frame may be written straight to the channel instead of queued, keeping
-    /// the order of everything sent: the writer is waiting for a frame (so nothing is queued and
-    /// its last frame was handed to the channel) and the queue is neither closed nor finished.
-    /// Asked on the connection's event loop, where the writer runs, by a sender that then writes
-    /// on that loop without suspending.
+    /// the order of everything sent: the writer is waiting for a frame (so nothing is queued),
+    /// it runs on the connection's event loop (so its last frame was handed to the channel
+    /// before its write returned: NIO's async writer writes at once on the loop, and queues a
+    /// job for it anywhere else), and the queue is neither closed nor finished. Asked on the
+    /// connection's event loop by a sender that then writes on that loop without suspending.
     var writerIsWaiting: Bool {
-        state.withLock { s in s.waiter != nil && !s.finished && s.close == nil }
+        state.withLock { s in s.waiter != nil && s.waiterOnEventLoop && !s.finished && s.close == nil }
     }
+
+    /// Whether the writer waits for a frame, wherever it runs (tests).
+    var writerParked: Bool { state.withLock { $0.waiter != nil } }
 
     /// Queues the close frame (the first one wins), written after the frames queued before it.
     func close(code: UInt16, reason: String) {
@@ -98,7 +106,8 @@ final class OutboundQueue: Sendable {
     }
 
     /// The next frame to write; `nil` once finished or after the close frame was taken.
-    func next() async -> OutboundItem? {
+    /// `onEventLoop`: the writer runs on the connection's event loop (``writerIsWaiting``).
+    func next(onEventLoop: Bool = false) async -> OutboundItem? {
         await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<OutboundItem?, Never>) in
                 let (ready, closed) = state.withLock { s -> (OutboundItem??, [CheckedContinuation<Void, Never>]) in
@@ -108,6 +117,7 @@ final class OutboundQueue: Sendable {
                         return (.some(.close(code: close.code, reason: close.reason)), s.markFinished())
                     }
                     s.waiter = continuation
+                    s.waiterOnEventLoop = onEventLoop
                     return (.none, [])
                 }
                 if let ready { continuation.resume(returning: ready) }
@@ -116,5 +126,29 @@ final class OutboundQueue: Sendable {
         } onCancel: {
             finish()
         }
+    }
+}
+
+/// Nothing after a close frame: drops (and fails) every frame written after the connection's
+/// close frame went out (RFC 6455 §5.5.1). Hummingbird's WebSocket handler answers a client's
+/// close, or closes after a protocol error, through its own writer, which the session's direct
+/// frame writes (``WebSocketConnection``) do not go through; without this a delivery written in
+/// the moment before the session learns of the close could follow the close frame.
+final class WebSocketCloseGuard: ChannelOutboundHandler, RemovableChannelHandler {
+    typealias OutboundIn = WebSocketFrame
+    typealias OutboundOut = WebSocketFrame
+
+    /// Raised for a frame written after the close frame.
+    struct AfterClose: Error {}
+
+    private var closeSent = false
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        guard !closeSent else {
+            promise?.fail(AfterClose())
+            return
+        }
+        if unwrapOutboundIn(data).opcode == .connectionClose { closeSent = true }
+        context.write(data, promise: promise)
     }
 }

@@ -80,7 +80,8 @@ final class WebSocketConnection: Sendable {
     // MARK: - Writing
 
     private func write(_ outbound: WebSocketOutboundWriter) async {
-        while let item = await queue.next() {
+        let channel = channel
+        while let item = await queue.next(onEventLoop: channel.eventLoop.inEventLoop) {
             do {
                 switch item {
                 case .text(let text):
@@ -103,7 +104,11 @@ final class WebSocketConnection: Sendable {
     /// issue #16).
     private func send(_ text: String) {
         if channel.eventLoop.inEventLoop, channel.isWritable, queue.writerIsWaiting {
-            channel.writeAndFlush(WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(string: text)), promise: nil)
+            // A write that fails (the socket closed, or the close frame went out:
+            // ``WebSocketCloseGuard``) ends the writer, as a failed write of its own does.
+            let promise = channel.eventLoop.makePromise(of: Void.self)
+            promise.futureResult.whenFailure { [queue] _ in queue.finish() }
+            channel.writeAndFlush(WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(string: text)), promise: promise)
             return
         }
         guard !queue.send(text) else { return }
@@ -486,7 +491,14 @@ final class WebSocketConnection: Sendable {
                     round.spec, after: round.after, limit: round.limit, timeout: round.timeout,
                     channel: channel, access: round.check, recheck: round.recheck, filter: round.filter)
                 if Task.isCancelled { return }
+                let full = page.envelopes.count >= round.limit
                 if !finishRound(round, page: page, session: session) { return }
+                // A full page means more is likely ready at once, and a receive that finds it
+                // does not suspend: without this a session catching up from memory would send
+                // its whole backlog in one job of the event loop it shares with other
+                // connections (and the writer, which ends the session after a slow-consumer
+                // close, would wait for it).
+                if full { await Task.yield() }
             } catch {
                 if !deliveryFailed(error, session: session) { return }
             }
