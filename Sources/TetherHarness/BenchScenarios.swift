@@ -453,6 +453,8 @@ struct BenchRunner {
         let caughtUp = benchNow()
         let serverSeconds = meter.serverSeconds()
         let dropped = progress.filter { $0.closed.load(ordering: .acquiring) }
+        // WebSocket publishers end their sessions with `bye`, so an external server keeps none.
+        if publishWire == .websocket { BenchConnector.sayGoodbye(floodChannels) }
         await close(publisherChannels + floodChannels)
         await closeSubscribers(subscriberChannels, transport: transport)
         let reports = reports(progress)
@@ -470,6 +472,7 @@ struct BenchRunner {
             interruptCPUPercent: cpu.interrupts, otherCPUPercent: cpu.other)
         result.channels = channelCount
         result.publishWire = publishWire.rawValue
+        if publishWire == .websocket { result.requestIDs = true }  // every publish frame carries one
         for (index, report) in reports.enumerated() {
             result.deliveries += report.deliveries
             let lost = acked.countMissing(from: report.received, residue: index % channelCount, modulus: channelCount)

@@ -1,3 +1,4 @@
+import Foundation
 import NIOCore
 import NIOPosix
 import Synchronization
@@ -68,10 +69,20 @@ struct BenchWebSocketFlood: Sendable {
     let store: Bool
     let ledger: PublishLedger
     let control: FloodControl
+    /// Unique to the run (23 characters of a fresh UUID and a dash), so a later run against the
+    /// same server (`--url`, or the next subscriber count) is never answered as a repeat.
+    let requestIDPrefix = UUID().uuidString.prefix(23) + "-"
+
+    init(channels: [String], store: Bool, ledger: PublishLedger, control: FloodControl) {
+        self.channels = channels
+        self.store = store
+        self.ledger = ledger
+        self.control = control
+    }
 
     /// The `publish` frame of message `id` sent at `sentAt`.
     func frame(id: Int, sentAt: UInt64) -> String {
-        "{\"type\":\"publish\",\"requestId\":\"b\(id)\",\"channel\":\"\(channels[id % channels.count])\","
+        "{\"type\":\"publish\",\"requestId\":\"\(requestIDPrefix)\(id)\",\"channel\":\"\(channels[id % channels.count])\","
             + "\"message\":{\"i\":\(id),\"s\":\(sentAt)}" + (store ? "}" : ",\"store\":false}")
     }
 }

@@ -164,7 +164,14 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             upgradePipelineHandler: { channel, _ in
                 channel.eventLoop.makeCompletedFuture {
                     guard let handler = accepted.value else { throw ChannelError.inappropriateOperationForState }
-                    try channel.pipeline.syncOperations.addHandler(WebSocketCloseGuard())
+                    // Before NIO's protocol error handler (which answers a malformed frame with a
+                    // close frame of its own), so every close frame and every frame after it pass.
+                    let pipeline = channel.pipeline.syncOperations
+                    if let errors = try? pipeline.handler(type: WebSocketProtocolErrorHandler.self) {
+                        try pipeline.addHandler(WebSocketCloseGuard(), position: .before(errors))
+                    } else {
+                        try pipeline.addHandler(WebSocketCloseGuard())
+                    }
                     let frames = try NIOAsyncChannel<WebSocketFrame, WebSocketFrame>(
                         wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
                     return .webSocket(frames, handler)
@@ -201,9 +208,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             case .webSocket(let frames, let handler):
                 // The session's tasks (its reader, writer and deliveries, and Hummingbird's frame
                 // loop) run on the connection's event loop, as the hot path's answers do: a
-                // delivery woken by a publish is one job on the loop that writes the frame,
-                // instead of a wake-up of a concurrency-pool thread, a hop to the loop for the
-                // write and one back (docs/benchmarks.md, "WebSocket sessions on their event loop").
+                // delivery woken by a publish is one job on the loop, which writes the frame
+                // (docs/benchmarks.md, "WebSocket sessions on their event loop").
                 await withTaskExecutorPreference(executor) {
                     do {
                         _ = try await WebSocketHandler.handle(type: .server, configuration: configuration, asyncChannel: frames,

@@ -16,7 +16,7 @@ import Testing
     @Test func framesAfterTheCloseFrameAreDroppedAndTheirWritesFail() throws {
         let channel = EmbeddedChannel(handler: WebSocketCloseGuard())
         try channel.writeOutbound(Self.frame(.text, "before"))
-        try channel.writeOutbound(Self.frame(.connectionClose, "\u{3}\u{E8}"))
+        try channel.writeOutbound(WebSocketFrame(fin: true, opcode: .connectionClose, data: ByteBuffer(bytes: [0x03, 0xE8])))  // 1000
         let late = channel.eventLoop.makePromise(of: Void.self)
         channel.writeAndFlush(Self.frame(.text, "after"), promise: late)
         let failed = NIOLockedValueBox<(any Error)?>(nil)

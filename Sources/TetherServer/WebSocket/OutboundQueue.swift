@@ -131,9 +131,11 @@ final class OutboundQueue: Sendable {
 
 /// Nothing after a close frame: drops (and fails) every frame written after the connection's
 /// close frame went out (RFC 6455 §5.5.1). Hummingbird's WebSocket handler answers a client's
-/// close, or closes after a protocol error, through its own writer, which the session's direct
-/// frame writes (``WebSocketConnection``) do not go through; without this a delivery written in
-/// the moment before the session learns of the close could follow the close frame.
+/// close, or closes after a protocol error, through its own writer, and NIO's protocol error
+/// handler answers a malformed frame with a close frame of its own; the session's direct frame
+/// writes (``WebSocketConnection``) go through neither, so a delivery written in the moment
+/// before the session learns of the close could otherwise follow the close frame. It sits before
+/// NIO's protocol error handler, so it sees every frame written to the connection.
 final class WebSocketCloseGuard: ChannelOutboundHandler, RemovableChannelHandler {
     typealias OutboundIn = WebSocketFrame
     typealias OutboundOut = WebSocketFrame

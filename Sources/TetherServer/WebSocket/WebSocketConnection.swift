@@ -9,9 +9,11 @@ import Synchronization
 import TetherServerCore
 
 /// One upgraded socket speaking the session protocol (docs/websocket-protocol.md): it reads the
-/// client's frames, writes the queued server frames, and runs the session's deliveries — a
+/// client's frames, writes the server's frames (through its writer task, or straight to the
+/// channel when nothing waits before them: ``send(_:)``), and runs the session's deliveries — a
 /// long-poll loop on the same ``LongPollHub`` with the session's cursor, so timetokens and
-/// cursors are those of the REST wire. Three child tasks; the first to end ends the socket.
+/// cursors are those of the REST wire. Three child tasks, on the connection's event loop; the
+/// first to end ends the socket.
 final class WebSocketConnection: Sendable {
     typealias Table = SessionTable<SessionState>
 
@@ -97,11 +99,9 @@ final class WebSocketConnection: Sendable {
     }
 
     /// Sends a frame: written to the channel at once when that keeps the order and needs no
-    /// buffer (on the connection's event loop, the channel writable, the writer waiting with
-    /// nothing queued); otherwise queued for the writer, and a full queue closes the socket as a
-    /// slow consumer (session kept). Writing at once spares a delivery the writer task's wake-up
-    /// and the async writer between it and the channel (docs/benchmarks.md, tenth pass of
-    /// issue #16).
+    /// buffer (``OutboundQueue/writerIsWaiting``, on the connection's event loop, the channel
+    /// writable); otherwise queued for the writer, and a full queue closes the socket as a slow
+    /// consumer (session kept).
     private func send(_ text: String) {
         if channel.eventLoop.inEventLoop, channel.isWritable, queue.writerIsWaiting {
             // A write that fails (the socket closed, or the close frame went out:
