@@ -73,13 +73,6 @@ struct BenchWebSocketFlood: Sendable {
     /// same server (`--url`, or the next subscriber count) is never answered as a repeat.
     let requestIDPrefix = UUID().uuidString.prefix(23) + "-"
 
-    init(channels: [String], store: Bool, ledger: PublishLedger, control: FloodControl) {
-        self.channels = channels
-        self.store = store
-        self.ledger = ledger
-        self.control = control
-    }
-
     /// The `publish` frame of message `id` sent at `sentAt`.
     func frame(id: Int, sentAt: UInt64) -> String {
         "{\"type\":\"publish\",\"requestId\":\"\(requestIDPrefix)\(id)\",\"channel\":\"\(channels[id % channels.count])\","
@@ -89,6 +82,7 @@ struct BenchWebSocketFlood: Sendable {
 
 /// One WebSocket subscriber: upgrade, `hello`, `subscribe` (or resume), then every `messages`
 /// frame checked for loss, duplication and order like ``BenchSubscriber``'s long-poll answers.
+/// In `.publish` mode the same session client is a fan-out's publisher instead.
 final class BenchWebSocketSubscriber: ChannelInboundHandler {
     /// Bytes from the socket.
     typealias InboundIn = ByteBuffer

@@ -53,13 +53,14 @@ final class OutboundQueue: Sendable {
     }
 
     /// Whether a text frame may be written straight to the channel instead of queued, keeping
-    /// the order of everything sent: the writer is waiting for a frame (so nothing is queued),
-    /// it runs on the connection's event loop (so its last frame was handed to the channel
-    /// before its write returned: NIO's async writer writes at once on the loop, and queues a
-    /// job for it anywhere else), and the queue is neither closed nor finished. Asked on the
-    /// connection's event loop by a sender that then writes on that loop without suspending.
+    /// the order of everything sent: the writer is waiting for a frame (so nothing is queued,
+    /// and the queue is neither closed nor finished: both take the waiter), and it runs on the
+    /// connection's event loop (so its last frame was handed to the channel before its write
+    /// returned: NIO's async writer writes at once on the loop, and queues a job for it anywhere
+    /// else). Asked on the connection's event loop by a sender that then writes on that loop
+    /// without suspending.
     var writerIsWaiting: Bool {
-        state.withLock { s in s.waiter != nil && s.waiterOnEventLoop && !s.finished && s.close == nil }
+        state.withLock { s in s.waiter != nil && s.waiterOnEventLoop }
     }
 
     /// Whether the writer waits for a frame, wherever it runs (tests).
