@@ -115,6 +115,10 @@ public final class MessageStore: Sendable {
     /// Whether the writer syncs each batch's commit itself, after delivering it (`durability full`).
     private let syncsSeparately: Bool
     private let wal: WALSync
+    /// The `highest_timetoken` the store holds, as far as message batches know: a batch writes it
+    /// only when one of its timetokens passes it, and then ``timetokenReservation`` ahead
+    /// (``reservation(above:stored:)``). Written by the writer thread only, after its commit.
+    private let reservedHighest = Atomic<Int64>(0)
     /// Tests: runs on the writer before each sync; throwing stands for a failed `fdatasync`,
     /// blocking for a slow disk.
     let syncProbe = Mutex<(@Sendable () throws -> Void)?>(nil)
@@ -443,6 +447,21 @@ public final class MessageStore: Sendable {
         }
     }
 
+    /// How far ahead of a batch's highest timetoken the store's `highest_timetoken` is written:
+    /// one second of timetokens. The sequencer starts above it after a restart, so a server
+    /// restarted within a second of its last publish issues timetokens up to this far ahead of its
+    /// clock until the clock passes them; in exchange a busy store writes that row (and its page
+    /// in the WAL) about once a second instead of in every batch.
+    static let timetokenReservation: Int64 = 10_000_000
+
+    /// The `highest_timetoken` a batch whose highest timetoken is `highest` writes, or `nil`
+    /// when the store's value (`stored`) already covers it.
+    static func reservation(above highest: Int64, stored: Int64) -> Int64? {
+        guard highest > stored else { return nil }
+        let (ahead, overflow) = highest.addingReportingOverflow(timetokenReservation)
+        return overflow ? highest : ahead
+    }
+
     /// The writer thread: every ring of the doorbell writes what is queued, in batches.
     private func runBatches() {
         while true {
@@ -486,42 +505,50 @@ public final class MessageStore: Sendable {
                     }
                     if syncsSeparately { try db.cachedStatement(sql: "PRAGMA synchronous = NORMAL").execute() }
                     var count = 0
+                    var reserved: Int64?
                     try db.inTransaction {
                         // Claimed inside the transaction: a write withdrawn while the writer
                         // waited for the lock is never inserted.
                         let claimed = self.queue.withLock { $0.claim(ids) }
                         if claimed.isEmpty { return .commit }
+                        var highest: Int64 = 0
+                        for (id, write) in batch where claimed.contains(id) {
+                            if let record = write.record { highest = max(highest, record.timetoken.storageValue) }
+                            if let m = write.message { highest = max(highest, m.timetoken.storageValue) }
+                        }
+                        // The sequencer's floor after a restart stays above every stored
+                        // timetoken. Written ahead, so most batches leave its page alone; and
+                        // first, so whatever fails after it in this batch rolls it back too.
+                        if let reservation = Self.reservation(above: highest, stored: self.reservedHighest.load(ordering: .relaxed)) {
+                            // A cached statement: parsed (and authorised by GRDB) once, not every batch.
+                            try db.cachedStatement(sql: """
+                                INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
+                                ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
+                                """).execute(arguments: [reservation])
+                            reserved = reservation
+                        }
                         let statement = try db.cachedStatement(sql: """
                             INSERT INTO message (sub_key, channel, timetoken, kind, publisher, payload, meta, custom_type, seqn, expires_at)
                             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                             """)
-                        var highest: Int64 = 0
                         var records: [PublishRecord] = []
                         for (id, write) in batch where claimed.contains(id) {
                             if let onCommitted = write.onCommitted { delivered.append(onCommitted) }
-                            if let record = write.record {
-                                records.append(record)
-                                highest = max(highest, record.timetoken.storageValue)
-                            }
+                            if let record = write.record { records.append(record) }
                             guard let m = write.message else { continue }
-                            let tt = m.timetoken.storageValue
-                            highest = max(highest, tt)
                             try statement.execute(arguments: [
-                                m.subscribeKey, m.channel, tt, m.kind.rawValue, m.publisher, m.payload, m.meta,
+                                m.subscribeKey, m.channel, m.timetoken.storageValue, m.kind.rawValue, m.publisher, m.payload, m.meta,
                                 m.customMessageType, m.sequence, m.expiresAt.map { $0.storageValue },
                             ])
                         }
                         // In the same transaction as the messages: a publish is remembered
                         // exactly when it is stored (issue #15).
                         if !records.isEmpty { try Self.insert(records, into: db) }
-                        // A cached statement: parsed (and authorised by GRDB) once, not every batch.
-                        try db.cachedStatement(sql: """
-                            INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
-                            ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
-                            """).execute(arguments: [highest])
                         count = claimed.count
                         return .commit
                     }
+                    // Committed: later batches below it need not write it again.
+                    if let reserved { self.reservedHighest.store(reserved, ordering: .relaxed) }
                     return count
                 }
             } catch {
