@@ -209,8 +209,11 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                 // The session's tasks (its reader, writer and deliveries, and Hummingbird's frame
                 // loop) run on the connection's event loop, as the hot path's answers do: a
                 // delivery woken by a publish is one job on the loop, which writes the frame
-                // (docs/benchmarks.md, "WebSocket sessions on their event loop").
-                await withTaskExecutorPreference(executor) {
+                // (docs/benchmarks.md, "WebSocket sessions on their event loop"). In a task of
+                // its own, started before this one ends (a graceful shutdown waits for both):
+                // the memory this task's frames took while it waited for the upgrade goes with
+                // it, instead of staying under the session's frames for as long as it lives.
+                tasks.startLoop(executor: executor, channel: channel) {
                     do {
                         _ = try await WebSocketHandler.handle(type: .server, configuration: configuration, asyncChannel: frames,
                                                               context: WebSocketSessionContext(logger: logger), handler: handler)

@@ -12,8 +12,9 @@ import TetherServerCore
 /// client's frames, writes the server's frames (through its writer task, or straight to the
 /// channel when nothing waits before them: ``send(_:)``), and runs the session's deliveries — a
 /// long-poll loop on the same ``LongPollHub`` with the session's cursor, so timetokens and
-/// cursors are those of the REST wire. Three child tasks, on the connection's event loop; the
-/// first to end ends the socket.
+/// cursors are those of the REST wire. The writer runs in the session's task, the reader and the
+/// deliveries in two child tasks, all on the connection's event loop; the writer's end (after
+/// the reader's, a close frame, or a failed write) ends the socket.
 final class WebSocketConnection: Sendable {
     typealias Table = SessionTable<SessionState>
 
@@ -68,10 +69,17 @@ final class WebSocketConnection: Sendable {
         // The socket closed before the upgrade completed, and its slot was given back already.
         guard !claimed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         await withTaskGroup(of: Void.self) { group in
-            group.addTask { await self.write(outbound) }
             group.addTask { await self.runDeliveries() }
-            group.addTask { await self.read(inbound) }
-            _ = await group.next()
+            group.addTask {
+                await self.read(inbound)
+                // The client's side ended (or the reader gave up after its close frame went
+                // out): the writer stops.
+                self.queue.finish()
+            }
+            // The writer runs in this task (a child task less per session): it ends when the
+            // queue is finished (the reader ended, or the connection is dropped as a slow
+            // consumer), after its close frame, or when a write fails (the socket closed).
+            await self.write(outbound)
             changeContinuation.finish()
             queue.finish()
             group.cancelAll()
