@@ -535,6 +535,7 @@ public final class LongPollHub: Sendable {
                     // Parked without a task: the caller's task ends here, and `parking`
                     // answers the request again when the wait ends, from this cursor.
                     parking.parkedAfter(after)
+                    parking.parked?(ParkedWait(id: id))
                     park(id, deadline: waitDeadline(), channel: channel, parking: parking)
                     throw LongPollParked()
                 }
@@ -594,6 +595,13 @@ public final class LongPollHub: Sendable {
         for watcher in reached { watcher.resume() }
         if let arming { armDeadlineTimer(arming, on: channel.eventLoop) }
         if case .resume(let reason, _) = action { wake(reason) }
+    }
+
+    /// Ends a parked wait (or one about to park) as if its client had gone: its `wake` is
+    /// called with `.clientGone` (at once, or when it parks), and it leaves the hub's index.
+    /// Nothing happens for a wait already woken.
+    package func cancelParked(_ wait: ParkedWait) {
+        wake([wait.id], reason: .clientGone)
     }
 
     private func wait(_ id: WaiterID, deadline: NIODeadline, channel: any Channel) async -> WakeReason {
@@ -706,12 +714,22 @@ public final class LongPollHub: Sendable {
 package struct LongPollParking: Sendable {
     /// Told the cursor the long-poll has read up to, just before it parks.
     let parkedAfter: @Sendable (Timetoken) -> Void
+    /// Told, just before it parks, the handle that ends the wait early
+    /// (``LongPollHub/cancelParked(_:)``).
+    let parked: (@Sendable (ParkedWait) -> Void)?
     let wake: @Sendable (WakeReason) -> Void
 
-    package init(parkedAfter: @escaping @Sendable (Timetoken) -> Void, wake: @escaping @Sendable (WakeReason) -> Void) {
+    package init(parkedAfter: @escaping @Sendable (Timetoken) -> Void, parked: (@Sendable (ParkedWait) -> Void)? = nil,
+                 wake: @escaping @Sendable (WakeReason) -> Void) {
         self.parkedAfter = parkedAfter
+        self.parked = parked
         self.wake = wake
     }
+}
+
+/// A wait parked with a ``LongPollParking``, to end it early (``LongPollHub/cancelParked(_:)``).
+package struct ParkedWait: Sendable {
+    let id: WaiterID
 }
 
 /// Thrown by ``LongPollHub/receive(_:after:limit:timeout:channel:access:recheck:filter:parking:)``

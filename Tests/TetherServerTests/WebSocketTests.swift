@@ -141,6 +141,33 @@ import TetherTestingServer
         await server.stop()
     }
 
+    /// An idle subscribed session's delivery wait is parked in the hub without a task; a
+    /// subscription change ends that wait and parks one for the new names, so the hub never
+    /// holds a stale wait, and nothing on a name left is delivered.
+    @Test func aSubscriptionChangeReplacesTheParkedDeliveryWait() async throws {
+        let server = try await Self.start()
+        let rest = TestServer(inProcess: server)
+        let hub = server.server.state.hub
+        let (client, _, _) = try await Self.session(server, channels: ["a"])
+        #expect(await eventually { hub.waitingCount == 1 })
+        client.send(Self.subscribe(["b"]))
+        #expect(await client.frame(ofType: "subscribed")?["channels"] == .array([.string("a"), .string("b")]))
+        client.send(.object(["type": "unsubscribe", "channels": .array([.string("a")])]))
+        #expect(await client.frame(ofType: "unsubscribed")?["channels"] == .array([.string("b")]))
+        // One wait, for "b" only: the two waits replaced were ended, not left to time out.
+        #expect(await eventually { hub.waitingCount == 1 })
+        _ = try await rest.publish("a", "\"left\"")
+        let kept = try await rest.publish("b", "\"kept\"")
+        let delivered = await Self.envelopes(client, count: 1)
+        #expect(delivered.map(\.tt) == [String(kept.rawValue)])
+        #expect(delivered.map(\.payload) == ["\"kept\""])
+        // Parked again after the delivery.
+        #expect(await eventually { hub.waitingCount == 1 })
+        await client.close()
+        #expect(await eventually { hub.waitingCount == 0 })
+        await server.stop()
+    }
+
     @Test func resumeWithinTheWindowLosesNothingAndDuplicatesNothing() async throws {
         let server = try await Self.start()
         let rest = TestServer(inProcess: server)

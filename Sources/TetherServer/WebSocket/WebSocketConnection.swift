@@ -9,12 +9,13 @@ import Synchronization
 import TetherServerCore
 
 /// One upgraded socket speaking the session protocol (docs/websocket-protocol.md): it reads the
-/// client's frames, writes the server's frames (through its writer task, or straight to the
-/// channel when nothing waits before them: ``send(_:)``), and runs the session's deliveries — a
-/// long-poll loop on the same ``LongPollHub`` with the session's cursor, so timetokens and
-/// cursors are those of the REST wire. The writer runs in the session's task, the reader and the
-/// deliveries in two child tasks, all on the connection's event loop; the writer's end (after
-/// the reader's, a close frame, or a failed write) ends the socket.
+/// client's frames, writes the server's frames (through its writer, or straight to the channel
+/// when nothing waits before them: ``send(_:)``), and runs the session's deliveries — long-polls
+/// of the same ``LongPollHub`` from the session's cursor, so timetokens and cursors are those of
+/// the REST wire. The writer runs in the session's task and the reader in a child task, both on
+/// the connection's event loop; the writer's end (after the reader's, a close frame, or a failed
+/// write) ends the socket. Deliveries run in short tasks on the same loop, and an idle session's
+/// wait is parked in the hub without one (``Deliveries``).
 final class WebSocketConnection: Sendable {
     typealias Table = SessionTable<SessionState>
 
@@ -31,8 +32,9 @@ final class WebSocketConnection: Sendable {
     private let sessions: WebSocketSessions
     private let responder: TetherResponder
     private let locked = Mutex(Locked())
-    private let changes: AsyncStream<Void>
-    private let changeContinuation: AsyncStream<Void>.Continuation
+    private let deliveries = Mutex(Deliveries())
+    /// Where the delivery runs run: the connection's event loop.
+    private let executor: EventLoopTaskExecutor
     private let maxFrameBytes: Int
     /// Taken by whichever comes first: ``run(inbound:outbound:)``, or the cleanup of an upgrade
     /// that never got that far (``releaseIfNeverRun()``).
@@ -48,7 +50,7 @@ final class WebSocketConnection: Sendable {
         self.sessions = sessions
         self.responder = responder
         self.maxFrameBytes = maxFrameBytes
-        (changes, changeContinuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        self.executor = EventLoopTaskExecutor(channel.eventLoop)
     }
 
     private var session: Table.SessionID? { locked.withLock { $0.session } }
@@ -69,7 +71,6 @@ final class WebSocketConnection: Sendable {
         // The socket closed before the upgrade completed, and its slot was given back already.
         guard !claimed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         await withTaskGroup(of: Void.self) { group in
-            group.addTask { await self.runDeliveries() }
             group.addTask {
                 await self.read(inbound)
                 // The client's side ended (or the reader gave up after its close frame went
@@ -80,10 +81,10 @@ final class WebSocketConnection: Sendable {
             // queue is finished (the reader ended, or the connection is dropped as a slow
             // consumer), after its close frame, or when a write fails (the socket closed).
             await self.write(outbound)
-            changeContinuation.finish()
             queue.finish()
             group.cancelAll()
         }
+        await endDeliveries()
         await sessions.disconnected(id)
     }
 
@@ -210,7 +211,7 @@ final class WebSocketConnection: Sendable {
         case .bye:
             await sessions.end(id)
             locked.withLock { $0.session = nil }
-            changeContinuation.yield()
+            restartDeliveries()
             queue.close(code: WebSocketCloseCode.normal, reason: "bye")
             return false
         case .suspend(let seconds, let presence, let push):
@@ -276,7 +277,7 @@ final class WebSocketConnection: Sendable {
                 send(welcome(session: session, token: token, resumed: true, state: resumed, cursor: current))
                 await sessions.rejoinIfAbsent(session)
                 sessions.releaseSuspendedPush(session)
-                if resumed.hasSubscribed { changeContinuation.yield() }
+                if resumed.hasSubscribed { restartDeliveries() }
                 return true
             case .unknown:
                 send(WebSocketServerFrame.sessionExpired(
@@ -393,7 +394,7 @@ final class WebSocketConnection: Sendable {
             state.console?.accessDenied(uuid: updated.uuid, channels: deniedChannels + deniedGroups)
             send(WebSocketServerFrame.accessDenied(channels: deniedChannels, groups: deniedGroups, message: deniedMessage))
         }
-        changeContinuation.yield()
+        restartDeliveries()
         return true
     }
 
@@ -409,7 +410,7 @@ final class WebSocketConnection: Sendable {
             await state.presence.leave(subscribeKey: after.keyset.subscribeKey, uuid: after.uuid, channels: removedChannels, groups: removedGroups)
         }
         send(WebSocketServerFrame.unsubscribed(channels: after.channels, groups: after.groups))
-        changeContinuation.yield()
+        restartDeliveries()
     }
 
     // MARK: - Publish
@@ -461,43 +462,125 @@ final class WebSocketConnection: Sendable {
 
     // MARK: - Deliveries
 
-    /// Restarts the delivery loop whenever the subscription changes; ends with the socket.
-    /// (One task group per run: a group's tasks added after `cancelAll()` start cancelled.)
-    private func runDeliveries() async {
-        var changes = self.changes.makeAsyncIterator()
-        guard await changes.next() != nil else { return }
-        while true {
-            let changed = await withTaskGroup(of: Void.self) { group in
-                group.addTask { await self.deliver() }
-                let changed = await changes.next() != nil
-                group.cancelAll()
-                return changed
-            }
-            if !changed { return }
+    /// The session's deliveries: at most one *run* at a time, a task on the connection's event
+    /// loop that long-polls the hub from the session's cursor and sends each page as a
+    /// `messages` frame. When nothing is ready the run parks its wait in the hub with a callback
+    /// and ends, so an idle subscribed session has no delivery task; the wait's end (an event, the
+    /// timeout, an access change, the server draining) starts the next run. A subscription change
+    /// starts a new *generation*: the run in progress is cancelled, a parked wait is ended, and a
+    /// run of the new generation starts once the old one has finished.
+    private struct Deliveries: Sendable {
+        var generation: UInt64 = 0
+        /// The run in progress (`nil` while the wait is parked, or with nothing to deliver).
+        var run: Task<Void, Never>?
+        /// The current generation's parked wait, and the cursor it waits after (where the next
+        /// run reads from: the hub may have moved it past store reads that found nothing).
+        var parked: ParkedWait?
+        var parkedAfter: Timetoken?
+        /// The socket closed: no run starts again.
+        var ended = false
+    }
+
+    /// The subscription changed (or the session ended, or was resumed): deliveries start over
+    /// from the session's state.
+    private func restartDeliveries() {
+        let stopped = deliveries.withLock { d -> (run: Task<Void, Never>?, parked: ParkedWait?)? in
+            guard !d.ended else { return nil }
+            d.generation += 1
+            let stopped = (run: d.run, parked: d.parked)
+            (d.parked, d.parkedAfter) = (nil, nil)
+            d.run = startRun(generation: d.generation, finishing: false, from: nil, after: stopped.run)
+            return stopped
+        }
+        stopped?.run?.cancel()
+        if let parked = stopped?.parked { state.hub.cancelParked(parked) }
+    }
+
+    /// The socket closed: stops the deliveries and waits for the run in progress to end.
+    private func endDeliveries() async {
+        let (run, parked) = deliveries.withLock { d -> (Task<Void, Never>?, ParkedWait?) in
+            d.ended = true
+            defer { (d.run, d.parked) = (nil, nil) }
+            return (d.run, d.parked)
+        }
+        run?.cancel()
+        if let parked { state.hub.cancelParked(parked) }
+        await run?.value
+    }
+
+    /// A run of `generation`, after `previous` (cancelled) has ended. `finishing`: the first
+    /// round reads without waiting (its wait timed out, or the server drains), so the session's
+    /// cursor moves on as the hub's last read of a timed-out long-poll does. `from`: the cursor
+    /// the first round reads after (a parked wait's), instead of the session's.
+    private func startRun(generation: UInt64, finishing: Bool, from: Timetoken?, after previous: Task<Void, Never>?)
+        -> Task<Void, Never>
+    {
+        Task(executorPreference: executor) {
+            await previous?.value
+            await self.deliver(generation: generation, finishing: finishing, from: from)
         }
     }
 
-    /// Long-polls the hub from the session's cursor and sends each page as a `messages` frame,
-    /// until cancelled (the subscription changed or the socket closed).
+    /// How a run of `generation` parks its wait in the hub.
+    private func parking(_ generation: UInt64) -> LongPollParking {
+        LongPollParking(parkedAfter: { [weak self] after in
+            self?.deliveries.withLock { d in if d.generation == generation { d.parkedAfter = after } }
+        }, parked: { [weak self] wait in
+            self?.parked(wait, generation: generation)
+        }, wake: { [weak self] reason in
+            self?.woken(reason, generation: generation)
+        })
+    }
+
+    /// The run of `generation` is parking its wait: kept to end it if the subscription changes
+    /// (or ended at once if it already did).
+    private func parked(_ wait: ParkedWait, generation: UInt64) {
+        let current = deliveries.withLock { d -> Bool in
+            guard d.generation == generation, !d.ended else { return false }
+            d.parked = wait
+            d.run = nil  // it ends now; the wait is what is left of it
+            return true
+        }
+        if !current { state.hub.cancelParked(wait) }
+    }
+
+    /// The parked wait of `generation` ended: the next run starts (not for a wait that a
+    /// change or the socket's close ended).
+    private func woken(_ reason: WakeReason, generation: UInt64) {
+        deliveries.withLock { d in
+            guard d.generation == generation, !d.ended, reason != .clientGone else { return }
+            let from = d.parkedAfter
+            (d.parked, d.parkedAfter) = (nil, nil)
+            d.run = startRun(generation: generation, finishing: reason == .timeout || reason == .shutdown, from: from, after: d.run)
+        }
+    }
+
+    /// One run: rounds until its wait parks, delivering stops, or the run is cancelled (the
+    /// subscription changed or the socket closed).
     ///
-    /// The task running this lives as long as the subscription, and a task keeps the memory its
-    /// largest async frame needed: what is decided before and after each wait is in synchronous
-    /// functions (``startRound(session:)``, ``finishRound(_:page:session:)``), so this frame holds
-    /// only a ``DeliveryRound`` across the wait (docs/benchmarks.md, seventh pass of issue #16).
+    /// A run's task keeps the memory its largest async frame needed: what is decided before and
+    /// after each wait is in synchronous functions (``startRound(session:finishing:from:)``,
+    /// ``finishRound(_:page:session:)``), so this frame holds only a ``DeliveryRound`` across
+    /// the wait (docs/benchmarks.md, seventh pass of issue #16).
     @inline(never)
-    private func deliver() async {
+    private func deliver(generation: UInt64, finishing: Bool, from: Timetoken?) async {
+        var (finishing, from) = (finishing, from)
         while !Task.isCancelled {
             guard let session else { return }
             let round: DeliveryRound
-            switch startRound(session: session) {
+            switch startRound(session: session, finishing: finishing, from: from) {
             case .stop: return
             case .again: continue
             case .round(let next): round = next
             }
+            (finishing, from) = (false, nil)
             do {
                 let page = try await state.hub.receive(
                     round.spec, after: round.after, limit: round.limit, timeout: round.timeout,
-                    channel: channel, access: round.check, recheck: round.recheck, filter: round.filter)
+                    channel: channel, access: round.check, recheck: round.recheck, filter: round.filter,
+                    // A round that must not wait reads in this task: parked, its wait would end
+                    // at once (timed out), and that would start the next run, and so on.
+                    parking: round.timeout > .zero ? parking(generation) : nil)
                 if Task.isCancelled { return }
                 let full = page.envelopes.count >= round.limit
                 if !finishRound(round, page: page, session: session) { return }
@@ -507,13 +590,15 @@ final class WebSocketConnection: Sendable {
                 // connections (and the writer, which ends the session after a slow-consumer
                 // close, would wait for it).
                 if full { await Task.yield() }
+            } catch is LongPollParked {
+                return  // the wait goes on in the hub; its end starts the next run
             } catch {
                 if !deliveryFailed(error, session: session) { return }
             }
         }
     }
 
-    /// One wait of ``deliver()``: what it asks the hub, and what it needs of the answer.
+    /// One wait of ``deliver(generation:finishing:from:)``: what it asks the hub, and what it needs of the answer.
     private struct DeliveryRound {
         var spec: SubscriptionSpec
         var after: Timetoken
@@ -536,9 +621,11 @@ final class WebSocketConnection: Sendable {
         case round(DeliveryRound)
     }
 
-    /// The next round of ``deliver()`` from the session's state, or why there is none.
+    /// The next round of ``deliver(generation:finishing:from:)`` from the session's state, or
+    /// why there is none. `finishing`: the round reads what is there without waiting. `from`:
+    /// the cursor to read after, instead of the session's.
     @inline(never)
-    private func startRound(session: Table.SessionID) -> RoundStart {
+    private func startRound(session: Table.SessionID, finishing: Bool, from: Timetoken?) -> RoundStart {
         guard let current = sessions.state(of: session), current.hasSubscribed,
               !(current.channels.isEmpty && current.groups.isEmpty)
         else { return .stop }
@@ -560,8 +647,8 @@ final class WebSocketConnection: Sendable {
             check = now
         }
         let marking = locked.withLock { $0.markReplayEnd }
-        return .round(DeliveryRound(spec: current.spec, after: min(current.cursor, state.hub.currentCursor),
-                                    limit: limits.maxEnvelopesPerResponse, timeout: marking ? .zero : state.subscribeTimeout,
+        return .round(DeliveryRound(spec: current.spec, after: from ?? min(current.cursor, state.hub.currentCursor),
+                                    limit: limits.maxEnvelopesPerResponse, timeout: marking || finishing ? .zero : state.subscribeTimeout,
                                     check: check, recheck: recheck, filter: filter, marking: marking, uuid: current.uuid))
     }
 
