@@ -32,15 +32,7 @@ import Testing
     }
 
     private static func withStore(_ store: MessageStore, _ body: (MessageStore) async throws -> Void) async throws {
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await store.runWriter() }
-            do { try await body(store) } catch {
-                store.finish()
-                throw error
-            }
-            store.finish()
-            try await group.waitForAll()
-        }
+        try await store.withWriterRunning(body)
         try store.close()
     }
 

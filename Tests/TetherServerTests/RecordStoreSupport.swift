@@ -24,6 +24,22 @@ protocol RecordStoreUnderTest: PushRegistrationStoring, AppContextStoring, Messa
     func pruneRetention(now: Timetoken) async throws -> Int
 }
 
+extension MessageStore {
+    /// Runs `body` with the store's writer running; the writer writes what is queued and stops
+    /// when `body` returns or throws.
+    func withWriterRunning(_ body: (MessageStore) async throws -> Void) async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await self.runWriter() }
+            do { try await body(self) } catch {
+                finish()
+                throw error
+            }
+            finish()
+            try await group.waitForAll()
+        }
+    }
+}
+
 extension MessageStore: RecordStoreUnderTest {
     func storeMessage(_ message: StoredMessage) async throws { try await append(message) }
     func pruneRetention(now: Timetoken) async throws -> Int { try await pruneExpired(now: now) }
@@ -81,15 +97,7 @@ struct RecordStoreSite: Sendable {
         switch kind {
         case .sqlite:
             let store = try MessageStore(directory: directory, logger: Self.logger, metrics: ServerMetrics())
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                group.addTask { await store.runWriter() }
-                do { try await body(store) } catch {
-                    store.finish()
-                    throw error
-                }
-                store.finish()
-                try await group.waitForAll()
-            }
+            try await store.withWriterRunning(body)
             try store.close()
         case .postgres:
             let log = RunningLog(try await TestPostgres.open(try #require(url)))

@@ -25,18 +25,6 @@ import TetherProtocol
                       customMessageType: nil, sequence: nil, expiresAt: nil)
     }
 
-    private static func withWriter(_ store: MessageStore, _ body: (MessageStore) async throws -> Void) async throws {
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await store.runWriter() }
-            do { try await body(store) } catch {
-                store.finish()
-                throw error
-            }
-            store.finish()
-            try await group.waitForAll()
-        }
-    }
-
     @Test func aBatchWritesAReservationOnlyWhenItPassesTheStoredOne() {
         #expect(MessageStore.reservation(above: 100, stored: 0) == 100 + Self.ahead)
         #expect(MessageStore.reservation(above: 100, stored: 100) == nil)
@@ -50,7 +38,7 @@ import TetherProtocol
     @Test func theStoreKeepsItsHighestTimetokenAheadAcrossARestart() async throws {
         let directory = Self.temporaryDirectory()
         let store = try Self.openStore(directory)
-        try await Self.withWriter(store) { store in
+        try await store.withWriterRunning { store in
             try await store.append(Self.message(100))
             #expect(try store.highestTimetoken().rawValue == UInt64(100 + Self.ahead))
             // Covered: the row is not written again (it would read 200 + ahead).
@@ -68,7 +56,7 @@ import TetherProtocol
 
     @Test func aBatchThatFailedLeavesItsReservationToTheNextOne() async throws {
         let store = try Self.openStore(Self.temporaryDirectory())
-        try await Self.withWriter(store) { store in
+        try await store.withWriterRunning { store in
             let big = "\"" + String(repeating: "x", count: 20_000) + "\""
             try await store.append(Self.message(100, payload: big))
             #expect(try store.highestTimetoken().rawValue == UInt64(100 + Self.ahead))
