@@ -91,7 +91,7 @@ public final class AccessManager: Sendable {
         }
         return state.withLock { s in
             Check(decision: s.grants.decide(request, subscribeKey: keyset.subscribeKey, authKey: auth, now: now),
-                  validUntil: s.grants.nextExpiry)
+                  validUntil: s.grants.nextExpiry(after: now))
         }
     }
 
@@ -138,7 +138,10 @@ public final class AccessManager: Sendable {
     }
 
     /// The earliest moment a grant expires (for re-checking waiting long-polls).
-    public var nextExpiry: Timetoken? { state.withLock { $0.grants.nextExpiry } }
+    public var nextExpiry: Timetoken? {
+        let now = clock()
+        return state.withLock { $0.grants.nextExpiry(after: now) }
+    }
 
     /// Drops expired grants and revocations.
     public func removeExpired() {

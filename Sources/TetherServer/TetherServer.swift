@@ -232,6 +232,12 @@ public struct TetherServer: Sendable {
         (webSockets.connectionCount, webSockets.sessionCount, webSockets.keptCount)
     }
 
+    /// The cursor the server holds for the WebSocket session with resume token `token`, as its
+    /// raw timetoken (tests).
+    package func webSocketSessionCursor(token: String) -> UInt64? {
+        webSockets.read { table in table.session(forToken: token).flatMap { table.payload(of: $0) }?.cursor.rawValue }
+    }
+
     /// WebSocket upgrades accepted since the server started (tests).
     package var webSocketUpgradesAccepted: Int { webSockets.acceptedCount }
 

@@ -173,8 +173,13 @@ public struct GrantTable: Sendable {
         return before - grants.count
     }
 
-    /// The earliest expiry among the grants, if any expire.
-    public var nextExpiry: Timetoken? { grants.values.compactMap(\.expiresAt).min() }
+    /// The earliest expiry after `now` among the grants, if any expire later. (Grants already
+    /// expired but not yet dropped by ``removeExpired(now:)`` are left out: counted, they made
+    /// every waiting subscriber's access deadline `now`, so each wait timed out at once until
+    /// the next sweep.)
+    public func nextExpiry(after now: Timetoken) -> Timetoken? {
+        grants.values.compactMap { $0.expiresAt.flatMap { $0 > now ? $0 : nil } }.min()
+    }
 
     /// Effective permissions on `target` for a client presenting `authKey`.
     public func permissions(subscribeKey: String, target: GrantTarget, authKey: String?, now: Timetoken) -> Permissions {

@@ -220,6 +220,26 @@ import TetherServerCore
         #expect(table.evictedCount == 1)
     }
 
+    @Test func onlyTheConnectionCarryingASessionUpdatesIt() {
+        var table = Table()
+        _ = table.connect(now: .zero)
+        let session = table.open(1, token: "t", payload: "a", bytes: 10, now: .zero)!
+        let byOwner = table.update(session, on: 1, payload: "b", bytes: 10)
+        #expect(byOwner)
+        _ = table.connect(now: .zero)
+        guard case .resumed(_, _, previous: 1) = table.resume(2, token: "t", now: .seconds(1)) else {
+            Issue.record("connection 2 should take the session over from 1")
+            return
+        }
+        // The connection it was taken from no longer moves it (its cursor, its names).
+        let byPrevious = table.update(session, on: 1, payload: "stale", bytes: 10)
+        #expect(!byPrevious)
+        #expect(table.payload(of: session) == "b")
+        let byNew = table.update(session, on: 2, payload: "c", bytes: 10)
+        #expect(byNew)
+        #expect(table.payload(of: session) == "c")
+    }
+
     @Test func drainRefusesNewConnections() {
         var table = Table()
         _ = table.connect(now: .zero)

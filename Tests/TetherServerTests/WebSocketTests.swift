@@ -168,6 +168,34 @@ import TetherTestingServer
         await server.stop()
     }
 
+    /// A parked delivery wait keeps the deadline it was parked with across wake-ups that send
+    /// nothing (here every event is filtered out), as one long-poll does: at that deadline the
+    /// session's cursor moves past what it skipped, however often it was woken meanwhile.
+    @Test func aDeliveryWaitKeepsItsDeadlineAcrossWakeUpsThatSendNothing() async throws {
+        let server = try await Self.start(file: .init(subscribeTimeoutSeconds: 1))
+        let rest = TestServer(inProcess: server)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        let token = try #require(await client.frame()?["resumeToken"]?.stringValue)
+        client.send(.object(["type": "subscribe", "channels": ["f"], "filter": "priority == 'high'"]))
+        #expect(await client.frame()?.type == "subscribed")
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        func cursor() -> Timetoken? { server.server.webSocketSessionCursor(token: token).map(Timetoken.init(rawValue:)) }
+        let low = "&meta=" + PercentCoding.encode(#"{"priority":"low"}"#)
+        let first = try await rest.publish("f", "0", query: low)
+        // Filtered-out events wake the wait ten times a second, more often than its deadline.
+        var moved = false
+        let limit = ContinuousClock.now + .seconds(8)
+        while !moved, ContinuousClock.now < limit {
+            _ = try await rest.publish("f", "0", query: low)
+            moved = cursor().map { $0 >= first } ?? false
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        #expect(moved, "the session's cursor stayed at \(String(describing: cursor())), below \(first)")
+        await client.close()
+        await server.stop()
+    }
+
     @Test func resumeWithinTheWindowLosesNothingAndDuplicatesNothing() async throws {
         let server = try await Self.start()
         let rest = TestServer(inProcess: server)

@@ -473,10 +473,12 @@ final class WebSocketConnection: Sendable {
         var generation: UInt64 = 0
         /// The run in progress (`nil` while the wait is parked, or with nothing to deliver).
         var run: Task<Void, Never>?
-        /// The current generation's parked wait, and the cursor it waits after (where the next
-        /// run reads from: the hub may have moved it past store reads that found nothing).
+        /// The current generation's parked wait; the cursor it waits after (where the next run
+        /// reads from: the hub may have moved it past store reads that found nothing) and when
+        /// it must answer (kept by the runs after a wake-up that found nothing to send, as a
+        /// long-poll keeps its deadline, so the session's cursor moves on at least that often).
         var parked: ParkedWait?
-        var parkedAfter: Timetoken?
+        var parkedAt: (after: Timetoken, deadline: NIODeadline)?
         /// The socket closed: no run starts again.
         var ended = false
     }
@@ -488,7 +490,7 @@ final class WebSocketConnection: Sendable {
             guard !d.ended else { return nil }
             d.generation += 1
             let stopped = (run: d.run, parked: d.parked)
-            (d.parked, d.parkedAfter) = (nil, nil)
+            (d.parked, d.parkedAt) = (nil, nil)
             d.run = startRun(generation: d.generation, finishing: false, from: nil, after: stopped.run)
             return stopped
         }
@@ -511,9 +513,10 @@ final class WebSocketConnection: Sendable {
     /// A run of `generation`, after `previous` (cancelled) has ended. `finishing`: the first
     /// round reads without waiting (its wait timed out, or the server drains), so the session's
     /// cursor moves on as the hub's last read of a timed-out long-poll does. `from`: the cursor
-    /// the first round reads after (a parked wait's), instead of the session's.
-    private func startRun(generation: UInt64, finishing: Bool, from: Timetoken?, after previous: Task<Void, Never>?)
-        -> Task<Void, Never>
+    /// the first round reads after and the deadline it answers by (a parked wait's), instead of
+    /// the session's cursor and a new deadline.
+    private func startRun(generation: UInt64, finishing: Bool, from: (after: Timetoken, deadline: NIODeadline)?,
+                          after previous: Task<Void, Never>?) -> Task<Void, Never>
     {
         Task(executorPreference: executor) {
             await previous?.value
@@ -521,10 +524,10 @@ final class WebSocketConnection: Sendable {
         }
     }
 
-    /// How a run of `generation` parks its wait in the hub.
-    private func parking(_ generation: UInt64) -> LongPollParking {
+    /// How a run of `generation` parks its wait, which must answer by `deadline`, in the hub.
+    private func parking(_ generation: UInt64, deadline: NIODeadline) -> LongPollParking {
         LongPollParking(parkedAfter: { [weak self] after in
-            self?.deliveries.withLock { d in if d.generation == generation { d.parkedAfter = after } }
+            self?.deliveries.withLock { d in if d.generation == generation { d.parkedAt = (after, deadline) } }
         }, parked: { [weak self] wait in
             self?.parked(wait, generation: generation)
         }, wake: { [weak self] reason in
@@ -538,7 +541,10 @@ final class WebSocketConnection: Sendable {
         let current = deliveries.withLock { d -> Bool in
             guard d.generation == generation, !d.ended else { return false }
             d.parked = wait
-            d.run = nil  // it ends now; the wait is what is left of it
+            // The run ends now without suspending again (`park`, then `LongPollParked` to its
+            // `deliver`, which returns), on the connection's loop, where the next run's first
+            // job can only run after it: no two runs overlap, and none needs the other's handle.
+            d.run = nil
             return true
         }
         if !current { state.hub.cancelParked(wait) }
@@ -549,8 +555,8 @@ final class WebSocketConnection: Sendable {
     private func woken(_ reason: WakeReason, generation: UInt64) {
         deliveries.withLock { d in
             guard d.generation == generation, !d.ended, reason != .clientGone else { return }
-            let from = d.parkedAfter
-            (d.parked, d.parkedAfter) = (nil, nil)
+            let from = d.parkedAt
+            (d.parked, d.parkedAt) = (nil, nil)
             d.run = startRun(generation: generation, finishing: reason == .timeout || reason == .shutdown, from: from, after: d.run)
         }
     }
@@ -563,24 +569,28 @@ final class WebSocketConnection: Sendable {
     /// ``finishRound(_:page:session:)``), so this frame holds only a ``DeliveryRound`` across
     /// the wait (docs/benchmarks.md, seventh pass of issue #16).
     @inline(never)
-    private func deliver(generation: UInt64, finishing: Bool, from: Timetoken?) async {
+    private func deliver(generation: UInt64, finishing: Bool, from: (after: Timetoken, deadline: NIODeadline)?) async {
         var (finishing, from) = (finishing, from)
         while !Task.isCancelled {
             guard let session else { return }
             let round: DeliveryRound
-            switch startRound(session: session, finishing: finishing, from: from) {
+            switch startRound(session: session, finishing: finishing, from: from?.after) {
             case .stop: return
             case .again: continue
             case .round(let next): round = next
             }
+            // After a wake-up, the wait goes on to the deadline it was parked with.
+            let now = NIODeadline.now()
+            let deadline = round.timeout > .zero ? from?.deadline ?? now + round.timeout : now
+            let timeout = max(.zero, deadline - now)
             (finishing, from) = (false, nil)
             do {
                 let page = try await state.hub.receive(
-                    round.spec, after: round.after, limit: round.limit, timeout: round.timeout,
+                    round.spec, after: round.after, limit: round.limit, timeout: timeout,
                     channel: channel, access: round.check, recheck: round.recheck, filter: round.filter,
                     // A round that must not wait reads in this task: parked, its wait would end
                     // at once (timed out), and that would start the next run, and so on.
-                    parking: round.timeout > .zero ? parking(generation) : nil)
+                    parking: timeout > .zero ? parking(generation, deadline: deadline) : nil)
                 if Task.isCancelled { return }
                 let full = page.envelopes.count >= round.limit
                 if !finishRound(round, page: page, session: session) { return }
@@ -641,8 +651,7 @@ final class WebSocketConnection: Sendable {
             recheck = { access.check(request, keyset: keyset, auth: auth, signature: .absent) }
             let now = access.check(request, keyset: keyset, auth: auth, signature: .absent)
             if case .denied = now.decision {
-                removeDenied(now, session: session)
-                return .again
+                return removeDenied(now, session: session) ? .again : .stop
             }
             check = now
         }
@@ -657,10 +666,13 @@ final class WebSocketConnection: Sendable {
     private func finishRound(_ round: DeliveryRound, page: SubscribePage, session: Table.SessionID) -> Bool {
         let endsReplay = round.marking && page.envelopes.count < round.limit
         if endsReplay { locked.withLock { $0.markReplayEnd = false } }
+        // Only while this connection carries the session: after a resume elsewhere took it
+        // over, what this one reads is not sent, and the session's cursor is not moved (the
+        // other connection's deliveries read from it).
+        guard sessions.update(session, on: id, { $0.cursor = max($0.cursor, page.cursor) }) != nil else { return false }
         guard page.cursor > round.after || !page.envelopes.isEmpty || endsReplay else {
             return !sessions.isDraining  // the hub answers at once while shutting down
         }
-        sessions.update(session) { $0.cursor = max($0.cursor, page.cursor) }
         state.console?.sessionDelivered(uuid: round.uuid, page: page)
         if page.envelopes.isEmpty && page.gaps.isEmpty && !endsReplay { return true }
         send(WebSocketServerFrame.messages(cursor: page.cursor, envelopes: page.envelopes,
@@ -672,8 +684,7 @@ final class WebSocketConnection: Sendable {
     @inline(never)
     private func deliveryFailed(_ error: any Error, session: Table.SessionID) -> Bool {
         if let denied = error as? AccessDeniedError {
-            removeDenied(denied.check, session: session)
-            return true
+            return removeDenied(denied.check, session: session)
         }
         if Task.isCancelled || error is CancellationError { return false }  // subscription changed or socket closed
         // A store read failed: the client resumes from its cursor on a new socket.
@@ -683,17 +694,19 @@ final class WebSocketConnection: Sendable {
     }
 
     /// A grant was revoked or a token expired: the denied names leave the subscription and the
-    /// client is told; the others continue.
-    private func removeDenied(_ check: AccessManager.Check, session: Table.SessionID) {
-        guard case .denied(let channels, let groups, let message) = check.decision else { return }
+    /// client is told; the others continue. `false` when this connection no longer carries the
+    /// session (its deliveries stop).
+    private func removeDenied(_ check: AccessManager.Check, session: Table.SessionID) -> Bool {
+        guard case .denied(let channels, let groups, let message) = check.decision else { return true }
         let everything = channels.isEmpty && groups.isEmpty
         var removed: (channels: [String], groups: [String]) = ([], [])
-        sessions.update(session) { s in
+        guard sessions.update(session, on: id, { s in
             removed = everything ? (s.channels, s.groups) : (s.channels.filter { channels.contains($0) }, s.groups.filter { groups.contains($0) })
             s.channels.removeAll { removed.channels.contains($0) }
             s.groups.removeAll { removed.groups.contains($0) }
-        }
+        }) != nil else { return false }
         send(WebSocketServerFrame.accessDenied(channels: removed.channels, groups: removed.groups, message: message))
+        return true
     }
 }
 

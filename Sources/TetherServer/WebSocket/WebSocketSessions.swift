@@ -152,6 +152,17 @@ final class WebSocketSessions: Sendable {
         }
     }
 
+    /// ``update(_:_:)`` while `connection` carries the session; `nil`, changing nothing, once
+    /// another connection took it over (a resume elsewhere) or it ended.
+    @discardableResult
+    func update(_ session: Table.SessionID, on connection: Table.ConnectionID, _ change: (inout SessionState) -> Void) -> SessionState? {
+        locked.withLock { s in
+            guard s.table.session(on: connection) == session, var state = s.table.payload(of: session) else { return nil }
+            change(&state)
+            return s.table.update(session, on: connection, payload: state, bytes: state.estimatedBytes) ? state : nil
+        }
+    }
+
     func received(_ connection: Table.ConnectionID) {
         let now = self.now
         let answered = locked.withLock { s in

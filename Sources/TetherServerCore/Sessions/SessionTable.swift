@@ -205,6 +205,15 @@ package struct SessionTable<Payload: Sendable>: Sendable {
         sessions[session] = entry
     }
 
+    /// ``update(_:payload:bytes:)`` by the connection that carries the session; `false`, changing
+    /// nothing, when `connection` does not (another took the session over, or it ended).
+    @discardableResult
+    package mutating func update(_ session: SessionID, on connection: ConnectionID, payload: Payload, bytes: Int) -> Bool {
+        guard connections[connection]?.session == session else { return false }
+        update(session, payload: payload, bytes: bytes)
+        return true
+    }
+
     /// `suspend`: once the connection's socket closes, its session is kept for `keepAlive` instead
     /// of the configured window (until it is resumed). False when the connection carries no session.
     @discardableResult
