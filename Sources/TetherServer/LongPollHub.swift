@@ -535,7 +535,7 @@ public final class LongPollHub: Sendable {
                     // Parked without a task: the caller's task ends here, and `parking`
                     // answers the request again when the wait ends, from this cursor.
                     parking.parkedAfter(after)
-                    parking.parked?(ParkedWait(id: id))
+                    parking.parked?(ParkedWait(id: id), after)
                     park(id, deadline: waitDeadline(), channel: channel, parking: parking)
                     throw LongPollParked()
                 }
@@ -715,11 +715,11 @@ package struct LongPollParking: Sendable {
     /// Told the cursor the long-poll has read up to, just before it parks.
     let parkedAfter: @Sendable (Timetoken) -> Void
     /// Told, just before it parks, the handle that ends the wait early
-    /// (``LongPollHub/cancelParked(_:)``).
-    let parked: (@Sendable (ParkedWait) -> Void)?
+    /// (``LongPollHub/cancelParked(_:)``) and the cursor it reads after (as `parkedAfter`).
+    let parked: (@Sendable (ParkedWait, Timetoken) -> Void)?
     let wake: @Sendable (WakeReason) -> Void
 
-    package init(parkedAfter: @escaping @Sendable (Timetoken) -> Void, parked: (@Sendable (ParkedWait) -> Void)? = nil,
+    package init(parkedAfter: @escaping @Sendable (Timetoken) -> Void, parked: (@Sendable (ParkedWait, Timetoken) -> Void)? = nil,
                  wake: @escaping @Sendable (WakeReason) -> Void) {
         self.parkedAfter = parkedAfter
         self.parked = parked

@@ -153,7 +153,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                 } catch {
                     return channel.eventLoop.makeFailedFuture(error)
                 }
-                switch endpoint.shouldUpgrade(request, channel, serverLogger) {
+                switch endpoint.shouldUpgrade(request, channel, serverLogger, executor: executor) {
                 case .dontUpgrade:
                     return channel.eventLoop.makeSucceededFuture(nil)
                 case .upgrade(let headers, let handler):

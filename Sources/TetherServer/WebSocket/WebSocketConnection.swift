@@ -33,7 +33,7 @@ final class WebSocketConnection: Sendable {
     private let responder: TetherResponder
     private let locked = Mutex(Locked())
     private let deliveries = Mutex(Deliveries())
-    /// Where the delivery runs run: the connection's event loop.
+    /// Where the delivery runs run: the connection's event loop (its hot path's executor).
     private let executor: EventLoopTaskExecutor
     private let maxFrameBytes: Int
     /// Taken by whichever comes first: ``run(inbound:outbound:)``, or the cleanup of an upgrade
@@ -42,15 +42,15 @@ final class WebSocketConnection: Sendable {
 
     private var state: ServerState { responder.state }
 
-    init(id: Table.ConnectionID, channel: any Channel, queue: OutboundQueue, sessions: WebSocketSessions, responder: TetherResponder,
-         maxFrameBytes: Int) {
+    init(id: Table.ConnectionID, channel: any Channel, executor: EventLoopTaskExecutor, queue: OutboundQueue, sessions: WebSocketSessions,
+         responder: TetherResponder, maxFrameBytes: Int) {
         self.id = id
         self.channel = channel
         self.queue = queue
         self.sessions = sessions
         self.responder = responder
         self.maxFrameBytes = maxFrameBytes
-        self.executor = EventLoopTaskExecutor(channel.eventLoop)
+        self.executor = executor
     }
 
     private var session: Table.SessionID? { locked.withLock { $0.session } }
@@ -526,21 +526,20 @@ final class WebSocketConnection: Sendable {
 
     /// How a run of `generation` parks its wait, which must answer by `deadline`, in the hub.
     private func parking(_ generation: UInt64, deadline: NIODeadline) -> LongPollParking {
-        LongPollParking(parkedAfter: { [weak self] after in
-            self?.deliveries.withLock { d in if d.generation == generation { d.parkedAt = (after, deadline) } }
-        }, parked: { [weak self] wait in
-            self?.parked(wait, generation: generation)
+        LongPollParking(parkedAfter: { _ in }, parked: { [weak self] wait, after in
+            self?.parked(wait, after: after, deadline: deadline, generation: generation)
         }, wake: { [weak self] reason in
             self?.woken(reason, generation: generation)
         })
     }
 
-    /// The run of `generation` is parking its wait: kept to end it if the subscription changes
-    /// (or ended at once if it already did).
-    private func parked(_ wait: ParkedWait, generation: UInt64) {
+    /// The run of `generation` is parking its wait (after cursor `after`, to answer by
+    /// `deadline`): kept to end it if the subscription changes (or ended at once if it already
+    /// did), and for the next run to go on from.
+    private func parked(_ wait: ParkedWait, after: Timetoken, deadline: NIODeadline, generation: UInt64) {
         let current = deliveries.withLock { d -> Bool in
             guard d.generation == generation, !d.ended else { return false }
-            d.parked = wait
+            (d.parked, d.parkedAt) = (wait, (after, deadline))
             // The run ends now without suspending again (`park`, then `LongPollParked` to its
             // `deliver`, which returns), on the connection's loop, where the next run's first
             // job can only run after it: no two runs overlap, and none needs the other's handle.

@@ -30,7 +30,8 @@ struct WebSocketEndpoint: Sendable {
         .init(extensions: [], autoPing: .disabled, closeTimeout: .seconds(2), validateUTF8: false, maxFrameSize: maxFrameBytes)
     }
 
-    func shouldUpgrade(_ request: HTTPRequest, _ channel: any Channel, _ logger: Logger)
+    /// `executor`: the task executor of `channel`'s event loop, where the session's deliveries run.
+    func shouldUpgrade(_ request: HTTPRequest, _ channel: any Channel, _ logger: Logger, executor: EventLoopTaskExecutor)
         -> ShouldUpgradeResult<WebSocketDataHandler<WebSocketSessionContext>>
     {
         let path = request.path.map { $0.split(separator: "?", maxSplits: 1).first.map(String.init) ?? $0 } ?? ""
@@ -56,8 +57,8 @@ struct WebSocketEndpoint: Sendable {
             channel.writeAndFlush(HTTPServerResponsePart.end(nil), promise: nil)
             return .dontUpgrade
         }
-        let connection = WebSocketConnection(id: id, channel: channel, queue: queue, sessions: sessions, responder: responder,
-                                             maxFrameBytes: maxFrameBytes)
+        let connection = WebSocketConnection(id: id, channel: channel, executor: executor, queue: queue, sessions: sessions,
+                                             responder: responder, maxFrameBytes: maxFrameBytes)
         channel.closeFuture.whenComplete { _ in connection.releaseIfNeverRun() }
         return .upgrade(headers) { inbound, outbound, _ in
             await connection.run(inbound: inbound, outbound: outbound)
