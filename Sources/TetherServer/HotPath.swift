@@ -700,9 +700,10 @@ final class HotPathTasks: Sendable {
 
     private struct Registry {
         var nextLoop: UInt64 = 0
-        /// Connections' request loops (Hummingbird's, or a WebSocket session's), started when
-        /// their hot path first passed a request on, with their connections.
-        var loops: [UInt64: (task: Task<Void, Never>, channel: (any Channel)?)] = [:]
+        /// Connections' request loops (Hummingbird's, or the wait for a WebSocket upgrade),
+        /// started when their hot path first passed a request on, with their connections; and
+        /// WebSocket sessions, which have no task (`nil`: ``startTaskless(channel:)``).
+        var loops: [UInt64: (task: Task<Void, Never>?, channel: (any Channel)?)] = [:]
         /// Set when the server's run was cancelled: what starts later is cancelled at once.
         var stopped = false
     }
@@ -761,6 +762,26 @@ final class HotPathTasks: Sendable {
         }
     }
 
+    /// Counts a connection served without a task (a WebSocket session, ``WebSocketSessionHandler``)
+    /// as a running loop until ``endTaskless(_:)``: a graceful shutdown waits for it, and a stop
+    /// closes it. `nil` when the server has stopped (the caller closes the connection).
+    func startTaskless(channel: any Channel) -> UInt64? {
+        registry.withLock { r -> UInt64? in
+            guard !r.stopped else { return nil }
+            let id = r.nextLoop
+            r.nextLoop += 1
+            r.loops[id] = (nil, channel)
+            started()
+            return id
+        }
+    }
+
+    /// The connection of ``startTaskless(channel:)`` is done with.
+    func endTaskless(_ id: UInt64) {
+        registry.withLock { _ = $0.loops.removeValue(forKey: id) }
+        ended()
+    }
+
     /// The server's run was cancelled (or its graceful shutdown ran out of time): cancels the
     /// request loops running and closes their connections (a WebSocket session's hot path has
     /// left its pipeline), and closes every connection still open with its hot path (on its event
@@ -775,7 +796,7 @@ final class HotPathTasks: Sendable {
         }
         let connections = openConnections
         for (task, channel) in loopsRunning {
-            task.cancel()
+            task?.cancel()
             channel?.close(promise: nil)
         }
         for share in loops.withLock({ Array($0.values) }) {

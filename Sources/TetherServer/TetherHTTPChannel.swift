@@ -1,7 +1,6 @@
 import HTTPTypes
 import Hummingbird
 import HummingbirdCore
-import HummingbirdWebSocket
 import Logging
 import NIOCore
 import NIOHTTP1
@@ -9,7 +8,6 @@ import NIOHTTPTypes
 import NIOHTTPTypesHTTP1
 import NIOWebSocket
 import Synchronization
-@_spi(WSInternal) import WSCore
 
 /// The server's HTTP/1 connections (and, with the WebSocket endpoint on, their upgrades to a
 /// session). A new connection gets NIO's HTTP/1 decoder and encoder and the hot path
@@ -27,7 +25,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
 
     /// What a connection's upgrade negotiation ended with.
     enum UpgradeResult: Sendable {
-        case webSocket(NIOAsyncChannel<WebSocketFrame, WebSocketFrame>, WebSocketDataHandler<WebSocketSessionContext>)
+        /// The session's handler is in the pipeline (``WebSocketSessionHandler``).
+        case webSocket
         case notUpgraded(NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>)
         /// The request asked for an upgrade the endpoint refused: `400`, and the connection closes.
         case failedUpgrade(NIOAsyncChannel<HTTPRequestPart, HTTPResponsePart>)
@@ -141,8 +140,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         let hotPath = try pipeline.handler(type: HotPathHandler.self)
         let executor = hotPath.loopExecutor
         let attempted = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
-        let accepted = NIOLoopBoundBox<WebSocketDataHandler<WebSocketSessionContext>?>(nil, eventLoop: channel.eventLoop)
-        let logger = logger, serverLogger = serverLogger
+        let accepted = NIOLoopBoundBox<WebSocketConnection?>(nil, eventLoop: channel.eventLoop)
+        let logger = logger, serverLogger = serverLogger, tasks = tasks
         let upgrader = NIOTypedWebSocketServerUpgrader<UpgradeResult>(
             maxFrameSize: endpoint.maxFrameBytes,
             shouldUpgrade: { channel, head in
@@ -156,14 +155,14 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                 switch endpoint.shouldUpgrade(request, channel, serverLogger, executor: executor) {
                 case .dontUpgrade:
                     return channel.eventLoop.makeSucceededFuture(nil)
-                case .upgrade(let headers, let handler):
-                    accepted.value = handler
+                case .upgrade(let headers, let connection):
+                    accepted.value = connection
                     return channel.eventLoop.makeSucceededFuture(HTTPHeaders(headers))
                 }
             },
             upgradePipelineHandler: { channel, _ in
                 channel.eventLoop.makeCompletedFuture {
-                    guard let handler = accepted.value else { throw ChannelError.inappropriateOperationForState }
+                    guard let connection = accepted.value else { throw ChannelError.inappropriateOperationForState }
                     // Before NIO's protocol error handler (which answers a malformed frame with a
                     // close frame of its own), so every close frame and every frame after it pass.
                     let pipeline = channel.pipeline.syncOperations
@@ -172,9 +171,12 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                     } else {
                         try pipeline.addHandler(WebSocketCloseGuard())
                     }
-                    let frames = try NIOAsyncChannel<WebSocketFrame, WebSocketFrame>(
-                        wrappingChannelSynchronously: channel, configuration: .init(isOutboundHalfClosureEnabled: true))
-                    return .webSocket(frames, handler)
+                    // The session runs in its handler and short tasks on this loop, with no task
+                    // of its own: counted as one, so a graceful shutdown waits for it and a stop
+                    // closes it (``HotPathTasks/startTaskless(channel:)``).
+                    try pipeline.addHandler(WebSocketSessionHandler(connection: connection, maxMessageBytes: endpoint.maxFrameBytes,
+                                                                    executor: executor, tasks: tasks))
+                    return .webSocket
                 }
             })
         let upgrade = NIOTypedHTTPServerUpgradeHandler<UpgradeResult>(
@@ -189,7 +191,6 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             }))
         try pipeline.addHandler(upgrade)
         let result = upgrade.upgradeResultFuture
-        let configuration = endpoint.handlerConfiguration
         tasks.startLoop(executor: nil, channel: channel) { [self] in
             let outcome: UpgradeResult
             do {
@@ -205,22 +206,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
                 await handleHTTP(asyncChannel: http1, logger: logger)
             case .failedUpgrade(let http1):
                 await Self.refuseUpgrade(http1)
-            case .webSocket(let frames, let handler):
-                // The session's tasks (its reader, writer and deliveries, and Hummingbird's frame
-                // loop) run on the connection's event loop, as the hot path's answers do: a
-                // delivery woken by a publish is one job on the loop, which writes the frame
-                // (docs/benchmarks.md, "WebSocket sessions on their event loop"). In a task of
-                // its own, started before this one ends (a graceful shutdown waits for both):
-                // the memory this task's frames took while it waited for the upgrade goes with
-                // it, instead of staying under the session's frames for as long as it lives.
-                tasks.startLoop(executor: executor, channel: channel) {
-                    do {
-                        _ = try await WebSocketHandler.handle(type: .server, configuration: configuration, asyncChannel: frames,
-                                                              context: WebSocketSessionContext(logger: logger), handler: handler)
-                    } catch {
-                        logger.debug("WebSocket handler error", metadata: ["error": "\(error)"])
-                    }
-                }
+            case .webSocket:
+                break  // the session runs in its handler
             }
         }
     }
@@ -248,11 +235,6 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             throw RedirectClose()
         }
     }
-}
-
-/// What a WebSocket session's handler is given besides its streams.
-struct WebSocketSessionContext: WebSocketContext {
-    let logger: Logger
 }
 
 /// Counts the connections whose Hummingbird side was built (``TetherHTTPChannel``), for tests.

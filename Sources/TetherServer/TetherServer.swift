@@ -2,7 +2,6 @@ import Foundation
 public import Hummingbird
 import HummingbirdCore
 import HummingbirdTLS
-import HummingbirdWebSocket
 import NIOSSL
 public import Logging
 import NIOCore

@@ -1,67 +1,99 @@
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOEmbedded
+import NIOWebSocket
 import Testing
-import TetherTesting
 @testable import TetherServer
 
-/// A WebSocket session writes a frame straight to its channel only while its writer waits with
-/// nothing queued (``OutboundQueue/writerIsWaiting``); otherwise the frame is queued behind what
-/// the writer has yet to write. These pin that answer, on which the order of a session's frames
-/// rests.
+/// A WebSocket session's frames go to its channel at once while the channel is writable and
+/// nothing is held before them; otherwise they are held, in order, and written when the channel
+/// is writable again (``OutboundQueue/pump()``). These pin the order of a session's frames, the
+/// bound that marks a slow consumer, and the close frame's place and timeout.
 @Suite struct OutboundQueueTests {
-    private static func text(_ item: OutboundItem?) -> String? {
-        guard case .text(let text)? = item else { return nil }
-        return text
-    }
-
-    @Test func theWriterIsWaitingOnlyWhileItWaitsWithNothingQueued() async {
-        let queue = OutboundQueue(maxFrames: 4, maxBytes: 1024)
-        #expect(!queue.writerIsWaiting, "no writer has asked yet")
-        queue.send("a")
-        #expect(!queue.writerIsWaiting)
-        #expect(Self.text(await queue.next()) == "a", "a queued frame is taken without waiting")
-
-        let writer = Task { await queue.next(onEventLoop: true) }
-        #expect(await eventually { queue.writerIsWaiting })
-        queue.send("b")
-        #expect(!queue.writerIsWaiting, "a frame handed to the waiting writer ends its wait")
-        #expect(Self.text(await writer.value) == "b")
-
-        // Frames queued while the writer is busy: it is not waiting until it has taken them all.
-        queue.send("c")
-        queue.send("d")
-        #expect(!queue.writerIsWaiting)
-        #expect(Self.text(await queue.next()) == "c")
-        #expect(Self.text(await queue.next()) == "d")
-        let next = Task { await queue.next(onEventLoop: true) }
-        #expect(await eventually { queue.writerIsWaiting })
-        queue.close(code: 1000, reason: "bye")
-        #expect(!queue.writerIsWaiting, "after the close frame nothing more is written")
-        guard case .close(1000, "bye")? = await next.value else {
-            Issue.record("the waiting writer gets the close frame")
-            return
+    /// What went out: each text frame's text, and `close:<code>` for a close frame.
+    private static func written(_ channel: EmbeddedChannel) throws -> [String] {
+        var out: [String] = []
+        while let frame = try channel.readOutbound(as: WebSocketFrame.self) {
+            switch frame.opcode {
+            case .text: out.append(String(buffer: frame.data))
+            case .connectionClose: out.append("close:\(frame.data.getInteger(at: frame.data.readerIndex, as: UInt16.self) ?? 0)")
+            default: out.append("\(frame.opcode)")
+            }
         }
-        #expect(await queue.next() == nil)
-        #expect(!queue.writerIsWaiting)
+        return out
     }
 
-    @Test func aWriterOffTheEventLoopIsNeverWrittenAround() async {
-        // Off the loop, NIO's async writer hands a frame to the channel in a job of its own
-        // after `write` returns: a frame written straight to the channel could overtake it.
-        let queue = OutboundQueue(maxFrames: 4, maxBytes: 1024)
-        let writer = Task { await queue.next(onEventLoop: false) }
-        #expect(await eventually { queue.writerParked })
-        #expect(!queue.writerIsWaiting)
-        queue.finish()
-        #expect(await writer.value == nil)
+    @Test func framesGoOutAtOnceAndInOrderAfterTheChannelStalls() throws {
+        let channel = EmbeddedChannel()
+        let queue = OutboundQueue(channel: channel, maxFrames: 4, maxBytes: 1024)
+        #expect(queue.send("a"))
+        #expect(try Self.written(channel) == ["a"], "written at once while writable")
+
+        channel.isWritable = false
+        #expect(queue.send("b"))
+        #expect(queue.send("c"))
+        #expect(try Self.written(channel) == [], "held while the channel takes no more")
+        #expect(queue.held == 2)
+
+        channel.isWritable = true
+        #expect(queue.send("d"))
+        #expect(try Self.written(channel) == ["b", "c", "d"], "a frame sent after held ones goes behind them")
+        #expect(queue.held == 0)
+
+        channel.isWritable = false
+        #expect(queue.send("e"))
+        channel.isWritable = true
+        queue.pump()
+        #expect(try Self.written(channel) == ["e"], "the channel's writability change writes what is held")
+        _ = try channel.finish()
     }
 
-    @Test func aFinishedQueueHasNoWaitingWriter() async {
-        let queue = OutboundQueue(maxFrames: 4, maxBytes: 1024)
-        let writer = Task { await queue.next(onEventLoop: true) }
-        #expect(await eventually { queue.writerIsWaiting })
+    @Test func aFullBufferIsASlowConsumer() throws {
+        let channel = EmbeddedChannel()
+        let queue = OutboundQueue(channel: channel, maxFrames: 2, maxBytes: 1024)
+        channel.isWritable = false
+        #expect(queue.send("a"))
+        #expect(queue.send("b"))
+        #expect(!queue.send("c"), "over the bound: the caller closes the connection")
+        _ = try channel.finish()
+    }
+
+    @Test func theCloseFrameFollowsWhatWasSentBeforeItAndNothingFollowsIt() throws {
+        let channel = EmbeddedChannel()
+        let closed = channel.closeFuture
+        let queue = OutboundQueue(channel: channel, maxFrames: 4, maxBytes: 1024)
+        channel.isWritable = false
+        queue.send("before")
+        queue.close(code: 4001, reason: "ping timeout")
+        #expect(queue.isClosing)
+        #expect(try Self.written(channel) == [], "the close frame waits behind the held frame")
+        queue.send("after")
+        channel.isWritable = true
+        queue.pump()
+        #expect(try Self.written(channel) == ["before", "close:4001"])
+        #expect(queue.send("late"), "a frame after the close frame is dropped, not an overflow")
+        #expect(try Self.written(channel) == [])
+
+        // The client does not answer the close: the connection is cut off after the timeout.
+        let ended = NIOLockedValueBox(false)
+        closed.whenComplete { _ in ended.withLockedValue { $0 = true } }
+        channel.embeddedEventLoop.advanceTime(by: OutboundQueue.closeTimeout - .milliseconds(1))
+        #expect(!ended.withLockedValue { $0 })
+        channel.embeddedEventLoop.advanceTime(by: .milliseconds(1))
+        #expect(ended.withLockedValue { $0 })
+    }
+
+    @Test func aFinishedQueueWritesNothing() throws {
+        let channel = EmbeddedChannel()
+        let queue = OutboundQueue(channel: channel, maxFrames: 4, maxBytes: 1024)
+        channel.isWritable = false
+        queue.send("held")
         queue.finish()
-        #expect(!queue.writerIsWaiting)
-        #expect(await writer.value == nil)
-        #expect(queue.send("late"), "a frame after the end is dropped, not an overflow")
-        #expect(!queue.writerIsWaiting)
+        channel.isWritable = true
+        queue.pump()
+        queue.close(code: 1000, reason: "bye")
+        #expect(queue.send("late"))
+        #expect(try Self.written(channel) == [], "the socket ended: what was held is dropped")
+        _ = try channel.finish()
     }
 }

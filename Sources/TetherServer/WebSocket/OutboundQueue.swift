@@ -3,140 +3,166 @@ import NIOWebSocket
 import Synchronization
 import TetherServerCore
 
-/// What the writer of one WebSocket sends: a text frame, or the close frame that ends it.
-enum OutboundItem: Sendable {
-    case text(String)
-    case close(code: UInt16, reason: String)
-}
-
-/// The frames waiting for one WebSocket's writer: an ``OutboundBuffer`` (bounded; overflowing
-/// it marks a slow consumer) behind a lock, plus the one close frame, written after everything
-/// queued before it.
+/// The frames one WebSocket session sends, written to its channel on the channel's event loop
+/// in the order they were sent: at once while the channel is writable and nothing waits before
+/// them, otherwise held in an ``OutboundBuffer`` (bounded; overflowing it marks a slow consumer)
+/// and written when the channel is writable again (``pump()``, from
+/// ``WebSocketSessionHandler``'s writability change). The one close frame goes after everything
+/// sent before it; the connection closes when the client answers it, or 2 s after it went out.
+/// No task waits here: an idle session's queue is this object and its empty buffer.
 final class OutboundQueue: Sendable {
     private struct State: Sendable {
         var buffer: OutboundBuffer<String>
         var close: (code: UInt16, reason: String)?
+        /// Nothing more is written: the close frame went out, or the socket ended.
         var finished = false
-        var waiter: CheckedContinuation<OutboundItem?, Never>?
-        /// The waiting writer runs on the connection's event loop (``next(onEventLoop:)``).
-        var waiterOnEventLoop = false
-        var closedWaiters: [CheckedContinuation<Void, Never>] = []
-
-        /// Marks the queue finished; returns who awaited that.
-        mutating func markFinished() -> [CheckedContinuation<Void, Never>] {
-            finished = true
-            defer { closedWaiters = [] }
-            return closedWaiters
-        }
+        /// A ``pump()`` is writing (on the loop), or one is scheduled there: it looks at the
+        /// channel's writability and the buffer before each frame, so nothing needs to start
+        /// another meanwhile.
+        var pumping = false
     }
 
     private let state: Mutex<State>
+    private let channel: any Channel
+    /// How long the connection waits for the client's close frame after the server's.
+    static let closeTimeout: TimeAmount = .seconds(2)
 
-    init(maxFrames: Int, maxBytes: Int) {
+    init(channel: any Channel, maxFrames: Int, maxBytes: Int) {
+        self.channel = channel
         state = Mutex(State(buffer: OutboundBuffer(maxFrames: maxFrames, maxBytes: maxBytes)))
     }
 
-    /// Queues a text frame; `false` when the buffer overflowed (the connection must be closed
-    /// as a slow consumer). Frames after a close or finish are dropped (`true`).
+    /// Sends a text frame; `false` when the buffer overflowed (the connection must be closed as a
+    /// slow consumer). Frames after a close or finish are dropped (`true`). Written at once when
+    /// called on the connection's event loop with the channel writable and nothing held;
+    /// otherwise held and written by a pump on the loop.
     @discardableResult
     func send(_ text: String) -> Bool {
-        let (accepted, waiter) = state.withLock { s -> (Bool, CheckedContinuation<OutboundItem?, Never>?) in
-            guard !s.finished, s.close == nil else { return (true, nil) }
-            if let waiter = s.waiter {
-                s.waiter = nil
-                return (true, waiter)
-            }
-            return (s.buffer.push(text, bytes: text.utf8.count) == .queued, nil)
+        let onLoop = channel.eventLoop.inEventLoop
+        enum Next { case write, pump, schedule, none, overflow }
+        let next = state.withLock { s -> Next in
+            guard !s.finished, s.close == nil else { return .none }
+            if onLoop, !s.pumping, s.buffer.isEmpty, channel.isWritable { return .write }
+            guard s.buffer.push(text, bytes: text.utf8.count) == .queued else { return .overflow }
+            if s.pumping { return .none }
+            s.pumping = true
+            return onLoop ? .pump : .schedule
         }
-        waiter?.resume(returning: .text(text))
-        return accepted
+        switch next {
+        case .write:
+            channel.writeAndFlush(Self.textFrame(text), promise: nil)
+        case .pump:
+            writePending()
+        case .schedule:
+            channel.eventLoop.execute { self.writePending() }
+        case .none:
+            break
+        case .overflow:
+            return false
+        }
+        return true
     }
 
-    /// Whether a text frame may be written straight to the channel instead of queued, keeping
-    /// the order of everything sent: the writer is waiting for a frame (so nothing is queued,
-    /// and the queue is neither closed nor finished: both take the waiter), and it runs on the
-    /// connection's event loop (so its last frame was handed to the channel before its write
-    /// returned: NIO's async writer writes at once on the loop, and queues a job for it anywhere
-    /// else). Asked on the connection's event loop by a sender that then writes on that loop
-    /// without suspending.
-    var writerIsWaiting: Bool {
-        state.withLock { s in s.waiter != nil && s.waiterOnEventLoop }
-    }
-
-    /// Whether the writer waits for a frame, wherever it runs (tests).
-    var writerParked: Bool { state.withLock { $0.waiter != nil } }
-
-    /// Queues the close frame (the first one wins), written after the frames queued before it.
+    /// Sends the close frame (the first one wins) after the frames sent before it.
     func close(code: UInt16, reason: String) {
-        let (waiter, closed) = state.withLock { s -> (CheckedContinuation<OutboundItem?, Never>?, [CheckedContinuation<Void, Never>]) in
-            guard !s.finished, s.close == nil else { return (nil, []) }
+        let next = state.withLock { s -> Bool in
+            guard !s.finished, s.close == nil else { return false }
             s.close = (code, reason)
-            guard let waiter = s.waiter else { return (nil, []) }
-            s.waiter = nil
-            return (waiter, s.markFinished())
+            if s.pumping { return false }
+            s.pumping = true
+            return true
         }
-        waiter?.resume(returning: .close(code: code, reason: reason))
-        for continuation in closed { continuation.resume() }
+        guard next else { return }
+        if channel.eventLoop.inEventLoop {
+            writePending()
+        } else {
+            channel.eventLoop.execute { self.writePending() }
+        }
     }
 
-    /// Ends the queue: the writer's next `next()` returns `nil`.
+    /// The channel became writable again: writes what is held. On the connection's event loop.
+    func pump() {
+        let start = state.withLock { s -> Bool in
+            guard !s.pumping, !s.finished, !s.buffer.isEmpty || s.close != nil else { return false }
+            s.pumping = true
+            return true
+        }
+        if start { writePending() }
+    }
+
+    /// Ends the queue: nothing more is written (the socket closed, or the session dropped it).
     func finish() {
-        let (waiter, closed) = state.withLock { s -> (CheckedContinuation<OutboundItem?, Never>?, [CheckedContinuation<Void, Never>]) in
-            defer { s.waiter = nil }
-            return (s.waiter, s.markFinished())
-        }
-        waiter?.resume(returning: nil)
-        for continuation in closed { continuation.resume() }
-    }
-
-    /// Returns once the queue is finished (its close frame taken by the writer, or ended), or
-    /// when the calling task is cancelled (which finishes it).
-    func closed() async {
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let now = state.withLock { s -> Bool in
-                    if s.finished || Task.isCancelled { return true }
-                    s.closedWaiters.append(continuation)
-                    return false
-                }
-                if now { continuation.resume() }
-            }
-        } onCancel: {
-            finish()
+        state.withLock { s in
+            s.finished = true
+            s.buffer = OutboundBuffer(maxFrames: s.buffer.maxFrames, maxBytes: s.buffer.maxBytes)
         }
     }
 
-    /// The next frame to write; `nil` once finished or after the close frame was taken.
-    /// `onEventLoop`: the writer runs on the connection's event loop (``writerIsWaiting``).
-    func next(onEventLoop: Bool = false) async -> OutboundItem? {
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<OutboundItem?, Never>) in
-                let (ready, closed) = state.withLock { s -> (OutboundItem??, [CheckedContinuation<Void, Never>]) in
-                    if s.finished || Task.isCancelled { return (.some(nil), []) }
-                    if let text = s.buffer.pop() { return (.some(.text(text)), []) }
-                    if let close = s.close {
-                        return (.some(.close(code: close.code, reason: close.reason)), s.markFinished())
-                    }
-                    s.waiter = continuation
-                    s.waiterOnEventLoop = onEventLoop
-                    return (.none, [])
+    /// Whether the close frame was sent (or the queue finished): the client's close then ends
+    /// the connection.
+    var isClosing: Bool { state.withLock { $0.finished || $0.close != nil } }
+
+    /// Frames held for the channel (tests).
+    var held: Int { state.withLock { $0.buffer.count } }
+
+    /// Writes what is held while the channel is writable, then the close frame once nothing is
+    /// held before it. Runs on the loop, with `pumping` taken by its caller.
+    private func writePending() {
+        var wrote = false
+        var closing = false
+        while true {
+            enum Step { case text(String), close(UInt16, String), stop }
+            let step = state.withLock { s -> Step in
+                if s.finished || !channel.isWritable {
+                    s.pumping = false
+                    return .stop
                 }
-                if let ready { continuation.resume(returning: ready) }
-                for waiter in closed { waiter.resume() }
+                if let text = s.buffer.pop() { return .text(text) }
+                if let close = s.close {
+                    s.finished = true
+                    s.pumping = false
+                    return .close(close.code, close.reason)
+                }
+                s.pumping = false
+                return .stop
             }
-        } onCancel: {
-            finish()
+            switch step {
+            case .text(let text):
+                channel.write(Self.textFrame(text), promise: nil)
+                wrote = true
+                continue
+            case .close(let code, let reason):
+                var data = channel.allocator.buffer(capacity: 2 + reason.utf8.count)
+                data.writeInteger(code)
+                data.writeString(reason)
+                channel.write(WebSocketFrame(fin: true, opcode: .connectionClose, data: data), promise: nil)
+                wrote = true
+                closing = true
+            case .stop:
+                break
+            }
+            break
         }
+        if wrote { channel.flush() }
+        if closing {
+            // The client answers with its own close frame (``WebSocketSessionHandler``), or it
+            // is cut off.
+            let channel = channel
+            channel.eventLoop.scheduleTask(in: Self.closeTimeout) { channel.close(promise: nil) }
+        }
+    }
+
+    private static func textFrame(_ text: String) -> WebSocketFrame {
+        WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(string: text))
     }
 }
 
 /// Nothing after a close frame: drops (and fails) every frame written after the connection's
-/// close frame went out (RFC 6455 §5.5.1). Hummingbird's WebSocket handler answers a client's
-/// close, or closes after a protocol error, through its own writer, and NIO's protocol error
-/// handler answers a malformed frame with a close frame of its own; the session's direct frame
-/// writes (``WebSocketConnection``) go through neither, so a delivery written in the moment
-/// before the session learns of the close could otherwise follow the close frame. It sits before
-/// NIO's protocol error handler, so it sees every frame written to the connection.
+/// close frame went out (RFC 6455 §5.5.1). The session answers a client's close, and NIO's
+/// protocol error handler answers a malformed frame with a close frame of its own, beside the
+/// session's ``OutboundQueue``, so a delivery written in the moment before the session learns of
+/// the close could otherwise follow the close frame. It sits before NIO's protocol error
+/// handler, so it sees every frame written to the connection.
 final class WebSocketCloseGuard: ChannelOutboundHandler, RemovableChannelHandler {
     typealias OutboundIn = WebSocketFrame
     typealias OutboundOut = WebSocketFrame

@@ -1,6 +1,5 @@
 import HTTPTypes
 import HummingbirdCore
-import HummingbirdWebSocket
 import Logging
 import NIOCore
 import NIOWebSocket
@@ -8,14 +7,13 @@ import Synchronization
 @_spi(Benchmarks) import TetherProtocol
 import TetherServerCore
 
-/// One upgraded socket speaking the session protocol (docs/websocket-protocol.md): it reads the
-/// client's frames, writes the server's frames (through its writer, or straight to the channel
-/// when nothing waits before them: ``send(_:)``), and runs the session's deliveries — long-polls
-/// of the same ``LongPollHub`` from the session's cursor, so timetokens and cursors are those of
-/// the REST wire. The writer runs in the session's task and the reader in a child task, both on
-/// the connection's event loop; the writer's end (after the reader's, a close frame, or a failed
-/// write) ends the socket. Deliveries run in short tasks on the same loop, and an idle session's
-/// wait is parked in the hub without one (``Deliveries``).
+/// One upgraded socket speaking the session protocol (docs/websocket-protocol.md): it handles
+/// the client's frames (handed over by its ``WebSocketSessionHandler``), sends the server's
+/// (``OutboundQueue``), and runs the session's deliveries — long-polls of the same
+/// ``LongPollHub`` from the session's cursor, so timetokens and cursors are those of the REST
+/// wire. Nothing of it waits in a task: a frame that needs one (hello, subscribe, publish, …) is
+/// handled in a short task on the connection's event loop, deliveries run in short tasks on the
+/// same loop, and an idle session's wait is parked in the hub (``Deliveries``).
 final class WebSocketConnection: Sendable {
     typealias Table = SessionTable<SessionState>
 
@@ -28,7 +26,8 @@ final class WebSocketConnection: Sendable {
 
     let id: Table.ConnectionID
     private let channel: any Channel
-    private let queue: OutboundQueue
+    /// What the session sends, in order (its handler pumps it when the channel is writable).
+    let queue: OutboundQueue
     private let sessions: WebSocketSessions
     private let responder: TetherResponder
     private let locked = Mutex(Locked())
@@ -36,7 +35,7 @@ final class WebSocketConnection: Sendable {
     /// Where the delivery runs run: the connection's event loop (its hot path's executor).
     private let executor: EventLoopTaskExecutor
     private let maxFrameBytes: Int
-    /// Taken by whichever comes first: ``run(inbound:outbound:)``, or the cleanup of an upgrade
+    /// Taken by whichever comes first: ``start()``, or the cleanup of an upgrade
     /// that never got that far (``releaseIfNeverRun()``).
     private let claimed = Atomic<Bool>(false)
 
@@ -56,74 +55,64 @@ final class WebSocketConnection: Sendable {
     private var session: Table.SessionID? { locked.withLock { $0.session } }
 
     /// Gives the connection's slot back when its socket closed before the upgrade reached
-    /// ``run(inbound:outbound:)`` (a client that sends the upgrade request and hangs up, an
-    /// upgrade NIO refuses after the endpoint accepted it): without this, each such socket
-    /// kept a slot of `maxConnections` until the hello timeout (10 s), so a burst of them
-    /// refused every upgrade meanwhile. Call when the channel closes.
+    /// ``start()`` (a client that sends the upgrade request and hangs up, an upgrade NIO refuses
+    /// after the endpoint accepted it): without this, each such socket kept a slot of
+    /// `maxConnections` until the hello timeout (10 s), so a burst of them refused every upgrade
+    /// meanwhile. Call when the channel closes.
     func releaseIfNeverRun() {
         guard !claimed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let (sessions, id) = (sessions, id)
         Task { await sessions.disconnected(id) }
     }
 
-    /// Serves the socket until it closes; then the session is kept (or was ended by `bye`).
-    func run(inbound: WebSocketInboundStream, outbound: WebSocketOutboundWriter) async {
-        // The socket closed before the upgrade completed, and its slot was given back already.
-        guard !claimed.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask {
-                await self.read(inbound)
-                // The client's side ended (or the reader gave up after its close frame went
-                // out): the writer stops.
-                self.queue.finish()
-            }
-            // The writer runs in this task (a child task less per session): it ends when the
-            // queue is finished (the reader ended, or the connection is dropped as a slow
-            // consumer), after its close frame, or when a write fails (the socket closed).
-            await self.write(outbound)
-            queue.finish()
-            group.cancelAll()
+    /// The session's handler is in the socket's pipeline (``WebSocketSessionHandler``); `false`
+    /// when the socket closed before, and its slot was given back already.
+    func start() -> Bool {
+        !claimed.exchange(true, ordering: .acquiringAndReleasing)
+    }
+
+    /// The socket closed: nothing more is written, the deliveries stop, and the session is kept
+    /// (or was ended by `bye`). `then` runs once that is done.
+    func socketClosed(then: @escaping @Sendable () -> Void) {
+        queue.finish()
+        Task(executorPreference: executor) {
+            await self.endDeliveries()
+            await self.sessions.disconnected(self.id)
+            then()
         }
-        await endDeliveries()
-        await sessions.disconnected(id)
+    }
+
+    /// A message the client sent: a text frame, or a binary one (not part of the protocol).
+    enum Inbound: Sendable {
+        case text(String)
+        case binary
+    }
+
+    /// What ``handleAtOnce(_:)`` did with a message.
+    enum AtOnce: Sendable {
+        case handled
+        /// The socket is closing (the close frame is queued): the rest is dropped.
+        case closing
+        /// The frame needs ``handle(_:)``, in a task.
+        case needsTask(WebSocketClientFrame)
+    }
+
+    /// Counts a message as a sign of life (the session's ping deadline).
+    func noteReceived() {
+        sessions.received(id)
     }
 
     // MARK: - Writing
 
-    private func write(_ outbound: WebSocketOutboundWriter) async {
-        let channel = channel
-        while let item = await queue.next(onEventLoop: channel.eventLoop.inEventLoop) {
-            do {
-                switch item {
-                case .text(let text):
-                    try await outbound.write(.text(text))
-                case .close(let code, let reason):
-                    try await outbound.close(.init(codeNumber: Int(code)), reason: reason)
-                    return
-                }
-            } catch {
-                return
-            }
-        }
-    }
-
-    /// Sends a frame: written to the channel at once when that keeps the order and needs no
-    /// buffer (``OutboundQueue/writerIsWaiting``, on the connection's event loop, the channel
-    /// writable); otherwise queued for the writer, and a full queue closes the socket as a slow
+    /// Sends a frame (``OutboundQueue``): written at once on the connection's event loop while
+    /// the channel is writable, otherwise held; a full buffer closes the socket as a slow
     /// consumer (session kept).
     private func send(_ text: String) {
-        if channel.eventLoop.inEventLoop, channel.isWritable, queue.writerIsWaiting {
-            // A write that fails (the socket closed, or the close frame went out:
-            // ``WebSocketCloseGuard``) ends the writer, as a failed write of its own does.
-            let promise = channel.eventLoop.makePromise(of: Void.self)
-            promise.futureResult.whenFailure { [queue] _ in queue.finish() }
-            channel.writeAndFlush(WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(string: text)), promise: promise)
-            return
-        }
         guard !queue.send(text) else { return }
         state.logger.debug("WebSocket closed: slow consumer (outbound buffer full)")
-        // The writer is stuck behind unread data: the close frame goes straight to the channel,
+        // The buffer is stuck behind unread data: the close frame goes straight to the channel,
         // behind that data, and the socket is closed.
+        queue.finish()
         var buffer = channel.allocator.buffer(capacity: 32)
         buffer.writeInteger(WebSocketCloseCode.slowConsumer)
         buffer.writeString("slow consumer")
@@ -132,7 +121,6 @@ final class WebSocketConnection: Sendable {
             channel.close(promise: nil)
         }
         channel.eventLoop.scheduleTask(in: .seconds(1)) { channel.close(promise: nil) }
-        queue.finish()
     }
 
     private func fail(_ code: UInt16, _ errorCode: String, _ message: String) {
@@ -142,36 +130,13 @@ final class WebSocketConnection: Sendable {
 
     // MARK: - Reading
 
-    /// Reads frames until the client's side ends. Once the server is closing the socket, frames
-    /// are read and ignored until the client answers the close: the writer ends the connection
-    /// after its close frame is out (ending here first would cut that frame off).
-    private func read(_ inbound: WebSocketInboundStream) async {
-        var iterator = inbound.messages(maxSize: maxFrameBytes).makeAsyncIterator()
-        var closing = false
-        while true {
-            let message: WebSocketMessage?
-            do {
-                message = try await iterator.next()
-            } catch {
-                queue.close(code: WebSocketCloseCode.tooBig, reason: "message too big or invalid framing")
-                await queue.closed()
-                return
-            }
-            guard let message else { return }
-            if closing { continue }
-            sessions.received(id)
-            switch message {
-            case .binary:
-                fail(WebSocketCloseCode.malformed, "malformed", "binary frames are not part of tether.v1.json")
-                closing = true
-            case .text(let text):
-                closing = await !handle(text)
-            }
+    /// Handles what needs no task (a `ping`, a `pong`, a frame that closes the socket); other
+    /// frames go to ``handle(_:)``. On the connection's event loop.
+    func handleAtOnce(_ message: Inbound) -> AtOnce {
+        guard case .text(let text) = message else {
+            fail(WebSocketCloseCode.malformed, "malformed", "binary frames are not part of tether.v1.json")
+            return .closing
         }
-    }
-
-    /// Handles one frame; `false` when the socket is closing.
-    private func handle(_ text: String) async -> Bool {
         let frame: WebSocketClientFrame
         do {
             frame = try WebSocketClientFrame(parsing: text)
@@ -182,28 +147,42 @@ final class WebSocketConnection: Sendable {
             case .unknownType(let type):
                 fail(WebSocketCloseCode.unknownType, "unknownType", "unknown frame type \(String(reflecting: type))")
             }
-            return false
+            return .closing
         }
-        if case .ping(let id) = frame {
+        switch frame {
+        case .ping(let id):
             send(WebSocketServerFrame.pong(id: id))
-            return true
-        }
-        if case .pong = frame { return true }  // `received` already counted it
-        guard let session else {
-            guard case .hello(let hello) = frame else {
+            return .handled
+        case .pong:
+            return .handled  // ``noteReceived()`` already counted it
+        case .hello:
+            guard session != nil else { return .needsTask(frame) }
+            fail(WebSocketCloseCode.malformed, "malformed", "hello was already received")
+            return .closing
+        default:
+            guard session != nil else {
                 fail(WebSocketCloseCode.malformed, "malformed", "the first frame must be hello")
-                return false
+                return .closing
             }
-            return await Self.inChildTask { await self.hello(hello) }
+            return .needsTask(frame)
+        }
+    }
+
+    /// Handles one frame that needs a task (``handleAtOnce(_:)``); `false` when the socket is
+    /// closing.
+    func handle(_ frame: WebSocketClientFrame) async -> Bool {
+        guard let session else {
+            guard case .hello(let hello) = frame else { return false }
+            return await self.hello(hello)
         }
         switch frame {
         case .hello:
             fail(WebSocketCloseCode.malformed, "malformed", "hello was already received")
             return false
         case .subscribe(let subscribe):
-            return await Self.inChildTask { await self.subscribe(subscribe, session: session) }
+            return await self.subscribe(subscribe, session: session)
         case .unsubscribe(let channels, let groups):
-            await Self.inChildTask { await self.unsubscribe(channels: channels, groups: groups, session: session) }
+            await self.unsubscribe(channels: channels, groups: groups, session: session)
             return true
         case .publish(let publish):
             await self.publish(publish, session: session)
@@ -216,25 +195,12 @@ final class WebSocketConnection: Sendable {
             return false
         case .suspend(let seconds, let presence, let push):
             // The app goes to the background: the session outlives its socket this long.
-            let (sessions, id) = (sessions, id)
-            if let granted = await Self.inChildTask({ await sessions.suspend(id, seconds: seconds, presence: presence, push: push) }) {
+            if let granted = await sessions.suspend(id, seconds: seconds, presence: presence, push: push) {
                 send(WebSocketServerFrame.suspended(keepAliveSeconds: granted))
             }
             return true
         case .ping, .pong:
             return true
-        }
-    }
-
-    /// Runs `work` in a child task of its own and returns its result. For the rare, deep
-    /// requests (hello, subscribe, unsubscribe, suspend: presence, the store, the hub): a task
-    /// keeps the memory its deepest call ever needed for as long as it lives, and the reading
-    /// task lives as long as the socket — done here, that memory goes when the request is
-    /// answered (docs/benchmarks.md, "Hummingbird's side only when a request needs it").
-    private static func inChildTask<T: Sendable>(_ work: @escaping @Sendable () async -> T) async -> T {
-        await withTaskGroup(of: T.self) { group in
-            group.addTask(operation: work)
-            return await group.next()!
         }
     }
 

@@ -2,14 +2,12 @@ import Foundation
 import HTTPTypes
 import Hummingbird
 import HummingbirdCore
-import HummingbirdWebSocket
 import Logging
 import NIOCore
 import NIOHTTP1
 import ServiceLifecycle
 @_spi(Benchmarks) import TetherProtocol
 import TetherServerCore
-@_spi(WSInternal) import WSCore
 
 /// `GET /v2/ws`: decides each WebSocket upgrade on the REST port (path, sub-protocol, the
 /// connection bound) and hands an accepted socket to a ``WebSocketConnection``.
@@ -24,15 +22,16 @@ struct WebSocketEndpoint: Sendable {
         return max(64 * 1024, 2 * largest + 4096)
     }
 
-    /// The session socket's frame handling: no library auto-ping (the session protocol pings
-    /// with ids and counts missed pongs itself), a short close handshake.
-    var handlerConfiguration: WebSocketHandler.Configuration {
-        .init(extensions: [], autoPing: .disabled, closeTimeout: .seconds(2), validateUTF8: false, maxFrameSize: maxFrameBytes)
+    /// What ``shouldUpgrade(_:_:_:executor:)`` decided.
+    enum Decision: Sendable {
+        case dontUpgrade
+        /// Upgrade, answering with `headers`; the session runs on `connection`.
+        case upgrade(HTTPFields, WebSocketConnection)
     }
 
     /// `executor`: the task executor of `channel`'s event loop, where the session's deliveries run.
     func shouldUpgrade(_ request: HTTPRequest, _ channel: any Channel, _ logger: Logger, executor: EventLoopTaskExecutor)
-        -> ShouldUpgradeResult<WebSocketDataHandler<WebSocketSessionContext>>
+        -> Decision
     {
         let path = request.path.map { $0.split(separator: "?", maxSplits: 1).first.map(String.init) ?? $0 } ?? ""
         guard sessions.settings.enabled, path == WebSocketProtocol.path else { return .dontUpgrade }
@@ -44,7 +43,8 @@ struct WebSocketEndpoint: Sendable {
             guard offered.contains(WebSocketProtocol.jsonSubprotocol) else { return .dontUpgrade }
             headers[.secWebSocketProtocol] = WebSocketProtocol.jsonSubprotocol
         }
-        let queue = OutboundQueue(maxFrames: sessions.settings.outboundBufferFrames, maxBytes: sessions.settings.outboundBufferBytes)
+        let queue = OutboundQueue(channel: channel, maxFrames: sessions.settings.outboundBufferFrames,
+                                  maxBytes: sessions.settings.outboundBufferBytes)
         guard let id = sessions.connect(channel: channel, queue: queue) else {
             // Overload (or draining): 503 with Retry-After, written before the library's own
             // refusal of the upgrade, which the client never reads (the connection closes).
@@ -60,9 +60,7 @@ struct WebSocketEndpoint: Sendable {
         let connection = WebSocketConnection(id: id, channel: channel, executor: executor, queue: queue, sessions: sessions,
                                              responder: responder, maxFrameBytes: maxFrameBytes)
         channel.closeFuture.whenComplete { _ in connection.releaseIfNeverRun() }
-        return .upgrade(headers) { inbound, outbound, _ in
-            await connection.run(inbound: inbound, outbound: outbound)
-        }
+        return .upgrade(headers, connection)
     }
 }
 

@@ -1,0 +1,243 @@
+import NIOCore
+import NIOWebSocket
+@_spi(Benchmarks) import TetherProtocol
+
+/// The channel handler of an upgraded session socket, last in its pipeline (after NIO's frame
+/// decoder and encoder, its protocol error handler and ``WebSocketCloseGuard``): it assembles
+/// fragmented messages, answers pings and runs the close handshake (RFC 6455), and hands each
+/// message to its ``WebSocketConnection``. It replaces a task that waited for the next frame:
+/// an idle session has none (docs/benchmarks.md, twelfth pass of issue #16).
+///
+/// A message the connection answers at once (a `ping`, a `pong`, a malformed frame) is handled
+/// here; any other runs in a short task on the connection's event loop, and while it runs the
+/// messages after it wait in order and the socket is not read, so what a client can queue here
+/// is bounded by one read.
+final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = WebSocketFrame
+    typealias OutboundIn = WebSocketFrame
+    typealias OutboundOut = WebSocketFrame
+
+    private let connection: WebSocketConnection
+    private let maxMessageBytes: Int
+    private let executor: EventLoopTaskExecutor
+    private let tasks: HotPathTasks
+    /// The session's count in ``HotPathTasks`` while its socket is open.
+    private var registration: UInt64?
+    private var closed = false
+    /// The message being assembled from its fragments.
+    private var fragments: (opcode: WebSocketOpcode, data: ByteBuffer)?
+    /// A message is being handled in a task; the messages after it wait here, in order.
+    private var busy = false
+    private var waiting: [WebSocketConnection.Inbound] = []
+    /// A read asked for while a message was handled: passed on when it is done.
+    private var readDeferred = false
+    /// The server is closing the socket: what the client sends is read and dropped until its
+    /// close frame (or the close timeout) ends the connection.
+    private var ignoring = false
+    private var context: ChannelHandlerContext?
+
+    init(connection: WebSocketConnection, maxMessageBytes: Int, executor: EventLoopTaskExecutor, tasks: HotPathTasks) {
+        self.connection = connection
+        self.maxMessageBytes = maxMessageBytes
+        self.executor = executor
+        self.tasks = tasks
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        guard connection.start() else {
+            // The socket closed before: its slot was given back already.
+            closed = true
+            context.close(promise: nil)
+            return
+        }
+        registration = tasks.startTaskless(channel: context.channel)
+        if registration == nil || !context.channel.isActive {
+            context.close(promise: nil)
+            if !context.channel.isActive { socketClosed() }
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        socketClosed()
+        context.fireChannelInactive()
+    }
+
+    private func socketClosed() {
+        guard !closed else { return }
+        closed = true
+        stopHandling()
+        let (tasks, registration) = (tasks, registration)
+        connection.socketClosed { if let registration { tasks.endTaskless(registration) } }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { connection.queue.pump() }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        // The client closed its side without a close frame: nothing more will come.
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // A framing error was answered by NIO's protocol error handler, which closes the
+        // socket; anything else (a reset) ends the connection too.
+        context.close(promise: nil)
+    }
+
+    /// Holds the socket's reads while a message is being handled.
+    func read(context: ChannelHandlerContext) {
+        if busy {
+            readDeferred = true
+        } else {
+            context.read()
+        }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let frame = unwrapInboundIn(data)
+        switch frame.opcode {
+        case .connectionClose:
+            receivedClose(frame, context: context)
+        case .ping:
+            guard frame.fin, frame.length < 126 else { return protocolError() }
+            guard !connection.queue.isClosing else { return }
+            context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)), promise: nil)
+        case .pong:
+            guard frame.fin else { return protocolError() }
+        case .text, .binary, .continuation:
+            guard frame.reservedBits.isEmpty else { return protocolError() }
+            assemble(frame)
+        default:
+            protocolError()
+        }
+    }
+
+    // MARK: - Messages
+
+    private func assemble(_ frame: WebSocketFrame) {
+        if ignoring { return }
+        var data = frame.unmaskedData
+        if frame.opcode == .continuation {
+            guard var message = fragments else { return tooBig() }
+            guard message.data.readableBytes + data.readableBytes <= maxMessageBytes else { return tooBig() }
+            message.data.writeBuffer(&data)
+            guard frame.fin else {
+                fragments = message
+                return
+            }
+            fragments = nil
+            received(message.opcode, message.data)
+        } else {
+            guard fragments == nil else { return tooBig() }  // a new message inside a fragmented one
+            guard frame.fin else {
+                fragments = (frame.opcode, data)
+                return
+            }
+            received(frame.opcode, data)
+        }
+    }
+
+    private func received(_ opcode: WebSocketOpcode, _ data: ByteBuffer) {
+        let message: WebSocketConnection.Inbound = opcode == .text ? .text(String(buffer: data)) : .binary
+        connection.noteReceived()
+        if busy {
+            waiting.append(message)
+        } else {
+            handle(message)
+        }
+    }
+
+    /// Handles `message` at once when the connection can, or starts the task that handles it
+    /// and the messages queued behind it.
+    private func handle(_ message: WebSocketConnection.Inbound) {
+        switch connection.handleAtOnce(message) {
+        case .handled:
+            return
+        case .closing:
+            stopHandling()
+        case .needsTask(let frame):
+            busy = true
+            let connection = connection
+            let bound = NIOLoopBound(self, eventLoop: context!.eventLoop)
+            Task(executorPreference: executor) {
+                let open = await connection.handle(frame)
+                bound.value.handled(open: open)
+            }
+        }
+    }
+
+    /// The task handling a message is done (on the loop): the next waiting message, if any.
+    private func handled(open: Bool) {
+        busy = false
+        guard open, !ignoring else { return stopHandling() }
+        while !busy, !ignoring, !waiting.isEmpty {
+            handle(waiting.removeFirst())
+        }
+        if !busy, readDeferred, let context {
+            readDeferred = false
+            context.read()
+        }
+    }
+
+    /// The session is closing the socket: the rest is read and dropped.
+    private func stopHandling() {
+        ignoring = true
+        waiting.removeAll()
+        fragments = nil
+        if !busy, readDeferred, let context {
+            readDeferred = false
+            context.read()
+        }
+    }
+
+    // MARK: - Closing
+
+    private func tooBig() {
+        connection.queue.close(code: WebSocketCloseCode.tooBig, reason: "message too big or invalid framing")
+        stopHandling()
+    }
+
+    private func protocolError() {
+        connection.queue.close(code: WebSocketCloseCode.protocolError, reason: "protocol error")
+        stopHandling()
+    }
+
+    /// The client's close frame: after the server's, it ends the connection; otherwise it is
+    /// answered (RFC 6455 §5.5.1: its code if it sent a valid one, 1002 if not) and the
+    /// connection ends once the answer is written.
+    private func receivedClose(_ frame: WebSocketFrame, context: ChannelHandlerContext) {
+        stopHandling()
+        guard !connection.queue.isClosing else {
+            context.close(promise: nil)
+            return
+        }
+        connection.queue.finish()
+        var data = frame.unmaskedData
+        let code = data.readableBytes == 0 || data.readInteger(as: UInt16.self).map(Self.isValidCloseCode) == true
+            ? WebSocketCloseCode.normal : WebSocketCloseCode.protocolError
+        var answer = context.channel.allocator.buffer(capacity: 2)
+        answer.writeInteger(code)
+        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: answer)))
+            .whenComplete { _ in bound.value.close(promise: nil) }
+    }
+
+    /// A close code a peer may send (RFC 6455 §7.4): 1000–1003, 1007–1011, 3000–4999.
+    static func isValidCloseCode(_ code: UInt16) -> Bool {
+        switch code {
+        case 1000...1003, 1007...1011, 3000...4999: true
+        default: false
+        }
+    }
+}
