@@ -144,6 +144,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         let logger = logger, serverLogger = serverLogger, tasks = tasks
         let upgrader = NIOTypedWebSocketServerUpgrader<UpgradeResult>(
             maxFrameSize: endpoint.maxFrameBytes,
+            // The session's handler answers framing errors itself (``WebSocketSessionHandler``).
+            enableAutomaticErrorHandling: false,
             shouldUpgrade: { channel, head in
                 attempted.value = true
                 let request: HTTPRequest
@@ -163,14 +165,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             upgradePipelineHandler: { channel, _ in
                 channel.eventLoop.makeCompletedFuture {
                     guard let connection = accepted.value else { throw ChannelError.inappropriateOperationForState }
-                    // Before NIO's protocol error handler (which answers a malformed frame with a
-                    // close frame of its own), so every close frame and every frame after it pass.
                     let pipeline = channel.pipeline.syncOperations
-                    if let errors = try? pipeline.handler(type: WebSocketProtocolErrorHandler.self) {
-                        try pipeline.addHandler(WebSocketCloseGuard(), position: .before(errors))
-                    } else {
-                        try pipeline.addHandler(WebSocketCloseGuard())
-                    }
                     // The session runs in its handler and short tasks on this loop, with no task
                     // of its own: counted as one, so a graceful shutdown waits for it and a stop
                     // closes it (``HotPathTasks/startTaskless(channel:)``).

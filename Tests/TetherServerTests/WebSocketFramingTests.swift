@@ -83,6 +83,9 @@ import TetherTestingServer
         (name: "a new message inside a fragmented one", code: 1009),
         (name: "fragments over the frame limit", code: 1009),
         (name: "a reserved opcode", code: 1002),
+        (name: "a fragmented ping", code: 1002),
+        (name: "a ping over 125 bytes", code: 1002),
+        (name: "a frame over the frame limit", code: 1009),
     ])
     func framingErrorsCloseTheSocket(name: String, code: UInt16) async throws {
         let server = try await InProcessServer.start(file: .init(subscribeTimeoutSeconds: 30))
@@ -97,10 +100,16 @@ import TetherTestingServer
             socket.send(.text, Array("{".utf8), fin: false)
             socket.send(.text, Array("}".utf8))
         case "fragments over the frame limit":
-            // Each fragment is within the frame limit (64 KiB here); together they are over it.
+            // Each fragment is within the frame limit (68 KiB here); together they are over it.
             let part = [UInt8](repeating: 0x20, count: 40 * 1024)
             socket.send(.text, part, fin: false)
             socket.send(.continuation, part, fin: true)
+        case "a fragmented ping":
+            socket.send(.ping, [1], fin: false)
+        case "a ping over 125 bytes":
+            socket.send(.ping, [UInt8](repeating: 1, count: 126))
+        case "a frame over the frame limit":
+            socket.send(.text, [UInt8](repeating: 0x20, count: 128 * 1024))
         default:
             socket.send(.reserved3, [])
         }

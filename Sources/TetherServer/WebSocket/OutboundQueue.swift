@@ -156,28 +156,3 @@ final class OutboundQueue: Sendable {
         WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(string: text))
     }
 }
-
-/// Nothing after a close frame: drops (and fails) every frame written after the connection's
-/// close frame went out (RFC 6455 §5.5.1). The session answers a client's close, and NIO's
-/// protocol error handler answers a malformed frame with a close frame of its own, beside the
-/// session's ``OutboundQueue``, so a delivery written in the moment before the session learns of
-/// the close could otherwise follow the close frame. It sits before NIO's protocol error
-/// handler, so it sees every frame written to the connection.
-final class WebSocketCloseGuard: ChannelOutboundHandler, RemovableChannelHandler {
-    typealias OutboundIn = WebSocketFrame
-    typealias OutboundOut = WebSocketFrame
-
-    /// Raised for a frame written after the close frame.
-    struct AfterClose: Error {}
-
-    private var closeSent = false
-
-    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        guard !closeSent else {
-            promise?.fail(AfterClose())
-            return
-        }
-        if unwrapOutboundIn(data).opcode == .connectionClose { closeSent = true }
-        context.write(data, promise: promise)
-    }
-}

@@ -2,10 +2,11 @@ import NIOCore
 import NIOWebSocket
 @_spi(Benchmarks) import TetherProtocol
 
-/// The channel handler of an upgraded session socket, last in its pipeline (after NIO's frame
-/// decoder and encoder, its protocol error handler and ``WebSocketCloseGuard``): it assembles
-/// fragmented messages, answers pings and runs the close handshake (RFC 6455), and hands each
-/// message to its ``WebSocketConnection``. It replaces a task that waited for the next frame:
+/// The channel handler of an upgraded session socket, after NIO's frame decoder and encoder: it
+/// assembles fragmented messages, answers pings, runs the close handshake and answers framing
+/// errors (RFC 6455), and hands each message to its ``WebSocketConnection``. Every close frame
+/// the server writes comes after the session's ``OutboundQueue`` was closed or finished, so no
+/// frame of the session follows it (RFC 6455 §5.5.1). It replaces a task that waited for the next frame:
 /// an idle session has none (docs/benchmarks.md, twelfth pass of issue #16).
 ///
 /// A message the connection answers at once (a `ping`, a `pong`, a malformed frame) is handled
@@ -89,10 +90,16 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
         context.fireUserInboundEventTriggered(event)
     }
 
+    /// A framing error found by NIO's frame decoder (which decodes nothing after it) is
+    /// answered with a close frame, 1009 for a frame over the limit and 1002 for a malformed
+    /// control frame, and the connection ends once it is written; any other error (a reset)
+    /// ends the connection at once.
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        // A framing error was answered by NIO's protocol error handler, which closes the
-        // socket; anything else (a reset) ends the connection too.
-        context.close(promise: nil)
+        guard let error = error as? NIOWebSocketError, !connection.queue.isClosing else {
+            context.close(promise: nil)
+            return
+        }
+        closeAfter(error == .invalidFrameLength ? WebSocketCloseCode.tooBig : WebSocketCloseCode.protocolError, context: context)
     }
 
     /// Holds the socket's reads while a message is being handled.
@@ -222,14 +229,21 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
             context.close(promise: nil)
             return
         }
-        connection.queue.finish()
         var data = frame.unmaskedData
         let code = data.readableBytes == 0 || data.readInteger(as: UInt16.self).map(Self.isValidCloseCode) == true
             ? WebSocketCloseCode.normal : WebSocketCloseCode.protocolError
-        var answer = context.channel.allocator.buffer(capacity: 2)
-        answer.writeInteger(code)
+        closeAfter(code, context: context)
+    }
+
+    /// Writes a close frame with `code` at once (nothing the session sends goes after it: its
+    /// queue is finished first) and ends the connection once it is written.
+    private func closeAfter(_ code: UInt16, context: ChannelHandlerContext) {
+        connection.queue.finish()
+        stopHandling()
+        var data = context.channel.allocator.buffer(capacity: 2)
+        data.writeInteger(code)
         let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
-        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: answer)))
+        context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: data)))
             .whenComplete { _ in bound.value.close(promise: nil) }
     }
 
