@@ -26,6 +26,7 @@ import Testing
     @Test func framesGoOutAtOnceAndInOrderAfterTheChannelStalls() throws {
         let channel = EmbeddedChannel()
         let queue = OutboundQueue(channel: channel, maxFrames: 4, maxBytes: 1024)
+        queue.attach()
         #expect(queue.send("a"))
         #expect(try Self.written(channel) == ["a"], "written at once while writable")
 
@@ -51,6 +52,7 @@ import Testing
     @Test func aFullBufferIsASlowConsumer() throws {
         let channel = EmbeddedChannel()
         let queue = OutboundQueue(channel: channel, maxFrames: 2, maxBytes: 1024)
+        queue.attach()
         channel.isWritable = false
         #expect(queue.send("a"))
         #expect(queue.send("b"))
@@ -62,6 +64,7 @@ import Testing
         let channel = EmbeddedChannel()
         let closed = channel.closeFuture
         let queue = OutboundQueue(channel: channel, maxFrames: 4, maxBytes: 1024)
+        queue.attach()
         channel.isWritable = false
         queue.send("before")
         queue.close(code: 4001, reason: "ping timeout")
@@ -86,6 +89,7 @@ import Testing
     @Test func aFinishedQueueWritesNothing() throws {
         let channel = EmbeddedChannel()
         let queue = OutboundQueue(channel: channel, maxFrames: 4, maxBytes: 1024)
+        queue.attach()
         channel.isWritable = false
         queue.send("held")
         queue.finish()
@@ -94,6 +98,20 @@ import Testing
         queue.close(code: 1000, reason: "bye")
         #expect(queue.send("late"))
         #expect(try Self.written(channel) == [], "the socket ended: what was held is dropped")
+        _ = try channel.finish()
+    }
+
+    @Test func nothingIsWrittenBeforeTheSessionsHandlerIsInThePipeline() throws {
+        // An upgrade is accepted at the request's head; until the pipeline changes at its end,
+        // a frame written to the channel would reach HTTP's handlers.
+        let channel = EmbeddedChannel()
+        let queue = OutboundQueue(channel: channel, maxFrames: 4, maxBytes: 1024)
+        #expect(queue.send("early"))
+        queue.close(code: 4002, reason: "hello timeout")
+        queue.pump()
+        #expect(try Self.written(channel) == [], "held until attached")
+        queue.attach()
+        #expect(try Self.written(channel) == ["early", "close:4002"])
         _ = try channel.finish()
     }
 }

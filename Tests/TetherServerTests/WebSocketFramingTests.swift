@@ -79,8 +79,8 @@ import TetherTestingServer
 
     @Test(arguments: [
         (name: "a data frame with a reserved bit", code: UInt16(1002)),
-        (name: "a continuation that continues nothing", code: 1009),
-        (name: "a new message inside a fragmented one", code: 1009),
+        (name: "a continuation that continues nothing", code: 1002),
+        (name: "a new message inside a fragmented one", code: 1002),
         (name: "fragments over the frame limit", code: 1009),
         (name: "a reserved opcode", code: 1002),
         (name: "a fragmented ping", code: 1002),
@@ -120,6 +120,50 @@ import TetherTestingServer
         #expect(close?.closeCode == code, "\(name)")
         socket.send(.close, [0x03, 0xE8])
         #expect(await socket.closedByServer(), "\(name)")
+    }
+}
+
+extension WebSocketFramingTests {
+    /// NIO accepts an upgrade at the request's head and changes the pipeline at its end: a
+    /// request whose body never comes leaves HTTP's handlers in place under an accepted session.
+    /// Its hello timeout must close it without writing a WebSocket frame into them.
+    @Test func anUpgradeWhoseRequestNeverEndsIsClosedAtTheHelloDeadline() async throws {
+        let clock = ManualClock()
+        let server = try await InProcessServer.start(file: .init(subscribeTimeoutSeconds: 30), clock: clock)
+        let socket = try await RawWebSocket.connect(port: server.port, extraHeaders: "Content-Length: 1\r\n")
+        #expect(await eventually { server.server.webSocketCounts.connections == 1 })
+        clock.advance(by: .seconds(10))
+        await server.server.tickWebSocketSessions()
+        #expect(await socket.closedByServer(), "closed at the hello deadline")
+        #expect(await eventually { server.server.webSocketCounts.connections == 0 })
+        // The server is still up.
+        let another = try await RawWebSocket.connect(port: server.port)
+        another.send(.ping, [7])
+        #expect(await another.next()?.payload == [7])
+        another.close()
+        await server.stop()
+    }
+
+    /// Messages read before the client's close frame are all handled, in order, even while an
+    /// earlier one is still being handled: a `bye` behind a publish ends the session.
+    @Test func messagesBeforeTheClientsCloseAreHandled() async throws {
+        let server = try await InProcessServer.start(file: .init(subscribeTimeoutSeconds: 30))
+        let socket = try await RawWebSocket.connect(port: server.port)
+        socket.send(.text, Array(#"{"type":"hello","v":1,"subscribeKey":"demo","publishKey":"demo","uuid":"closing"}"#.utf8))
+        #expect(try #require(await socket.next()).text.contains("welcome"))
+        #expect(server.server.webSocketCounts.sessions == 1)
+        socket.send([
+            (.text, Array(#"{"type":"publish","requestId":"p1","channel":"c","message":"hi"}"#.utf8)),
+            (.text, Array(#"{"type":"bye"}"#.utf8)),
+            (.close, [0x03, 0xE8]),
+        ])
+        var texts: [String] = []
+        while let frame = await socket.next() {
+            if frame.opcode == 0x1 { texts.append(frame.text) }
+        }
+        #expect(texts.contains { $0.contains(#""type":"ack""#) && $0.contains("p1") }, "the publish was answered: \(texts)")
+        #expect(await eventually { server.server.webSocketCounts.sessions == 0 }, "the bye ended the session")
+        await server.stop()
     }
 }
 
@@ -189,7 +233,7 @@ final class RawWebSocket: Sendable {
         self.received = received
     }
 
-    static func connect(port: Int) async throws -> RawWebSocket {
+    static func connect(port: Int, extraHeaders: String = "") async throws -> RawWebSocket {
         let received = NIOLockedValueBox<(frames: [Frame], closed: Bool)>(([], false))
         let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .channelInitializer { channel in
@@ -197,13 +241,22 @@ final class RawWebSocket: Sendable {
             }
             .connect(host: "127.0.0.1", port: port).get()
         let request = "GET /v2/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\(extraHeaders)\r\n"
         try await channel.writeAndFlush(ByteBuffer(string: request)).get()
         return RawWebSocket(channel: channel, received: received)
     }
 
+    /// Sends frames in one write (one TCP segment on loopback), masked.
+    func send(_ frames: [(Opcode, [UInt8])]) {
+        channel.writeAndFlush(ByteBuffer(bytes: frames.flatMap { Self.encode($0.0, $0.1, fin: true, rsv1: false) }), promise: nil)
+    }
+
     /// Sends one frame, masked.
     func send(_ opcode: Opcode, _ payload: [UInt8], fin: Bool = true, rsv1: Bool = false) {
+        channel.writeAndFlush(ByteBuffer(bytes: Self.encode(opcode, payload, fin: fin, rsv1: rsv1)), promise: nil)
+    }
+
+    private static func encode(_ opcode: Opcode, _ payload: [UInt8], fin: Bool, rsv1: Bool) -> [UInt8] {
         var frame: [UInt8] = [(fin ? 0x80 : 0) | (rsv1 ? 0x40 : 0) | opcode.rawValue]
         if payload.count < 126 {
             frame.append(0x80 | UInt8(payload.count))
@@ -216,7 +269,7 @@ final class RawWebSocket: Sendable {
         let mask: [UInt8] = [0x37, 0xFA, 0x21, 0x3D]
         frame += mask
         frame += payload.enumerated().map { $0.element ^ mask[$0.offset % 4] }
-        channel.writeAndFlush(ByteBuffer(bytes: frame), promise: nil)
+        return frame
     }
 
     /// The next frame from the server; `nil` once the connection closed with nothing more

@@ -16,6 +16,10 @@ final class OutboundQueue: Sendable {
         var close: (code: UInt16, reason: String)?
         /// Nothing more is written: the close frame went out, or the socket ended.
         var finished = false
+        /// The session's handler is in the pipeline (``attach()``): until then the channel's
+        /// pipeline is still HTTP's (an upgrade accepted at the request's head completes at its
+        /// end), and everything sent is held.
+        var attached = false
         /// A ``pump()`` is writing (on the loop), or one is scheduled there: it looks at the
         /// channel's writability and the buffer before each frame, so nothing needs to start
         /// another meanwhile.
@@ -42,9 +46,9 @@ final class OutboundQueue: Sendable {
         enum Next { case write, pump, schedule, none, overflow }
         let next = state.withLock { s -> Next in
             guard !s.finished, s.close == nil else { return .none }
-            if onLoop, !s.pumping, s.buffer.isEmpty, channel.isWritable { return .write }
+            if onLoop, s.attached, !s.pumping, s.buffer.isEmpty, channel.isWritable { return .write }
             guard s.buffer.push(text, bytes: text.utf8.count) == .queued else { return .overflow }
-            if s.pumping { return .none }
+            if s.pumping || !s.attached { return .none }
             s.pumping = true
             return onLoop ? .pump : .schedule
         }
@@ -68,7 +72,7 @@ final class OutboundQueue: Sendable {
         let next = state.withLock { s -> Bool in
             guard !s.finished, s.close == nil else { return false }
             s.close = (code, reason)
-            if s.pumping { return false }
+            if s.pumping || !s.attached { return false }
             s.pumping = true
             return true
         }
@@ -83,12 +87,23 @@ final class OutboundQueue: Sendable {
     /// The channel became writable again: writes what is held. On the connection's event loop.
     func pump() {
         let start = state.withLock { s -> Bool in
-            guard !s.pumping, !s.finished, !s.buffer.isEmpty || s.close != nil else { return false }
+            guard !s.pumping, s.attached, !s.finished, !s.buffer.isEmpty || s.close != nil else { return false }
             s.pumping = true
             return true
         }
         if start { writePending() }
     }
+
+    /// The session's handler is in the pipeline: what was sent before is written now. On the
+    /// connection's event loop.
+    func attach() {
+        state.withLock { $0.attached = true }
+        pump()
+    }
+
+    /// Whether the session's handler is in the pipeline (``attach()``): frames written straight
+    /// to the channel before that would reach HTTP's handlers.
+    var isAttached: Bool { state.withLock { $0.attached } }
 
     /// Ends the queue: nothing more is written (the socket closed, or the session dropped it).
     func finish() {

@@ -112,7 +112,12 @@ final class WebSocketConnection: Sendable {
         state.logger.debug("WebSocket closed: slow consumer (outbound buffer full)")
         // The buffer is stuck behind unread data: the close frame goes straight to the channel,
         // behind that data, and the socket is closed.
+        let attached = queue.isAttached
         queue.finish()
+        guard attached else {
+            channel.close(promise: nil)  // still HTTP's pipeline: no frame can be written
+            return
+        }
         var buffer = channel.allocator.buffer(capacity: 32)
         buffer.writeInteger(WebSocketCloseCode.slowConsumer)
         buffer.writeString("slow consumer")

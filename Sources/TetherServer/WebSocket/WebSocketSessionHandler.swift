@@ -35,7 +35,17 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     /// The server is closing the socket: what the client sends is read and dropped until its
     /// close frame (or the close timeout) ends the connection.
     private var ignoring = false
+    /// What ends the connection once the messages before it are handled: the client's close
+    /// frame (answered with this code), its end of input, or the socket's close.
+    private enum Ending { case closeFrame(UInt16), inputClosed, inactive }
+    private var ending: Ending?
+    /// The latest ping's payload, answered when the channel is writable again (RFC 6455 §5.5.3:
+    /// only the latest ping needs its pong), so a client that pings and never reads grows nothing.
+    private var pendingPong: ByteBuffer?
     private var context: ChannelHandlerContext?
+    /// The connection's event loop (kept after the handler leaves the pipeline, for the
+    /// messages still handled then).
+    private var loop: (any EventLoop)?
 
     init(connection: WebSocketConnection, maxMessageBytes: Int, executor: EventLoopTaskExecutor, tasks: HotPathTasks) {
         self.connection = connection
@@ -46,6 +56,7 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.context = context
+        loop = context.eventLoop
         guard connection.start() else {
             // The socket closed before: its slot was given back already.
             closed = true
@@ -53,6 +64,7 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
             return
         }
         registration = tasks.startTaskless(channel: context.channel)
+        connection.queue.attach()
         if registration == nil || !context.channel.isActive {
             context.close(promise: nil)
             if !context.channel.isActive { socketClosed() }
@@ -64,7 +76,13 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        socketClosed()
+        // The messages read before the socket closed are still handled (a `bye` behind a
+        // publish ends the session), then the session lets go of the socket.
+        if busy || !waiting.isEmpty {
+            ending = .inactive
+        } else {
+            socketClosed()
+        }
         context.fireChannelInactive()
     }
 
@@ -77,14 +95,26 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable { connection.queue.pump() }
+        if context.channel.isWritable {
+            if let pong = pendingPong {
+                pendingPong = nil
+                if !connection.queue.isClosing {
+                    context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .pong, data: pong)), promise: nil)
+                }
+            }
+            connection.queue.pump()
+        }
         context.fireChannelWritabilityChanged()
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         // The client closed its side without a close frame: nothing more will come.
         if let event = event as? ChannelEvent, event == .inputClosed {
-            context.close(promise: nil)
+            if busy || !waiting.isEmpty {
+                ending = .inputClosed  // after the messages read before it
+            } else {
+                context.close(promise: nil)
+            }
             return
         }
         context.fireUserInboundEventTriggered(event)
@@ -113,17 +143,21 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = unwrapInboundIn(data)
+        guard frame.reservedBits.isEmpty else { return protocolError() }  // no extension is negotiated
         switch frame.opcode {
         case .connectionClose:
             receivedClose(frame, context: context)
         case .ping:
             guard frame.fin, frame.length < 126 else { return protocolError() }
-            guard !connection.queue.isClosing else { return }
+            guard !connection.queue.isClosing, !ignoring else { return }
+            guard context.channel.isWritable else {
+                pendingPong = frame.unmaskedData
+                return
+            }
             context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .pong, data: frame.unmaskedData)), promise: nil)
         case .pong:
             guard frame.fin else { return protocolError() }
         case .text, .binary, .continuation:
-            guard frame.reservedBits.isEmpty else { return protocolError() }
             assemble(frame)
         default:
             protocolError()
@@ -133,10 +167,10 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     // MARK: - Messages
 
     private func assemble(_ frame: WebSocketFrame) {
-        if ignoring { return }
+        if ignoring || ending != nil { return }
         var data = frame.unmaskedData
         if frame.opcode == .continuation {
-            guard var message = fragments else { return tooBig() }
+            guard var message = fragments else { return protocolError() }  // continues nothing
             guard message.data.readableBytes + data.readableBytes <= maxMessageBytes else { return tooBig() }
             message.data.writeBuffer(&data)
             guard frame.fin else {
@@ -146,7 +180,7 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
             fragments = nil
             received(message.opcode, message.data)
         } else {
-            guard fragments == nil else { return tooBig() }  // a new message inside a fragmented one
+            guard fragments == nil else { return protocolError() }  // a new message inside a fragmented one
             guard frame.fin else {
                 fragments = (frame.opcode, data)
                 return
@@ -176,7 +210,7 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
         case .needsTask(let frame):
             busy = true
             let connection = connection
-            let bound = NIOLoopBound(self, eventLoop: context!.eventLoop)
+            let bound = NIOLoopBound(self, eventLoop: loop!)
             Task(executorPreference: executor) {
                 let open = await connection.handle(frame)
                 bound.value.handled(open: open)
@@ -187,13 +221,38 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     /// The task handling a message is done (on the loop): the next waiting message, if any.
     private func handled(open: Bool) {
         busy = false
-        guard open, !ignoring else { return stopHandling() }
+        guard open, !ignoring else {
+            stopHandling()
+            return ended()
+        }
         while !busy, !ignoring, !waiting.isEmpty {
             handle(waiting.removeFirst())
         }
+        if !busy { ended() }
         if !busy, readDeferred, let context {
             readDeferred = false
             context.read()
+        }
+    }
+
+    /// What ended the connection while messages before it were handled, now that they are.
+    private func ended() {
+        guard let ending, let context else {
+            if case .inactive? = ending { socketClosed() }
+            return
+        }
+        self.ending = nil
+        switch ending {
+        case .closeFrame(let code):
+            if connection.queue.isClosing {
+                context.close(promise: nil)
+            } else {
+                closeAfter(code, context: context)
+            }
+        case .inputClosed:
+            context.close(promise: nil)
+        case .inactive:
+            socketClosed()
         }
     }
 
@@ -221,17 +280,22 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     }
 
     /// The client's close frame: after the server's, it ends the connection; otherwise it is
-    /// answered (RFC 6455 §5.5.1: its code if it sent a valid one, 1002 if not) and the
-    /// connection ends once the answer is written.
+    /// answered (RFC 6455 §5.5.1: 1000, or 1002 when its code is not one a peer may send) and the
+    /// connection ends once the answer is written. Messages read before it are handled first.
     private func receivedClose(_ frame: WebSocketFrame, context: ChannelHandlerContext) {
+        var data = frame.unmaskedData
+        let code = data.readableBytes == 0 || data.readInteger(as: UInt16.self).map(Self.isValidCloseCode) == true
+            ? WebSocketCloseCode.normal : WebSocketCloseCode.protocolError
+        if busy || !waiting.isEmpty {
+            fragments = nil  // nothing after the close frame counts (``assemble(_:)``)
+            ending = .closeFrame(code)
+            return
+        }
         stopHandling()
         guard !connection.queue.isClosing else {
             context.close(promise: nil)
             return
         }
-        var data = frame.unmaskedData
-        let code = data.readableBytes == 0 || data.readInteger(as: UInt16.self).map(Self.isValidCloseCode) == true
-            ? WebSocketCloseCode.normal : WebSocketCloseCode.protocolError
         closeAfter(code, context: context)
     }
 
@@ -247,10 +311,11 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
             .whenComplete { _ in bound.value.close(promise: nil) }
     }
 
-    /// A close code a peer may send (RFC 6455 §7.4): 1000–1003, 1007–1011, 3000–4999.
+    /// A close code a peer may send (RFC 6455 §7.4 and IANA's registry): 1000–1003, 1007–1014,
+    /// 3000–4999.
     static func isValidCloseCode(_ code: UInt16) -> Bool {
         switch code {
-        case 1000...1003, 1007...1011, 3000...4999: true
+        case 1000...1003, 1007...1014, 3000...4999: true
         default: false
         }
     }
