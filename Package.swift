@@ -64,6 +64,7 @@ let package = Package(
                 "TetherProtocol",
                 "TetherServerCore",
                 "CZlib",
+                .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),

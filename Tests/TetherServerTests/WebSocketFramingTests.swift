@@ -86,6 +86,7 @@ import TetherTestingServer
         (name: "a fragmented ping", code: 1002),
         (name: "a ping over 125 bytes", code: 1002),
         (name: "a frame over the frame limit", code: 1009),
+        (name: "an unmasked frame", code: 1002),
     ])
     func framingErrorsCloseTheSocket(name: String, code: UInt16) async throws {
         let server = try await InProcessServer.start(file: .init(subscribeTimeoutSeconds: 30))
@@ -108,6 +109,8 @@ import TetherTestingServer
             socket.send(.ping, [1], fin: false)
         case "a ping over 125 bytes":
             socket.send(.ping, [UInt8](repeating: 1, count: 126))
+        case "an unmasked frame":
+            socket.send(.text, Array(#"{"type":"ping","id":1}"#.utf8), masked: false)
         case "a frame over the frame limit":
             socket.send(.text, [UInt8](repeating: 0x20, count: 128 * 1024))
         default:
@@ -252,20 +255,22 @@ final class RawWebSocket: Sendable {
     }
 
     /// Sends one frame, masked.
-    func send(_ opcode: Opcode, _ payload: [UInt8], fin: Bool = true, rsv1: Bool = false) {
-        channel.writeAndFlush(ByteBuffer(bytes: Self.encode(opcode, payload, fin: fin, rsv1: rsv1)), promise: nil)
+    func send(_ opcode: Opcode, _ payload: [UInt8], fin: Bool = true, rsv1: Bool = false, masked: Bool = true) {
+        channel.writeAndFlush(ByteBuffer(bytes: Self.encode(opcode, payload, fin: fin, rsv1: rsv1, masked: masked)), promise: nil)
     }
 
-    private static func encode(_ opcode: Opcode, _ payload: [UInt8], fin: Bool, rsv1: Bool) -> [UInt8] {
+    private static func encode(_ opcode: Opcode, _ payload: [UInt8], fin: Bool, rsv1: Bool, masked: Bool = true) -> [UInt8] {
         var frame: [UInt8] = [(fin ? 0x80 : 0) | (rsv1 ? 0x40 : 0) | opcode.rawValue]
+        let maskBit: UInt8 = masked ? 0x80 : 0
         if payload.count < 126 {
-            frame.append(0x80 | UInt8(payload.count))
+            frame.append(maskBit | UInt8(payload.count))
         } else if payload.count <= 0xFFFF {
-            frame += [0x80 | 126, UInt8(payload.count >> 8), UInt8(payload.count & 0xFF)]
+            frame += [maskBit | 126, UInt8(payload.count >> 8), UInt8(payload.count & 0xFF)]
         } else {
-            frame.append(0x80 | 127)
+            frame.append(maskBit | 127)
             frame += (0..<8).reversed().map { UInt8((payload.count >> ($0 * 8)) & 0xFF) }
         }
+        guard masked else { return frame + payload }
         let mask: [UInt8] = [0x37, 0xFA, 0x21, 0x3D]
         frame += mask
         frame += payload.enumerated().map { $0.element ^ mask[$0.offset % 4] }

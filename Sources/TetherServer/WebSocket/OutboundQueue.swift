@@ -14,6 +14,8 @@ final class OutboundQueue: Sendable {
     private struct State: Sendable {
         var buffer: OutboundBuffer<String>
         var close: (code: UInt16, reason: String)?
+        /// The close frame answers the client's: the connection closes once it is written.
+        var closeAnswers = false
         /// Nothing more is written: the close frame went out, or the socket ended.
         var finished = false
         /// The session's handler is in the pipeline (``attach()``): until then the channel's
@@ -67,11 +69,14 @@ final class OutboundQueue: Sendable {
         return true
     }
 
-    /// Sends the close frame (the first one wins) after the frames sent before it.
-    func close(code: UInt16, reason: String) {
+    /// Sends the close frame (the first one wins) after the frames sent before it. `answering`:
+    /// it answers the client's close frame, and the connection closes once it is written (not
+    /// when the client answers it).
+    func close(code: UInt16, reason: String, answering: Bool = false) {
         let next = state.withLock { s -> Bool in
             guard !s.finished, s.close == nil else { return false }
             s.close = (code, reason)
+            s.closeAnswers = answering
             if s.pumping || !s.attached { return false }
             s.pumping = true
             return true
@@ -125,8 +130,9 @@ final class OutboundQueue: Sendable {
     private func writePending() {
         var wrote = false
         var closing = false
+        var answered: EventLoopPromise<Void>?
         while true {
-            enum Step { case text(String), close(UInt16, String), stop }
+            enum Step { case text(String), close(UInt16, String, answers: Bool), stop }
             let step = state.withLock { s -> Step in
                 if s.finished || !channel.isWritable {
                     s.pumping = false
@@ -136,7 +142,7 @@ final class OutboundQueue: Sendable {
                 if let close = s.close {
                     s.finished = true
                     s.pumping = false
-                    return .close(close.code, close.reason)
+                    return .close(close.code, close.reason, answers: s.closeAnswers)
                 }
                 s.pumping = false
                 return .stop
@@ -146,11 +152,12 @@ final class OutboundQueue: Sendable {
                 channel.write(Self.textFrame(text), promise: nil)
                 wrote = true
                 continue
-            case .close(let code, let reason):
+            case .close(let code, let reason, let answers):
                 var data = channel.allocator.buffer(capacity: 2 + reason.utf8.count)
                 data.writeInteger(code)
                 data.writeString(reason)
-                channel.write(WebSocketFrame(fin: true, opcode: .connectionClose, data: data), promise: nil)
+                answered = answers ? channel.eventLoop.makePromise() : nil
+                channel.write(WebSocketFrame(fin: true, opcode: .connectionClose, data: data), promise: answered)
                 wrote = true
                 closing = true
             case .stop:
@@ -161,8 +168,10 @@ final class OutboundQueue: Sendable {
         if wrote { channel.flush() }
         if closing {
             // The client answers with its own close frame (``WebSocketSessionHandler``), or it
-            // is cut off.
+            // is cut off; a close frame that answers the client's ends the connection once
+            // written (or at the same timeout, if the client reads nothing).
             let channel = channel
+            answered?.futureResult.whenComplete { _ in channel.close(promise: nil) }
             channel.eventLoop.scheduleTask(in: Self.closeTimeout) { channel.close(promise: nil) }
         }
     }

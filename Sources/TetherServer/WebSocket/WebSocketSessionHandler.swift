@@ -1,3 +1,4 @@
+import DequeModule
 import NIOCore
 import NIOWebSocket
 @_spi(Benchmarks) import TetherProtocol
@@ -6,13 +7,14 @@ import NIOWebSocket
 /// assembles fragmented messages, answers pings, runs the close handshake and answers framing
 /// errors (RFC 6455), and hands each message to its ``WebSocketConnection``. Every close frame
 /// the server writes comes after the session's ``OutboundQueue`` was closed or finished, so no
-/// frame of the session follows it (RFC 6455 §5.5.1). It replaces a task that waited for the next frame:
-/// an idle session has none (docs/benchmarks.md, twelfth pass of issue #16).
+/// frame of the session follows it (RFC 6455 §5.5.1). It replaces a task that waited for the
+/// next frame: an idle session has none (docs/benchmarks.md, twelfth pass of issue #16).
 ///
 /// A message the connection answers at once (a `ping`, a `pong`, a malformed frame) is handled
 /// here; any other runs in a short task on the connection's event loop, and while it runs the
 /// messages after it wait in order and the socket is not read, so what a client can queue here
-/// is bounded by one read.
+/// is bounded by one read. A close frame, the end of input or the socket's close that comes
+/// behind them takes effect once they are handled.
 final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = WebSocketFrame
     typealias OutboundIn = WebSocketFrame
@@ -29,7 +31,9 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     private var fragments: (opcode: WebSocketOpcode, data: ByteBuffer)?
     /// A message is being handled in a task; the messages after it wait here, in order.
     private var busy = false
-    private var waiting: [WebSocketConnection.Inbound] = []
+    /// Bounded by what one read of the socket decodes to: reading stops while a message is
+    /// handled.
+    private var waiting: Deque<WebSocketConnection.Inbound> = []
     /// A read asked for while a message was handled: passed on when it is done.
     private var readDeferred = false
     /// The server is closing the socket: what the client sends is read and dropped until its
@@ -60,6 +64,7 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
         guard connection.start() else {
             // The socket closed before: its slot was given back already.
             closed = true
+            ignoring = true
             context.close(promise: nil)
             return
         }
@@ -78,6 +83,7 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     func channelInactive(context: ChannelHandlerContext) {
         // The messages read before the socket closed are still handled (a `bye` behind a
         // publish ends the session), then the session lets go of the socket.
+        connection.queue.finish()
         if busy || !waiting.isEmpty {
             ending = .inactive
         } else {
@@ -111,7 +117,8 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
         // The client closed its side without a close frame: nothing more will come.
         if let event = event as? ChannelEvent, event == .inputClosed {
             if busy || !waiting.isEmpty {
-                ending = .inputClosed  // after the messages read before it
+                // After the messages read before it; a close frame before it is still answered.
+                if ending == nil { ending = .inputClosed }
             } else {
                 context.close(promise: nil)
             }
@@ -143,7 +150,8 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = unwrapInboundIn(data)
-        guard frame.reservedBits.isEmpty else { return protocolError() }  // no extension is negotiated
+        // A client masks every frame (RFC 6455 §5.1), and no extension is negotiated.
+        guard frame.maskKey != nil, frame.reservedBits.isEmpty else { return protocolError() }
         switch frame.opcode {
         case .connectionClose:
             receivedClose(frame, context: context)
@@ -221,12 +229,12 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     /// The task handling a message is done (on the loop): the next waiting message, if any.
     private func handled(open: Bool) {
         busy = false
-        guard open, !ignoring else {
-            stopHandling()
-            return ended()
-        }
-        while !busy, !ignoring, !waiting.isEmpty {
-            handle(waiting.removeFirst())
+        // Once the server's close frame is queued (or the connection was dropped as a slow
+        // consumer), what the client sent after is not handled.
+        if !open || connection.queue.isClosing { stopHandling() }
+        while !busy, !ignoring, let next = waiting.popFirst() {
+            handle(next)
+            if !busy, connection.queue.isClosing { stopHandling() }
         }
         if !busy { ended() }
         if !busy, readDeferred, let context {
@@ -247,7 +255,8 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
             if connection.queue.isClosing {
                 context.close(promise: nil)
             } else {
-                closeAfter(code, context: context)
+                // After the answers to the messages before it.
+                connection.queue.close(code: code, reason: "", answering: true)
             }
         case .inputClosed:
             context.close(promise: nil)
@@ -296,19 +305,21 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
             context.close(promise: nil)
             return
         }
-        closeAfter(code, context: context)
+        connection.queue.close(code: code, reason: "", answering: true)
     }
 
     /// Writes a close frame with `code` at once (nothing the session sends goes after it: its
-    /// queue is finished first) and ends the connection once it is written.
+    /// queue is finished first) and ends the connection once it is written, or after the close
+    /// timeout if the client reads nothing.
     private func closeAfter(_ code: UInt16, context: ChannelHandlerContext) {
         connection.queue.finish()
         stopHandling()
         var data = context.channel.allocator.buffer(capacity: 2)
         data.writeInteger(code)
-        let bound = NIOLoopBound(context, eventLoop: context.eventLoop)
+        let channel = context.channel
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .connectionClose, data: data)))
-            .whenComplete { _ in bound.value.close(promise: nil) }
+            .whenComplete { _ in channel.close(promise: nil) }
+        channel.eventLoop.scheduleTask(in: OutboundQueue.closeTimeout) { channel.close(promise: nil) }
     }
 
     /// A close code a peer may send (RFC 6455 §7.4 and IANA's registry): 1000–1003, 1007–1014,
