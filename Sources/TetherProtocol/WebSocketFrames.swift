@@ -416,6 +416,7 @@ package enum WebSocketServerFrame {
 package enum WebSocketCloseCode {
     package static let normal: UInt16 = 1000
     package static let protocolError: UInt16 = 1002
+    package static let invalidText: UInt16 = 1007
     package static let tooBig: UInt16 = 1009
     package static let internalError: UInt16 = 1011
     package static let drain: UInt16 = 1012

@@ -87,6 +87,7 @@ import TetherTestingServer
         (name: "a ping over 125 bytes", code: 1002),
         (name: "a frame over the frame limit", code: 1009),
         (name: "an unmasked frame", code: 1002),
+        (name: "a text message that is not UTF-8", code: 1007),
     ])
     func framingErrorsCloseTheSocket(name: String, code: UInt16) async throws {
         let server = try await InProcessServer.start(file: .init(subscribeTimeoutSeconds: 30))
@@ -109,6 +110,11 @@ import TetherTestingServer
             socket.send(.ping, [1], fin: false)
         case "a ping over 125 bytes":
             socket.send(.ping, [UInt8](repeating: 1, count: 126))
+        case "a text message that is not UTF-8":
+            // Valid UTF-8 in each fragment but one: the second ends inside a two-byte sequence.
+            socket.send(.text, Array(#"{"type":"ping","id":"é"#.utf8), fin: false)
+            socket.send(.continuation, [0xC3], fin: false)
+            socket.send(.continuation, Array(#""}"#.utf8), fin: true)
         case "an unmasked frame":
             socket.send(.text, Array(#"{"type":"ping","id":1}"#.utf8), masked: false)
         case "a frame over the frame limit":

@@ -198,7 +198,19 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
     }
 
     private func received(_ opcode: WebSocketOpcode, _ data: ByteBuffer) {
-        let message: WebSocketConnection.Inbound = opcode == .text ? .text(String(buffer: data)) : .binary
+        let message: WebSocketConnection.Inbound
+        if opcode == .text {
+            // A text message that is not UTF-8 fails the connection (RFC 6455 §8.1).
+            guard let text = data.readableBytesView.withContiguousStorageIfAvailable({ String(validating: $0, as: UTF8.self) })
+                ?? String(validating: Array(data.readableBytesView), as: UTF8.self)
+            else {
+                connection.queue.close(code: WebSocketCloseCode.invalidText, reason: "text frame is not UTF-8")
+                return stopHandling()
+            }
+            message = .text(text)
+        } else {
+            message = .binary
+        }
         connection.noteReceived()
         if busy {
             waiting.append(message)
