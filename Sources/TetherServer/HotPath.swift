@@ -564,7 +564,7 @@ final class LongPollSlot: Sendable {
     /// How the hub parks this long-poll: it reports the cursor the run had read up to (the next
     /// run reads after it), then wakes it once.
     var parking: LongPollParking {
-        LongPollParking(parkedAfter: { [self] after in
+        LongPollParking(parked: { [self] _, after in
             resumePoint.withLock { point in point = point.map { ($0.deadline, after) } }
         }, wake: { [self] reason in wake(reason) })
     }

@@ -534,8 +534,7 @@ public final class LongPollHub: Sendable {
                 if let parking, gaps.isEmpty {
                     // Parked without a task: the caller's task ends here, and `parking`
                     // answers the request again when the wait ends, from this cursor.
-                    parking.parkedAfter(after)
-                    parking.parked?(ParkedWait(id: id), after)
+                    parking.parked(ParkedWait(id: id), after)
                     park(id, deadline: waitDeadline(), channel: channel, parking: parking)
                     throw LongPollParked()
                 }
@@ -709,19 +708,16 @@ public final class LongPollHub: Sendable {
 }
 
 /// What a publish through ``LongPollHub/publish(_:store:dedupKey:)`` came to.
-/// How a long-poll waits without a task (the hot path's subscribe): `wake` is called once, on
-/// any thread, with why its wait ended.
+/// How a long-poll waits without a task (the hot path's subscribe, a WebSocket session's
+/// deliveries): `wake` is called once, on any thread, with why its wait ended.
 package struct LongPollParking: Sendable {
-    /// Told the cursor the long-poll has read up to, just before it parks.
-    let parkedAfter: @Sendable (Timetoken) -> Void
     /// Told, just before it parks, the handle that ends the wait early
-    /// (``LongPollHub/cancelParked(_:)``) and the cursor it reads after (as `parkedAfter`).
-    let parked: (@Sendable (ParkedWait, Timetoken) -> Void)?
+    /// (``LongPollHub/cancelParked(_:)``) and the cursor the long-poll has read up to (the next
+    /// read goes on after it).
+    let parked: @Sendable (ParkedWait, Timetoken) -> Void
     let wake: @Sendable (WakeReason) -> Void
 
-    package init(parkedAfter: @escaping @Sendable (Timetoken) -> Void, parked: (@Sendable (ParkedWait, Timetoken) -> Void)? = nil,
-                 wake: @escaping @Sendable (WakeReason) -> Void) {
-        self.parkedAfter = parkedAfter
+    package init(parked: @escaping @Sendable (ParkedWait, Timetoken) -> Void, wake: @escaping @Sendable (WakeReason) -> Void) {
         self.parked = parked
         self.wake = wake
     }

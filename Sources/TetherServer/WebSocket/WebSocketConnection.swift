@@ -497,7 +497,7 @@ final class WebSocketConnection: Sendable {
 
     /// How a run of `generation` parks its wait, which must answer by `deadline`, in the hub.
     private func parking(_ generation: UInt64, deadline: NIODeadline) -> LongPollParking {
-        LongPollParking(parkedAfter: { _ in }, parked: { [weak self] wait, after in
+        LongPollParking(parked: { [weak self] wait, after in
             self?.parked(wait, after: after, deadline: deadline, generation: generation)
         }, wake: { [weak self] reason in
             self?.woken(reason, generation: generation)

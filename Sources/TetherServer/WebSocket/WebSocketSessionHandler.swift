@@ -201,9 +201,7 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
         let message: WebSocketConnection.Inbound
         if opcode == .text {
             // A text message that is not UTF-8 fails the connection (RFC 6455 §8.1).
-            guard let text = data.readableBytesView.withContiguousStorageIfAvailable({ String(validating: $0, as: UTF8.self) })
-                ?? String(validating: Array(data.readableBytesView), as: UTF8.self)
-            else {
+            guard let text = String(validating: data.readableBytesView, as: UTF8.self) else {
                 connection.queue.close(code: WebSocketCloseCode.invalidText, reason: "text frame is not UTF-8")
                 return stopHandling()
             }
@@ -248,10 +246,9 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
             handle(next)
             if !busy, connection.queue.isClosing { stopHandling() }
         }
-        if !busy { ended() }
-        if !busy, readDeferred, let context {
-            readDeferred = false
-            context.read()
+        if !busy {
+            ended()
+            resumeReading()
         }
     }
 
@@ -282,16 +279,20 @@ final class WebSocketSessionHandler: ChannelDuplexHandler, RemovableChannelHandl
         ignoring = true
         waiting.removeAll()
         fragments = nil
-        if !busy, readDeferred, let context {
-            readDeferred = false
-            context.read()
-        }
+        if !busy { resumeReading() }
+    }
+
+    /// Passes on the read held while a message was handled.
+    private func resumeReading() {
+        guard readDeferred, let context else { return }
+        readDeferred = false
+        context.read()
     }
 
     // MARK: - Closing
 
     private func tooBig() {
-        connection.queue.close(code: WebSocketCloseCode.tooBig, reason: "message too big or invalid framing")
+        connection.queue.close(code: WebSocketCloseCode.tooBig, reason: "message too big")
         stopHandling()
     }
 

@@ -157,7 +157,7 @@ final class WebSocketSessions: Sendable {
     @discardableResult
     func update(_ session: Table.SessionID, on connection: Table.ConnectionID, _ change: (inout SessionState) -> Void) -> SessionState? {
         locked.withLock { s in
-            guard s.table.session(on: connection) == session, var state = s.table.payload(of: session) else { return nil }
+            guard var state = s.table.payload(of: session) else { return nil }
             change(&state)
             return s.table.update(session, on: connection, payload: state, bytes: state.estimatedBytes) ? state : nil
         }
