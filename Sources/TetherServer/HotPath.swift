@@ -58,7 +58,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
     private let answerRequest: Answer
     /// The largest body a hot `POST` may declare; a larger or unsized one is passed on.
-    private let maxBodyBytes: Int
+    let maxBodyBytes: Int
     private let idleTimeout: TimeAmount
 
     private enum Reading {
@@ -97,6 +97,10 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     /// leaves once the replay is done.
     private var leaving: ChannelHandlerContext.RemovalToken?
     private var lastActivity = NIODeadline.now()
+    /// The connection's ``HotRequestReader`` while it reads the connection's requests (before it
+    /// hands them over to NIO's decoder): hot requests come from it (``readHot(_:body:)``) and
+    /// their answers go back through it, as bytes, instead of through NIO's encoder.
+    var reader: HotRequestReader?
     /// What this connection shares with the others on its event loop: the executor its
     /// answers' tasks run on, and the sweep that checks its idle timeout.
     private var loopShare: HotPathLoop!
@@ -188,6 +192,19 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
+    /// A hot request the connection's ``HotRequestReader`` read whole from its bytes; `false`
+    /// when nothing more is answered on the connection (its answer then never comes).
+    func readHot(_ request: HTTPRequest, body: ByteBuffer?) -> Bool {
+        guard let context, !inputDone else { return false }
+        answer(request, body: body, context: context)
+        return true
+    }
+
+    /// Something was read (``HotRequestReader``): the idle timeout starts again.
+    func noteActivity() {
+        if let context { lastActivity = context.eventLoop.now }
+    }
+
     /// Passes a request's head on to Hummingbird, building the connection's Hummingbird side
     /// after this handler first if this is its first request that is not hot (``opener``).
     private func passOn(_ head: HTTPServerRequestPart, context: ChannelHandlerContext) {
@@ -243,10 +260,9 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             // A GET with a body (which nothing reads) goes to Hummingbird, which discards it
             // as it streams instead of collecting it.
             guard lengths.isEmpty || lengths == ["0"] else { return false }
-            return path.hasPrefix("/v2/subscribe/") || path.hasPrefix("/publish/") || path.hasPrefix("/signal/")
-                || path.hasPrefix("/time/")
+            return HotRequestHead.isHotRoute(post: false, path: path)
         case .POST:
-            guard path.hasPrefix("/publish/"), lengths.count == 1, let length = Int(lengths[0]), length >= 0, length <= maxBodyBytes
+            guard HotRequestHead.isHotRoute(post: true, path: path), lengths.count == 1, let length = Int(lengths[0]), length >= 0, length <= maxBodyBytes
             else { return false }
             return !headers.contains(name: "expect")
         default:
@@ -313,14 +329,20 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func write(_ head: HTTPResponse, _ body: ByteBuffer, context: ChannelHandlerContext) {
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(head))), promise: nil)
-        if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         answering = false
         lastActivity = context.eventLoop.now
+        let reader = reader
         if closeAfterAnswer || head.headerFields[.connection] == "close" {
             held.removeAll()
             let promise = context.eventLoop.makePromise(of: Void.self)
-            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
+            if let reader {
+                reader.closeAfterAnswer()
+                reader.writeAnswer(head, body: body, promise: promise)
+            } else {
+                context.write(wrapOutboundOut(.head(HTTPResponseHead(head))), promise: nil)
+                if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
+                context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
+            }
             // Output only, as Hummingbird does: the peer reads the answer, then closes (a full
             // close with unread input would reset the connection and could lose the answer).
             // A peer that never closes its side (a pooled client that has not looked at the
@@ -333,6 +355,14 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             }
             return
         }
+        if let reader {
+            // The request came as bytes: its answer goes as bytes, and the reader reads on.
+            reader.writeAnswer(head, body: body, promise: nil)
+            reader.answered()
+            return
+        }
+        context.write(wrapOutboundOut(.head(HTTPResponseHead(head))), promise: nil)
+        if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         var replayed = false
         replaying = true
@@ -428,7 +458,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         }
         // Shutting down: a connection in the middle of a hot request closes after its answer
         // (Hummingbird's handler never saw the request and would close it at once).
-        if event is ChannelShouldQuiesceEvent, answering || isCollecting {
+        if event is ChannelShouldQuiesceEvent, answering || isCollecting || reader?.isReadingBody == true {
             closeAfterAnswer = true
             return
         }
@@ -480,6 +510,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
+        reader = nil
         loopShare.remove(self)
         inFlight.connectionClosed()
         self.context = nil
@@ -491,8 +522,10 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         return false
     }
 
-    /// Whether a request's head has arrived and its end not yet.
+    /// Whether a request's head has arrived and its end not yet (or, with the
+    /// ``HotRequestReader``, any part of a request).
     private var isReadingRequest: Bool {
+        if reader?.isMidRequest == true { return true }
         if case .idle = reading { return false }
         return true
     }

@@ -95,7 +95,13 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             configuration.decoderConfiguration = decoderLimits
             _ = try pipeline.configureUpgradableHTTPServerPipeline(configuration: configuration)
             try pipeline.removeHandler(context: pipeline.context(handlerType: NIOTypedHTTPServerUpgradeHandler<Void>.self), promise: nil)
-            try pipeline.addHandler(hotPath(self))
+            let hot = hotPath(self)
+            try pipeline.addHandler(hot)
+            // In front of NIO's encoder and decoder (after TLS, if any), the reader takes plain
+            // hot requests from the bytes until the first request it does not take, which it
+            // hands to the decoder with the rest; it writes their answers as bytes.
+            let encoder = try pipeline.handler(type: HTTPResponseEncoder.self)
+            try pipeline.addHandler(HotRequestReader(hotPath: hot, maxBodyBytes: hot.maxBodyBytes), position: .before(encoder))
             return Value(channel: channel)
         }
     }
