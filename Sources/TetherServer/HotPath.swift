@@ -86,6 +86,8 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var lastForwardedEndsInput = false
     /// The handler is replaying held parts (``write(_:_:context:)``).
     private var replaying = false
+    /// The ``reader`` passed a request on and waits for the end of its answer to read on.
+    private var readerAwaitsForwarded = false
     /// A request was passed on: the connection's Hummingbird side is built (``opener``).
     private var hummingbirdOpened = false
     /// The HTTP parser refused what followed the requests read so far: the JSON 400 goes out
@@ -197,6 +199,17 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     func readHot(_ request: HTTPRequest, body: ByteBuffer?) -> Bool {
         guard let context, !inputDone else { return false }
         answer(request, body: body, context: context)
+        return true
+    }
+
+    /// A plain request to a route that is not hot, read whole by the connection's
+    /// ``HotRequestReader``: passed on to Hummingbird as NIO's decoder would have passed it.
+    /// `false` when nothing more is answered on the connection.
+    func readPassedOn(_ head: HTTPRequestHead) -> Bool {
+        guard let context, !inputDone else { return false }
+        readerAwaitsForwarded = true
+        process(.head(head), context: context)
+        process(.end(nil), context: context)
         return true
     }
 
@@ -479,6 +492,24 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         lastActivity = context.eventLoop.now
         context.write(data, promise: promise)
         answerParseFailureIfDue(context: context)
+        if forwardedInFlight == 0, readerAwaitsForwarded, let reader {
+            // The reader reads on after Hummingbird's answer to what it passed on — once
+            // Hummingbird's write is done, not inside it.
+            readerAwaitsForwarded = false
+            let bound = NIOLoopBound(reader, eventLoop: context.eventLoop)
+            context.eventLoop.execute { bound.value.answered() }
+        }
+    }
+
+    /// Hummingbird's side closes the connection (after its answer to a request that asked
+    /// for it, at a graceful shutdown, or on an error): nothing read after that is answered,
+    /// so nothing more is read — a hot request the reader holds behind Hummingbird's answer
+    /// would otherwise run with its answer going nowhere.
+    func close(context: ChannelHandlerContext, mode: CloseMode, promise: EventLoopPromise<Void>?) {
+        inputDone = true
+        readerAwaitsForwarded = false
+        reader?.closeAfterAnswer()
+        context.close(mode: mode, promise: promise)
     }
 
     /// Reading goes on while a hot request is answered, and stops only once a request is held

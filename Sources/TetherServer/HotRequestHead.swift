@@ -2,22 +2,23 @@ import HTTPTypes
 import NIOCore
 import NIOHTTP1
 
-/// Reads the head of a hot request straight from a connection's bytes, for
-/// ``HotRequestReader``: the request line and header fields of a `GET` publish, signal,
-/// subscribe or time request, or a `POST` publish with one `Content-Length`, in the plainest
-/// HTTP/1.1 there is (RFC 9112).
+/// Reads the head of a request straight from a connection's bytes, for ``HotRequestReader``:
+/// the request line and header fields of a hot request — a `GET` publish, signal, subscribe or
+/// time request, or a `POST` publish with one `Content-Length` — or of a `GET` or `DELETE`
+/// without a body to any other route, in the plainest HTTP/1.1 there is (RFC 9112).
 ///
 /// It reads only what it can read with certainty and hands everything else to NIO's HTTP/1
 /// parser, which then reads the connection from that request on: a method, target or version it
 /// does not take, any byte outside the grammar below, `Transfer-Encoding`, `Upgrade`, `Expect`,
 /// `Proxy-Connection`, a second `Content-Length`, `Host` or `Connection`, a `Connection` other
-/// than `close` or `keep-alive`, a `Content-Length` with a tab around it, a line folded or
-/// ended by a bare LF, a head longer than ``maxHeadBytes`` or with more than ``maxFields``
-/// fields. What it takes, NIO's parser takes too, and frames the same way (a
-/// `GET` ends with its head, a `POST` after its `Content-Length`), so the two never disagree on
-/// where a request ends (the way to smuggle a request past a server that parses twice).
+/// than `close` or `keep-alive`, a `Content-Length` with a tab around it, a body on anything but
+/// a hot `POST`, a line folded or ended by a bare LF, a head longer than ``maxHeadBytes`` or with
+/// more than ``maxFields`` fields. What it takes, NIO's parser takes too, and frames the same way
+/// (a `GET` or `DELETE` ends with its head, a `POST` after its `Content-Length`), so the two never
+/// disagree on where a request ends (the way to smuggle a request past a server that parses
+/// twice).
 ///
-/// - Request line: `GET` or `POST`, one space, an origin-form target (`/`, then bytes
+/// - Request line: `GET`, `POST` or `DELETE`, one space, an origin-form target (`/`, then bytes
 ///   `0x21`–`0x7E`), one space, `HTTP/1.1`, CRLF.
 /// - Each field: a token name, `:`, optional whitespace, a value of bytes `0x20`–`0x7E` and tabs,
 ///   CRLF; whitespace around the value is not part of it (RFC 9110 §5.5).
@@ -32,6 +33,15 @@ enum HotRequestHead {
         /// A hot request: its head, the head's length in bytes (with the empty line), and the
         /// length of the body that follows it.
         case request(HTTPRequest, headBytes: Int, bodyBytes: Int)
+        /// A plain `GET` or `DELETE` without a body to another route (history, presence, App
+        /// Context, …): its head as NIO's decoder would have made it, for ``HotPathHandler`` to
+        /// pass on to Hummingbird, and its length in bytes. The reader reads on after its answer,
+        /// so a client that mixes such requests with hot ones keeps its hot requests here.
+        case passOn(HTTPRequestHead, headBytes: Int)
+    }
+
+    private enum Method {
+        case get, post, delete
     }
 
     /// The longest head read here; a longer one (or the start of one) goes to NIO's parser, with
@@ -46,14 +56,17 @@ enum HotRequestHead {
     static func parse(_ bytes: UnsafeRawBufferPointer, maxBodyBytes: Int) -> Parse {
         var scanner = Scanner(bytes: bytes)
         // Request line.
-        let isPost: Bool
+        let method: Method
         if scanner.skip("GET ") {
-            isPost = false
+            method = .get
         } else if scanner.skip("POST ") {
-            isPost = true
+            method = .post
+        } else if scanner.skip("DELETE ") {
+            method = .delete
         } else {
-            return scanner.undecided(else: .handOver, prefixOf: ["GET ", "POST "])
+            return scanner.undecided(else: .handOver, prefixOf: ["GET ", "POST ", "DELETE "])
         }
+        let isPost = method == .post
         let targetStart = scanner.index
         while scanner.index < bytes.count, (0x21...0x7E).contains(bytes[scanner.index]) { scanner.index += 1 }
         guard scanner.index < bytes.count else { return scanner.incompleteOrTooLong }
@@ -63,10 +76,14 @@ enum HotRequestHead {
             return scanner.undecided(else: .handOver, prefixOf: [" HTTP/1.1\r\n"])
         }
         let target = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[targetStart..<targetEnd]), as: UTF8.self)
-        guard isHotRoute(post: isPost, path: target) else { return .handOver }
+        // A hot request's fields go into HTTPTypes' `HTTPFields`, another's into NIO's
+        // `HTTPHeaders`, as NIO's decoder makes them; a POST to another route is NIO's.
+        let hot = method != .delete && isHotRoute(post: isPost, path: target)
+        guard hot || !isPost else { return .handOver }
 
         // Header fields.
         var fields = HTTPFields()
+        var headers = HTTPHeaders()
         var authority: String?
         var contentLength: Int?
         var connection = false
@@ -114,6 +131,7 @@ enum HotRequestHead {
                 // The request's authority, not one of its fields (as NIO's conversion makes it).
                 guard authority == nil else { return .handOver }
                 authority = value
+                if !hot { headers.add(name: String(decoding: rawName, as: UTF8.self), value: value) }
                 continue
             } else if equalsLowercased(rawName, "connection") {
                 // `close` ends the connection after the answer (``HotPathHandler`` reads exactly
@@ -132,11 +150,19 @@ enum HotRequestHead {
                 // Framing, a protocol switch, an interim answer, or (llhttp reads it as
                 // `Connection`) whether the connection persists: NIO's.
                 return .handOver
-            } else {
+            } else if hot {
                 guard let other = HTTPField.Name(String(decoding: rawName, as: UTF8.self)) else { return .handOver }
                 name = other
+            } else {
+                headers.add(name: String(decoding: rawName, as: UTF8.self), value: value)
+                continue
             }
-            fields.append(HTTPField(name: name, value: value))
+            if hot {
+                fields.append(HTTPField(name: name, value: value))
+            } else {
+                // Content-Length or Connection, as sent (`close` as the hot path marks it).
+                headers.add(name: String(decoding: rawName, as: UTF8.self), value: value)
+            }
         }
         guard scanner.index <= maxHeadBytes else { return .handOver }
         let bodyBytes: Int
@@ -144,9 +170,13 @@ enum HotRequestHead {
             guard let contentLength, contentLength <= maxBodyBytes else { return .handOver }
             bodyBytes = contentLength
         } else {
-            // A GET with a body (which nothing reads) is Hummingbird's, which discards it.
+            // A GET or DELETE with a body is NIO's (Hummingbird discards a GET's as it streams).
             guard contentLength == nil || contentLength == 0 else { return .handOver }
             bodyBytes = 0
+        }
+        guard hot else {
+            return .passOn(HTTPRequestHead(version: .http1_1, method: method == .get ? .GET : .DELETE, uri: target, headers: headers),
+                           headBytes: scanner.index)
         }
         let request = HTTPRequest(method: isPost ? .post : .get, scheme: "http", authority: authority, path: target, headerFields: fields)
         return .request(request, headBytes: scanner.index, bodyBytes: bodyBytes)

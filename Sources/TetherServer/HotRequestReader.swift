@@ -1,5 +1,6 @@
 import HTTPTypes
 import NIOCore
+import NIOHTTP1
 
 /// Reads a connection's hot requests from its bytes and writes their answers as bytes, in front
 /// of NIO's HTTP/1 decoder and encoder: a request that only ever sends publishes, subscribes and
@@ -48,6 +49,9 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
     private var readPending = false
     /// Inside `channelRead` (a hand-over then needs no read completion of its own).
     private var inRead = false
+    /// A request was passed on to Hummingbird since the last read completion went on: its side
+    /// takes what it was given at the completion.
+    private var passedOn = false
     private let maxBodyBytes: Int
     /// The connection's hot path (it refers back to this reader until either leaves the
     /// pipeline).
@@ -98,7 +102,12 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     func channelReadComplete(context: ChannelHandlerContext) {
-        if case .handedOver = state { context.fireChannelReadComplete() }
+        if case .handedOver = state {
+            context.fireChannelReadComplete()
+        } else if passedOn {
+            passedOn = false
+            context.fireChannelReadComplete()
+        }
     }
 
     /// Takes whole hot requests from the buffer until one is being answered, more bytes are
@@ -126,6 +135,17 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
                 hotPath.noteActivity()
                 guard hotPath.readHot(head, body: body) else {
                     // Nothing more is read on this connection (its input is done).
+                    closeAfterAnswer()
+                    return
+                }
+            case .passOn(let head, let headBytes):
+                buffer!.moveReaderIndex(forwardBy: headBytes)
+                if buffer!.readableBytes == 0 { buffer = nil }
+                state = .answering
+                passedOn = true
+                // Nothing after a request that ends the connection is read (Hummingbird answers
+                // it and closes).
+                guard hotPath.readPassedOn(head), head.isKeepAlive else {
                     closeAfterAnswer()
                     return
                 }
@@ -174,6 +194,10 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
         guard case .answering = state, let context else { return }
         state = .reading
         readRequests(context: context)
+        if passedOn, !inRead {
+            passedOn = false
+            context.fireChannelReadComplete()
+        }
         if readPending, case .reading = state {
             readPending = false
             context.read()

@@ -85,8 +85,13 @@ import TetherServerCore
         "get /time/0 HTTP/1.1\r\n\r\n",
         "GET /time/0 HTTP/1.0\r\n\r\n",
         "GET /time/0 HTTP/2.0\r\n\r\n",
-        "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\n\r\n",
-        "GET /v2/ws HTTP/1.1\r\n\r\n",
+        "HEAD /v2/history/sub-key/s/channel/ch HTTP/1.1\r\n\r\n",
+        "POST /v2/objects/s/uuids/u HTTP/1.1\r\nContent-Length: 2\r\n\r\n",
+        "PATCH /v2/objects/s/uuids/u HTTP/1.1\r\nContent-Length: 2\r\n\r\n",
+        "DELETE /v2/objects/s/uuids/u HTTP/1.1\r\nContent-Length: 2\r\n\r\n",
+        "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\nContent-Length: 1\r\n\r\n",
+        "GET /v2/ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+        "DELETE /publish/p/s/0/ch/0/1 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
         "POST /v2/subscribe/s/ch/0 HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
         "GET http://x/time/0 HTTP/1.1\r\n\r\n",
         "GET  /time/0 HTTP/1.1\r\n\r\n",
@@ -148,25 +153,31 @@ import TetherServerCore
     /// request ends); where NIO refuses a head or reads it as ending the connection otherwise,
     /// the reader hands over.
     @Test(arguments: [
-        "GET /time/0 HTTP/1.1\r\nHost: x\r\n\r\n",
-        "GET /v2/subscribe/s/a%2Cb,c/0?tt=1&tr=2#f HTTP/1.1\r\nHost: x\r\nX-Tab:\tv\t\r\nContent-Length: 0\r\n\r\n",
-        "POST /publish/p/s/0/ch/0 HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\n[1]",
-        "POST /publish/p/s/0/ch/0 HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
-        "POST /publish/p/s/0/ch/0 HTTP/1.1\r\nContent-Length:   003  \r\n\r\n[1]",
-        "GET /time/0 HTTP/1.1\r\nConnection: close\r\n\r\n",
-        "GET /time/0 HTTP/1.1\r\nConnection: CLOSE\r\n\r\n",
-        "GET /time/0 HTTP/1.1\r\nConnection: keep-alive\r\n\r\n",
-        "GET /time/0 HTTP/1.1\r\nX-A: !#$%&'*+-.^_`|~\r\n\r\n",
+        ("GET /time/0 HTTP/1.1\r\nHost: x\r\n\r\n", "take"),
+        ("GET /v2/subscribe/s/a%2Cb,c/0?tt=1&tr=2#f HTTP/1.1\r\nHost: x\r\nX-Tab:\tv\t\r\nContent-Length: 0\r\n\r\n", "take"),
+        ("POST /publish/p/s/0/ch/0 HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\n[1]", "take"),
+        ("POST /publish/p/s/0/ch/0 HTTP/1.1\r\nContent-Length: 0\r\n\r\n", "take"),
+        ("POST /publish/p/s/0/ch/0 HTTP/1.1\r\nContent-Length:   003  \r\n\r\n[1]", "take"),
+        ("GET /time/0 HTTP/1.1\r\nConnection: close\r\n\r\n", "take"),
+        ("GET /time/0 HTTP/1.1\r\nConnection: CLOSE\r\n\r\n", "take"),
+        ("GET /time/0 HTTP/1.1\r\nConnection: keep-alive\r\n\r\n", "take"),
+        ("GET /time/0 HTTP/1.1\r\nX-A: !#$%&'*+-.^_`|~\r\n\r\n", "take"),
         // Handed over: NIO reads these as ending the connection, or refuses them.
-        "GET /time/0 HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n",
-        "GET /time/0 HTTP/1.1\r\nConnection: close\r\nConnection: close\r\n\r\n",
-        "GET /time/0 HTTP/1.1\r\nProxy-Connection: close\r\n\r\n",
-        "POST /publish/p/s/0/ch/0 HTTP/1.1\r\nContent-Length: 3\t\r\n\r\n[1]",
-        "POST /publish/p/s/0/ch/0 HTTP/1.1\r\nContent-Length:\t3\r\n\r\n[1]",
-        "GET /time/0 HTTP/1.1\r\nContent-Length: 0\t\r\n\r\n",
-        "GET /time/0 HTTP/1.1\r\nContent-Length: 00\r\n\r\n",
+        ("GET /time/0 HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n", "hand"),
+        ("GET /time/0 HTTP/1.1\r\nConnection: close\r\nConnection: close\r\n\r\n", "hand"),
+        ("GET /time/0 HTTP/1.1\r\nProxy-Connection: close\r\n\r\n", "hand"),
+        ("POST /publish/p/s/0/ch/0 HTTP/1.1\r\nContent-Length: 3\t\r\n\r\n[1]", "hand"),
+        ("POST /publish/p/s/0/ch/0 HTTP/1.1\r\nContent-Length:\t3\r\n\r\n[1]", "hand"),
+        ("GET /time/0 HTTP/1.1\r\nContent-Length: 0\t\r\n\r\n", "hand"),
+        ("GET /time/0 HTTP/1.1\r\nContent-Length: 00\r\n\r\n", "hand"),
+        // Passed on: plain GETs and DELETEs to other routes.
+        ("GET /v2/history/sub-key/s/channel/ch?count=2 HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n", "pass"),
+        ("DELETE /v1/message-actions/s/channel/ch/message/1/action/2 HTTP/1.1\r\nhost: y\r\nContent-Length: 0\r\n\r\n", "pass"),
+        ("GET /v2/presence/sub-key/s/channel/ch/leave HTTP/1.1\r\nConnection: Close\r\n\r\n", "pass"),
+        ("GET /v2/presence/sub-key/s/channel/ch/heartbeat HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n", "hand"),
+        ("DELETE /publish/p/s/0/ch/0/1 HTTP/1.1\r\n\r\n", "pass"),
     ])
-    func whatTheReaderTakesNIOsParserTakesTheSameWay(_ text: String) throws {
+    func whatTheReaderTakesNIOsParserTakesTheSameWay(_ text: String, _ expected: String) throws {
         let channel = EmbeddedChannel(handler: ByteToMessageHandler(HTTPRequestDecoder()))
         defer { _ = try? channel.finish() }
         var parts: [HTTPServerRequestPart] = []
@@ -177,8 +188,38 @@ import TetherServerCore
             refused = true
         }
         while let part = try? channel.readInbound(as: HTTPServerRequestPart.self) { parts.append(part) }
+        switch (Self.parse(text), expected) {
+        case (.request, "take"), (.passOn, "pass"), (.handOver, "hand"): break
+        default: Issue.record("expected \(expected), read \(Self.parse(text))")
+        }
+        if case .passOn(let head, let headBytes) = Self.parse(text) {
+            // Passed on as NIO's decoder passes it on (`close` marked as the hot path marks it).
+            guard case .head(var nio) = parts.first else {
+                Issue.record("NIO read no head")
+                return
+            }
+            HotPathHandler.markNonPersistent(&nio)
+            #expect(head.method == nio.method)
+            #expect(head.uri == nio.uri)
+            #expect(head.version == nio.version)
+            // Names compare in any case (the mark spells `connection` in lower case).
+            #expect(head.headers.map { "\($0.name.lowercased()): \($0.value)" } == nio.headers.map { "\($0.name.lowercased()): \($0.value)" })
+            #expect(head.isKeepAlive == nio.isKeepAlive)
+            #expect(refused == !nio.isKeepAlive)
+            #expect(headBytes == text.utf8.count)
+            // NIO frames it the same way: a head and its end, no body, and the next request.
+            let kinds = parts.map { part -> String in
+                switch part {
+                case .head(let head): "head \(head.uri)"
+                case .body: "body"
+                case .end: "end"
+                }
+            }
+            #expect(kinds == ["head \(head.uri)", "end"] + (nio.isKeepAlive ? ["head /time/1", "end"] : []))
+            return
+        }
         guard case .request(let head, let headBytes, let bodyBytes) = Self.parse(text) else {
-            #expect(Self.parse(text) == .handOver, "a whole head is taken or handed over")
+            #expect(Self.parse(text) == .handOver, "a whole head is taken, passed on or handed over")
             return
         }
         guard case .head(let nio) = parts.first else {
@@ -284,9 +325,23 @@ import TetherServerCore
     final class Behind: ChannelInboundHandler, @unchecked Sendable {
         typealias InboundIn = HTTPServerRequestPart
         var heads: [String] = []
+        var ends = 0
+        /// Parts passed on, and read completions, in order (`+`: a completion).
+        var events = ""
+        var context: ChannelHandlerContext?
+        func handlerAdded(context: ChannelHandlerContext) { self.context = context }
         func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-            if case .head(let head) = unwrapInboundIn(data) { heads.append(head.uri) }
+            switch unwrapInboundIn(data) {
+            case .head(let head):
+                heads.append(head.uri)
+                events += "h"
+            case .body: events += "b"
+            case .end:
+                ends += 1
+                events += "e"
+            }
         }
+        func channelReadComplete(context: ChannelHandlerContext) { events += "+" }
     }
 
     struct Connection {
@@ -357,14 +412,14 @@ import TetherServerCore
     @Test func theFirstRequestItDoesNotTakeGoesToNIOWithEverythingAfterIt() throws {
         let answers = Answers()
         let connection = try connection(answers)
-        let requests = "GET /time/0 HTTP/1.1\r\n\r\n" + "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\n\r\n"
+        let requests = "GET /time/0 HTTP/1.1\r\n\r\n" + "POST /v2/objects/s/uuids/u HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
             + "GET /time/1 HTTP/1.1\r\n\r\n"
         try connection.channel.writeInbound(ByteBuffer(string: requests))
         connection.channel.embeddedEventLoop.run()
         // The first is the reader's; the second, and what follows it, NIO's decoder's: the
-        // history request is passed on, and the time request behind it waits for its answer.
+        // App Context request is passed on, and the time request behind it too.
         #expect(try connection.written() == Self.answer("/time/0"))
-        #expect(connection.behind.heads == ["/v2/history/sub-key/s/channel/ch", "/time/1"])
+        #expect(connection.behind.heads == ["/v2/objects/s/uuids/u", "/time/1"])
         #expect(!connection.readerInPipeline, "the reader left the pipeline")
         #expect(connection.hotPath.reader == nil)
         // Hummingbird's answer goes through NIO's encoder.
@@ -383,7 +438,7 @@ import TetherServerCore
         connection.channel.embeddedEventLoop.run()
         // Behind the held answer: a request for NIO, in two reads.
         try connection.channel.writeInbound(ByteBuffer(string: "GET /v2/history/sub-key/s/cha"))
-        try connection.channel.writeInbound(ByteBuffer(string: "nnel/ch HTTP/1.1\r\n\r\n"))
+        try connection.channel.writeInbound(ByteBuffer(string: "nnel/ch HTTP/1.0\r\n\r\n"))
         connection.channel.embeddedEventLoop.run()
         #expect(try connection.written() == "")
         #expect(connection.behind.heads.isEmpty, "nothing goes to NIO before the answer ahead of it")
@@ -396,7 +451,7 @@ import TetherServerCore
         connection.channel.embeddedEventLoop.run()
         #expect(try connection.written() == Self.answer("/time/0"))
         #expect(connection.behind.heads == ["/v2/history/sub-key/s/channel/ch"])
-        #expect(!connection.readerInPipeline)
+        #expect(!connection.readerInPipeline, "HTTP/1.0 is NIO's")
         #expect(connection.reads.count == reads + 1, "the read held back is asked for once the answer is out")
         _ = try connection.channel.finish()
     }
@@ -594,5 +649,116 @@ import TetherServerCore
         connection.channel.pipeline.fireUserInboundEventTriggered(ChannelEvent.inputClosed)
         connection.channel.embeddedEventLoop.run()
         #expect(!connection.channel.isActive)
+    }
+
+    @Test func plainRequestsToOtherRoutesArePassedOnAndTheReaderReadsOnAfterTheirAnswers() throws {
+        let answers = Answers()
+        let connection = try connection(answers)
+        let requests = "GET /time/0 HTTP/1.1\r\n\r\n" + "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\nHost: x\r\n\r\n"
+            + "GET /time/1 HTTP/1.1\r\n\r\n"
+        try connection.channel.writeInbound(ByteBuffer(string: requests))
+        connection.channel.embeddedEventLoop.run()
+        // The history request reaches Hummingbird's side whole, with a read completion (its
+        // request stream takes parts only then); the time request behind it waits.
+        #expect(try connection.written() == Self.answer("/time/0"))
+        #expect(connection.behind.heads == ["/v2/history/sub-key/s/channel/ch"])
+        #expect(connection.behind.events == "he+")
+        #expect(answers.answered.withLock { $0 } == ["/time/0"])
+        #expect(connection.readerInPipeline, "the reader stays")
+        // Hummingbird's answer goes through NIO's encoder; then the reader answers the next.
+        try connection.channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok,
+                                                                                           headers: ["Content-Length": "2"])))
+        try connection.channel.writeOutbound(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: "[]"))))
+        try connection.channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        connection.channel.embeddedEventLoop.run()
+        #expect(try connection.written() == "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]" + Self.answer("/time/1"))
+        // Two in a row, and a DELETE, each after the other's answer.
+        try connection.channel.writeInbound(ByteBuffer(string: "GET /a HTTP/1.1\r\n\r\nDELETE /b HTTP/1.1\r\n\r\n"))
+        connection.channel.embeddedEventLoop.run()
+        #expect(connection.behind.heads == ["/v2/history/sub-key/s/channel/ch", "/a"])
+        try connection.channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .notFound,
+                                                                                           headers: ["Content-Length": "0"])))
+        try connection.channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        connection.channel.embeddedEventLoop.run()
+        #expect(connection.behind.heads == ["/v2/history/sub-key/s/channel/ch", "/a", "/b"])
+        #expect(connection.behind.events == "he+he+he+")
+        _ = try? connection.channel.finish()
+    }
+
+    @Test func aPassedOnRequestThatClosesTheConnectionIsTheLastOneRead() throws {
+        let answers = Answers()
+        let connection = try connection(answers)
+        try connection.channel.writeInbound(ByteBuffer(string: "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\nConnection: close\r\n\r\n"
+            + "GET /time/0 HTTP/1.1\r\n\r\n"))
+        connection.channel.embeddedEventLoop.run()
+        try connection.channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok,
+                                                                                           headers: ["Content-Length": "0"])))
+        try connection.channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        connection.channel.embeddedEventLoop.run()
+        #expect(connection.behind.heads == ["/v2/history/sub-key/s/channel/ch"])
+        #expect(try connection.written() == "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "nothing after it is answered")
+        #expect(answers.answered.withLock { $0.isEmpty }, "nor run")
+        _ = try? connection.channel.finish()
+    }
+
+    @Test func whenHummingbirdClosesAfterItsAnswerTheHotRequestBehindItIsNotRun() throws {
+        // A graceful shutdown while Hummingbird answers a passed-on request: its connection
+        // handler closes after the answer. The publish pipelined behind must not be carried out
+        // with its answer going nowhere.
+        let answers = Answers()
+        let connection = try connection(answers)
+        try connection.channel.writeInbound(ByteBuffer(string: "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\n\r\n"
+            + "GET /publish/p/s/0/ch/0/1 HTTP/1.1\r\n\r\n"))
+        connection.channel.embeddedEventLoop.run()
+        try connection.channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok,
+                                                                                           headers: ["Content-Length": "0"])))
+        try connection.channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        connection.behind.context?.close(promise: nil)
+        connection.channel.embeddedEventLoop.run()
+        #expect(answers.answered.withLock { $0.isEmpty })
+        _ = try? connection.channel.finish()
+    }
+
+    @Test func anEndWrittenWhileAHotAnswerIsHeldDoesNotLetTheNextRequestAhead() throws {
+        let answers = Answers()
+        answers.gate.withLock { $0.held = true }
+        let connection = try connection(answers)
+        try connection.channel.writeInbound(ByteBuffer(string: "GET /time/0 HTTP/1.1\r\n\r\nGET /time/1 HTTP/1.1\r\n\r\n"))
+        connection.channel.embeddedEventLoop.run()
+        // An end nobody asked for (Hummingbird's side has nothing in flight here).
+        connection.hotPath.write(context: try connection.channel.pipeline.syncOperations.context(handler: connection.hotPath),
+                                 data: NIOAny(HTTPServerResponsePart.end(nil)), promise: nil)
+        connection.channel.embeddedEventLoop.run()
+        #expect(answers.gate.withLock { $0.waiting.count } == 1, "the next request still waits behind the held answer")
+        #expect(try connection.written() == "")
+        answers.release()
+        connection.channel.embeddedEventLoop.run()
+        answers.release()
+        connection.channel.embeddedEventLoop.run()
+        #expect(answers.answered.withLock { $0 } == ["/time/0", "/time/1"])
+        _ = try? connection.channel.finish()
+    }
+
+    @Test func aRequestForHummingbirdBehindAParkedLongPollWaitsForIt() throws {
+        let parking = Parking()
+        let channel = EmbeddedChannel()
+        let hotPath = HotPathHandler(maxBodyBytes: 1024, idleTimeout: .seconds(310), answer: parking.answer)
+        let behind = Behind()
+        try channel.pipeline.syncOperations.addHandler(HotRequestReader(hotPath: hotPath, maxBodyBytes: 1024))
+        try channel.pipeline.syncOperations.addHandler(HTTPResponseEncoder())
+        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes)))
+        try channel.pipeline.syncOperations.addHandler(hotPath)
+        try channel.pipeline.syncOperations.addHandler(behind)
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        try channel.writeInbound(ByteBuffer(string: "GET /v2/subscribe/s/ch/0?tt=1 HTTP/1.1\r\n\r\n"
+            + "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\n\r\n"))
+        channel.embeddedEventLoop.run()
+        #expect(behind.heads.isEmpty, "not passed on while the long-poll waits")
+        let slot = parking.slots.withLock { $0.first }
+        slot?.parked.store(false, ordering: .relaxed)
+        slot?.wake(.event)
+        channel.embeddedEventLoop.run()
+        #expect(behind.heads == ["/v2/history/sub-key/s/channel/ch"])
+        _ = try? channel.finish()
     }
 }
