@@ -362,15 +362,27 @@ import TetherServerCore
         }
 
         var readerInPipeline: Bool { (try? channel.pipeline.syncOperations.context(handler: reader)) != nil }
+
+        /// Hummingbird's answer to a request passed on, through NIO's encoder.
+        func answerPassedOn(_ status: HTTPResponseStatus = .ok, body: String = "") throws {
+            try channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: status,
+                                                                                    headers: ["Content-Length": String(body.utf8.count)])))
+            if !body.isEmpty { try channel.writeOutbound(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: body)))) }
+            try channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        }
     }
 
     /// The server's connection pipeline (``TetherHTTPChannel``): the reader, NIO's encoder and
     /// decoder, the hot path, and a recorder where Hummingbird's side would go.
     func connection(_ answers: Answers) throws -> Connection {
+        try connection(answer: answers.answer)
+    }
+
+    func connection(answer: @escaping HotPathHandler.Answer) throws -> Connection {
         let channel = EmbeddedChannel()
         let pipeline = channel.pipeline.syncOperations
         let reads = HotPathTests.Reads()
-        let hotPath = HotPathHandler(maxBodyBytes: 1024, idleTimeout: .seconds(310), answer: answers.answer)
+        let hotPath = HotPathHandler(maxBodyBytes: 1024, idleTimeout: .seconds(310), answer: answer)
         let reader = HotRequestReader(hotPath: hotPath, maxBodyBytes: 1024)
         let behind = Behind()
         try pipeline.addHandler(reads)
@@ -423,9 +435,7 @@ import TetherServerCore
         #expect(!connection.readerInPipeline, "the reader left the pipeline")
         #expect(connection.hotPath.reader == nil)
         // Hummingbird's answer goes through NIO's encoder.
-        try connection.channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok,
-                                                                                           headers: ["Content-Length": "0"])))
-        try connection.channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        try connection.answerPassedOn(.ok)
         #expect(try connection.written() == "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
         _ = try connection.channel.finish()
     }
@@ -554,14 +564,7 @@ import TetherServerCore
 
     @Test func aParkedLongPollWokenLaterIsAnsweredThroughTheReaderAndTheRequestsBehindItWait() throws {
         let parking = Parking()
-        let channel = EmbeddedChannel()
-        let hotPath = HotPathHandler(maxBodyBytes: 1024, idleTimeout: .seconds(310), answer: parking.answer)
-        let reader = HotRequestReader(hotPath: hotPath, maxBodyBytes: 1024)
-        try channel.pipeline.syncOperations.addHandler(reader)
-        try channel.pipeline.syncOperations.addHandler(HTTPResponseEncoder())
-        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes)))
-        try channel.pipeline.syncOperations.addHandler(hotPath)
-        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        let channel = try connection(answer: parking.answer).channel
         try channel.writeInbound(ByteBuffer(string: "GET /v2/subscribe/s/ch/0?tt=1 HTTP/1.1\r\n\r\nGET /time/0 HTTP/1.1\r\n\r\n"))
         channel.embeddedEventLoop.run()
         #expect(try channel.readOutbound(as: IOData.self) == nil, "parked: nothing written, the time request waits")
@@ -666,19 +669,14 @@ import TetherServerCore
         #expect(answers.answered.withLock { $0 } == ["/time/0"])
         #expect(connection.readerInPipeline, "the reader stays")
         // Hummingbird's answer goes through NIO's encoder; then the reader answers the next.
-        try connection.channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok,
-                                                                                           headers: ["Content-Length": "2"])))
-        try connection.channel.writeOutbound(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: "[]"))))
-        try connection.channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        try connection.answerPassedOn(body: "[]")
         connection.channel.embeddedEventLoop.run()
         #expect(try connection.written() == "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]" + Self.answer("/time/1"))
         // Two in a row, and a DELETE, each after the other's answer.
         try connection.channel.writeInbound(ByteBuffer(string: "GET /a HTTP/1.1\r\n\r\nDELETE /b HTTP/1.1\r\n\r\n"))
         connection.channel.embeddedEventLoop.run()
         #expect(connection.behind.heads == ["/v2/history/sub-key/s/channel/ch", "/a"])
-        try connection.channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .notFound,
-                                                                                           headers: ["Content-Length": "0"])))
-        try connection.channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        try connection.answerPassedOn(.notFound)
         connection.channel.embeddedEventLoop.run()
         #expect(connection.behind.heads == ["/v2/history/sub-key/s/channel/ch", "/a", "/b"])
         #expect(connection.behind.events == "he+he+he+")
@@ -691,9 +689,7 @@ import TetherServerCore
         try connection.channel.writeInbound(ByteBuffer(string: "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\nConnection: close\r\n\r\n"
             + "GET /time/0 HTTP/1.1\r\n\r\n"))
         connection.channel.embeddedEventLoop.run()
-        try connection.channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok,
-                                                                                           headers: ["Content-Length": "0"])))
-        try connection.channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        try connection.answerPassedOn(.ok)
         connection.channel.embeddedEventLoop.run()
         #expect(connection.behind.heads == ["/v2/history/sub-key/s/channel/ch"])
         #expect(try connection.written() == "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "nothing after it is answered")
@@ -710,9 +706,7 @@ import TetherServerCore
         try connection.channel.writeInbound(ByteBuffer(string: "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\n\r\n"
             + "GET /publish/p/s/0/ch/0/1 HTTP/1.1\r\n\r\n"))
         connection.channel.embeddedEventLoop.run()
-        try connection.channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok,
-                                                                                           headers: ["Content-Length": "0"])))
-        try connection.channel.writeOutbound(HTTPServerResponsePart.end(nil))
+        try connection.answerPassedOn(.ok)
         connection.behind.context?.close(promise: nil)
         connection.channel.embeddedEventLoop.run()
         #expect(answers.answered.withLock { $0.isEmpty })
@@ -741,15 +735,8 @@ import TetherServerCore
 
     @Test func aRequestForHummingbirdBehindAParkedLongPollWaitsForIt() throws {
         let parking = Parking()
-        let channel = EmbeddedChannel()
-        let hotPath = HotPathHandler(maxBodyBytes: 1024, idleTimeout: .seconds(310), answer: parking.answer)
-        let behind = Behind()
-        try channel.pipeline.syncOperations.addHandler(HotRequestReader(hotPath: hotPath, maxBodyBytes: 1024))
-        try channel.pipeline.syncOperations.addHandler(HTTPResponseEncoder())
-        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes)))
-        try channel.pipeline.syncOperations.addHandler(hotPath)
-        try channel.pipeline.syncOperations.addHandler(behind)
-        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        let connection = try connection(answer: parking.answer)
+        let channel = connection.channel, behind = connection.behind
         try channel.writeInbound(ByteBuffer(string: "GET /v2/subscribe/s/ch/0?tt=1 HTTP/1.1\r\n\r\n"
             + "GET /v2/history/sub-key/s/channel/ch HTTP/1.1\r\n\r\n"))
         channel.embeddedEventLoop.run()
