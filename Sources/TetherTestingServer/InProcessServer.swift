@@ -69,7 +69,10 @@ public struct InProcessServer: Sendable {
         }
         var iterator = urls.makeAsyncIterator()
         guard let url = await iterator.next() else {
-            _ = await task.result
+            // Why, for the test's log (a port asked for again may have been taken meanwhile).
+            if case .failure(let error) = await task.result {
+                logger.error("in-process server did not start", metadata: ["port": "\(port)", "error": "\(error)"])
+            }
             throw InProcessServerError.didNotStart
         }
         let origin = String(url.split(separator: "://", maxSplits: 1).last ?? "")
