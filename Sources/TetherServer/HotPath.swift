@@ -35,7 +35,10 @@ import TetherServerCore
 /// HTTP parser refuses: those get the protocol's JSON 400 after every request before them is
 /// answered, and the connection closes.
 ///
-/// It sits right after NIO's HTTP/1 decoder and speaks NIO's HTTP/1 parts. Hummingbird's handlers
+/// It sits right after NIO's HTTP/1 decoder and speaks NIO's HTTP/1 parts; while the
+/// connection's ``HotRequestReader`` reads the connection (before it hands it to the decoder),
+/// requests come from the reader instead (``readHot(_:body:)``, ``readPassedOn(_:)``) and hot
+/// answers go back through it as bytes. Hummingbird's handlers
 /// — the upgrade handler, or its HTTP/1 handlers, `NIOAsyncChannel` and request loop — are added
 /// after it only when it first passes a request on (its ``HummingbirdOpener``,
 /// ``TetherHTTPChannel``), so a connection that only ever sends hot requests never gets them: that

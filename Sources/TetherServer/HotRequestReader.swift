@@ -2,23 +2,24 @@ import HTTPTypes
 import NIOCore
 import NIOHTTP1
 
-/// Reads a connection's hot requests from its bytes and writes their answers as bytes, in front
-/// of NIO's HTTP/1 decoder and encoder: a request that only ever sends publishes, subscribes and
-/// time requests in plain HTTP/1.1 never goes through NIO's parser, its request head and
-/// header list, the conversion to HTTPTypes, or the encoder's three writes per answer
-/// (~2.5 µs of a ~19 µs subscribe cycle: docs/benchmarks.md, thirteenth pass of issue #16).
+/// Reads a connection's requests from its bytes, in front of NIO's HTTP/1 decoder and encoder,
+/// for as long as they are the plain HTTP/1.1 that SDKs send (``HotRequestHead``): a hot request
+/// then never goes through NIO's parser, its request head and header list, the conversion to
+/// HTTPTypes, or the encoder's three writes per answer (~2.5 µs of a ~19 µs subscribe cycle:
+/// docs/benchmarks.md, thirteenth pass of issue #16).
 ///
-/// ``HotRequestHead`` reads each head; the request goes to the connection's
-/// ``HotPathHandler`` (``HotPathHandler/readHot(_:body:)``), which answers it exactly as it
-/// answers one from NIO's decoder and hands the answer back here to write
-/// (``writeAnswer(_:body:promise:)``). Requests that arrive while one is answered wait here, and
-/// reading stops once one is waiting.
-///
-/// The first request it does not take (``HotRequestHead/Parse/handOver``) — anything not hot,
-/// not plain, or an upgrade — goes, with every byte after it, to NIO's decoder, which reads
-/// the connection from then on as it did before this reader existed; the reader leaves the
-/// pipeline. It hands over only between requests, with no answer outstanding, so the responses
-/// of the two stay in request order.
+/// - A hot request goes to the connection's ``HotPathHandler`` (``HotPathHandler/readHot(_:body:)``),
+///   which answers it exactly as it answers one from NIO's decoder and hands the answer back here
+///   to write as bytes (``writeAnswer(_:body:promise:)``).
+/// - A plain `GET` or `DELETE` without a body to another route goes to the hot path as the head
+///   NIO's decoder would have made (``HotPathHandler/readPassedOn(_:)``), and on to Hummingbird;
+///   its answer goes through NIO's encoder, and the reader reads on after its end.
+/// - Requests that arrive while one is answered wait here, and reading stops once one is waiting.
+/// - The first request it does not take (``HotRequestHead/Parse/handOver``: a body elsewhere,
+///   another method or version, an upgrade, anything irregular) goes, with every byte after it,
+///   to NIO's decoder, which reads the connection from then on as it did before this reader
+///   existed; the reader leaves the pipeline. It hands over only between requests, with no
+///   answer outstanding, so the answers stay in request order.
 final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -52,18 +53,14 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
     /// A request was passed on to Hummingbird since the last read completion went on: its side
     /// takes what it was given at the completion.
     private var passedOn = false
-    private let maxBodyBytes: Int
     /// The connection's hot path (it refers back to this reader until either leaves the
-    /// pipeline).
+    /// pipeline); a hot `POST` may declare a body up to its bound.
     private let hotPath: HotPathHandler
     private var context: ChannelHandlerContext?
 
-    /// - Parameters:
-    ///   - hotPath: the connection's hot path, after NIO's decoder in the same pipeline.
-    ///   - maxBodyBytes: the largest body a hot `POST` may declare (the hot path's bound).
-    init(hotPath: HotPathHandler, maxBodyBytes: Int) {
+    /// - Parameter hotPath: the connection's hot path, after NIO's decoder in the same pipeline.
+    init(hotPath: HotPathHandler) {
         self.hotPath = hotPath
-        self.maxBodyBytes = maxBodyBytes
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -110,12 +107,12 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
         }
     }
 
-    /// Takes whole hot requests from the buffer until one is being answered, more bytes are
-    /// needed, or a request is not one to take here.
+    /// Takes whole requests from the buffer until one is being answered, more bytes are needed,
+    /// or a request is not one to take here.
     private func readRequests(context: ChannelHandlerContext) {
         while case .reading = state, let readable = buffer?.readableBytes, readable > 0 {
             if let pendingBytes, readable < pendingBytes { return }
-            switch buffer!.withUnsafeReadableBytes({ HotRequestHead.parse($0, maxBodyBytes: maxBodyBytes) }) {
+            switch buffer!.withUnsafeReadableBytes({ HotRequestHead.parse($0, maxBodyBytes: hotPath.maxBodyBytes) }) {
             case .incomplete:
                 return
             case .handOver:

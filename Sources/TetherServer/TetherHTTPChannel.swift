@@ -10,8 +10,8 @@ import NIOWebSocket
 import Synchronization
 
 /// The server's HTTP/1 connections (and, with the WebSocket endpoint on, their upgrades to a
-/// session). A new connection gets NIO's HTTP/1 decoder and encoder and the hot path
-/// (``HotPathHandler``) — nothing else. Hummingbird's part of a connection — its HTTP/1
+/// session). A new connection gets the request reader (``HotRequestReader``), NIO's HTTP/1
+/// decoder and encoder behind it, and the hot path (``HotPathHandler``) — nothing else. Hummingbird's part of a connection — its HTTP/1
 /// handlers, `NIOAsyncChannel` and request loop, or the upgrade handler with the WebSocket
 /// upgrader — is built only when the hot path passes a request on (``openHummingbird(on:)``), so a
 /// connection that only sends publishes, subscribes and time requests never builds it
@@ -74,8 +74,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         self.logger = quiet
     }
 
-    /// Prepares a new connection, before its first read: NIO's HTTP/1 decoder and encoder, and
-    /// the hot path after them. Its first receive buffer is sized for a request
+    /// Prepares a new connection, before its first read: the request reader, NIO's HTTP/1
+    /// encoder and decoder, and the hot path, in that order. Its first receive buffer is sized for a request
     /// line and its headers (512 bytes, growing as reads fill it) instead of NIO's 2 KiB: the
     /// last receive buffer is kept for the next read, so every idle connection holds one.
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
@@ -101,7 +101,7 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
             // hot requests from the bytes until the first request it does not take, which it
             // hands to the decoder with the rest; it writes their answers as bytes.
             let encoder = try pipeline.handler(type: HTTPResponseEncoder.self)
-            try pipeline.addHandler(HotRequestReader(hotPath: hot, maxBodyBytes: hot.maxBodyBytes), position: .before(encoder))
+            try pipeline.addHandler(HotRequestReader(hotPath: hot), position: .before(encoder))
             return Value(channel: channel)
         }
     }

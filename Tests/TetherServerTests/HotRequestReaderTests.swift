@@ -383,7 +383,7 @@ import TetherServerCore
         let pipeline = channel.pipeline.syncOperations
         let reads = HotPathTests.Reads()
         let hotPath = HotPathHandler(maxBodyBytes: 1024, idleTimeout: .seconds(310), answer: answer)
-        let reader = HotRequestReader(hotPath: hotPath, maxBodyBytes: 1024)
+        let reader = HotRequestReader(hotPath: hotPath)
         let behind = Behind()
         try pipeline.addHandler(reads)
         try pipeline.addHandler(reader)
