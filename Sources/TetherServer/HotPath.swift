@@ -328,8 +328,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         let inFlight = inFlight
         inFlight.started()
         // The answer runs on this connection's event loop: no hop to the concurrency pool
-        // and back (docs/benchmarks.md).
-        Task(executorPreference: loopShare.executor) {
+        // and back (docs/benchmarks.md). It starts at once, in this call: an answer found
+        // without waiting (a subscribe with its messages in memory, a `store=0` publish, `time`)
+        // is written before the call returns, without a trip through the loop's task queue;
+        // one that waits resumes on the loop.
+        let operation: @Sendable () async -> Void = {
             defer { inFlight.ended() }
             guard let (head, body) = await answerRequest(request, channel, slot) else { return }
             if channel.eventLoop.inEventLoop {
@@ -341,6 +344,11 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
                     handler.write(head, body, context: context)
                 }
             }
+        }
+        if #available(macOS 26.0, iOS 26.0, tvOS 26.0, visionOS 26.0, *) {
+            Task.immediate(executorPreference: loopShare.executor, operation: operation)
+        } else {
+            Task(executorPreference: loopShare.executor, operation: operation)
         }
     }
 
@@ -380,6 +388,9 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         context.write(wrapOutboundOut(.head(HTTPResponseHead(head))), promise: nil)
         if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        // Answered within the replay below (an answer found without waiting, ``run(_:_:context:)``):
+        // that replay goes on with the parts after it, in its loop rather than in a new one.
+        if replaying { return }
         var replayed = false
         replaying = true
         while !answering, !held.isEmpty {

@@ -42,6 +42,8 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private var state = State.reading
+    /// Set while ``readRequests(context:)`` runs.
+    private var inReadRequests = false
     private var buffer: ByteBuffer?
     /// The length of the request at the buffer's start when its body has not all arrived, so
     /// that its head is not read again at every read of the body (only once more when it has:
@@ -110,6 +112,8 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
     /// Takes whole requests from the buffer until one is being answered, more bytes are needed,
     /// or a request is not one to take here.
     private func readRequests(context: ChannelHandlerContext) {
+        inReadRequests = true
+        defer { inReadRequests = false }
         while case .reading = state, let readable = buffer?.readableBytes, readable > 0 {
             if let pendingBytes, readable < pendingBytes { return }
             switch buffer!.withUnsafeReadableBytes({ HotRequestHead.parse($0, maxBodyBytes: hotPath.maxBodyBytes) }) {
@@ -190,6 +194,9 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
     func answered() {
         guard case .answering = state, let context else { return }
         state = .reading
+        // Answered within ``readRequests(context:)`` (an answer found without waiting): its
+        // loop reads on.
+        if inReadRequests { return }
         readRequests(context: context)
         if passedOn, !inRead {
             passedOn = false

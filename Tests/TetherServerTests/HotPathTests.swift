@@ -19,12 +19,16 @@ import TetherTesting
 /// The tests are synchronous: the embedded loop runs the answers' tasks (their executor is the
 /// loop) when the test runs the loop, on the test's thread.
 @Suite struct HotPathTests {
-    /// Answers `200` with the request's path as the body, or holds the answer until released.
+    /// Answers `200` with the request's path as the body, after a wait (as a stored publish
+    /// waits for its commit): the answer is written when the test runs the loop, so the tests
+    /// can send what arrives while it is in flight. (An answer found without waiting is written
+    /// within the read: ``HotRequestReaderTests``.)
     final class Answers: Sendable {
         let answered = Mutex<[String]>([])
 
         var answer: HotPathHandler.Answer {
             { request, _, _ in
+                await Task.yield()
                 let path = request.uri.string
                 self.answered.withLock { $0.append(path) }
                 var head = HTTPResponse(status: .ok)

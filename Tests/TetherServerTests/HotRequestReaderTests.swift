@@ -421,6 +421,73 @@ import TetherServerCore
         }
     }
 
+    @Test func answersFoundWithoutWaitingAreWrittenWithinTheReadInOrderWithoutRecursion() throws {
+        // An answer that never suspends (a subscribe with its messages in memory, a `store=0`
+        // publish, `time`): written within the read that brought its request, with no trip
+        // through the loop's queue, and the reader reads on in a loop, not by recursing once
+        // per pipelined request (a few thousand in one read overflowed the stack).
+        let depths = Mutex<[Int]>([])
+        let connection = try connection { request, _, _ in
+            depths.withLock { $0.append(Thread.callStackReturnAddresses.count) }
+            let text = request.uri.string
+            var head = HTTPResponse(status: .ok)
+            head.headerFields[.contentType] = "text/plain"
+            head.headerFields[.contentLength] = String(text.utf8.count)
+            return (head, ByteBuffer(string: text))
+        }
+        let count = 300
+        let requests = (0..<count).map { "GET /time/\($0) HTTP/1.1\r\nHost: x\r\n\r\n" }.joined()
+        try connection.channel.writeInbound(ByteBuffer(string: requests))
+        // Not a turn of the loop yet: every answer is already out.
+        #expect(try connection.written() == (0..<count).map { Self.answer("/time/\($0)") }.joined())
+        let seen = depths.withLock { $0 }
+        #expect(seen.count == count)
+        #expect(Set(seen).count == 1, "the stack is as deep for the last request as for the first: \(seen.first ?? 0) → \(seen.last ?? 0) frames")
+        #expect(connection.readerInPipeline)
+        // A request it does not take, behind answers written within the read: NIO's decoder
+        // gets it after them.
+        try connection.channel.writeInbound(ByteBuffer(string: "GET /time/a HTTP/1.1\r\n\r\nGET /x HTTP/1.0\r\n\r\n"))
+        #expect(try connection.written() == Self.answer("/time/a"))
+        #expect(connection.behind.heads == ["/x"])
+        #expect(!connection.readerInPipeline)
+        _ = try connection.channel.finish()
+    }
+
+    @Test func afterAHandOverRequestsHeldBehindAnAnswerAreAnsweredInOrderWithoutRecursion() throws {
+        // NIO's decoder reads the connection (HTTP/1.0 first); hot requests held behind an
+        // answer that waits are answered, when it comes, in the hot path's replay loop, each
+        // written within it (none waits), not in a replay nested inside the one before.
+        let gate = Mutex<CheckedContinuation<Void, Never>?>(nil)
+        let depths = Mutex<[Int]>([])
+        let connection = try connection { request, _, _ in
+            let text = request.uri.string
+            if text == "/time/hold" {
+                await withCheckedContinuation { continuation in gate.withLock { $0 = continuation } }
+            } else {
+                depths.withLock { $0.append(Thread.callStackReturnAddresses.count) }
+            }
+            var head = HTTPResponse(status: .ok)
+            head.headerFields[.contentType] = "text/plain"
+            head.headerFields[.contentLength] = String(text.utf8.count)
+            return (head, ByteBuffer(string: text))
+        }
+        let count = 300
+        let requests = "GET /time/hold HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+            + (0..<count).map { "GET /time/\($0) HTTP/1.1\r\nHost: x\r\n\r\n" }.joined()
+        try connection.channel.writeInbound(ByteBuffer(string: requests))
+        connection.channel.embeddedEventLoop.run()
+        #expect(!connection.readerInPipeline, "HTTP/1.0 is NIO's")
+        #expect(try connection.written() == "")
+        let waiting = try #require(gate.withLock { $0.take() })
+        waiting.resume()
+        connection.channel.embeddedEventLoop.run()
+        #expect(try connection.written() == (["/time/hold"] + (0..<count).map { "/time/\($0)" }).map(Self.answer).joined())
+        let seen = depths.withLock { $0 }
+        #expect(seen.count == count)
+        #expect(Set(seen).count == 1, "the stack is as deep for the last request as for the first: \(seen.first ?? 0) → \(seen.last ?? 0) frames")
+        _ = try connection.channel.finish()
+    }
+
     @Test func theFirstRequestItDoesNotTakeGoesToNIOWithEverythingAfterIt() throws {
         let answers = Answers()
         let connection = try connection(answers)
