@@ -29,8 +29,9 @@ public struct InProcessServer: Sendable {
     /// Starts a server on `127.0.0.1` and waits until it listens.
     ///
     /// - Parameters:
-    ///   - port: the port; 0 (the default) picks a free one. Pass the port of a stopped server to
-    ///     restart it where its clients expect it.
+    ///   - port: the port; 0 (the default) picks a free one below the system's ephemeral port
+    ///     range, which a restart can count on getting again. Pass the port of a stopped server to restart it where its clients
+    ///     expect it.
     ///   - file: the server's settings.
     ///   - directory: its data directory; a new temporary one when `nil`. Pass the directory of
     ///     a stopped server (stopped with `removingData: false`) to restart on the same store.
@@ -47,6 +48,41 @@ public struct InProcessServer: Sendable {
                                        webSocket: WebSocketSettings = .init(),
                                        adminSecret: String? = nil,
                                        databaseURL: String? = nil) async throws -> InProcessServer where C.Duration == Duration {
+        guard port == 0 else {
+            return try await launch(port: port, file: file, directory: directory, tls: tls, clock: clock, logLevel: logLevel,
+                                    webSocket: webSocket, adminSecret: adminSecret, databaseURL: databaseURL)
+        }
+        // A port picked here may be in use by another process or test: another one is tried, on
+        // the same data directory.
+        let directory = directory ?? FileManager.default.temporaryDirectory
+            .appendingPathComponent("tether-testing-\(UUID().uuidString)").path
+        var attempts = 0
+        while true {
+            attempts += 1
+            do {
+                return try await launch(port: Int(pickedPorts.randomElement()!), file: file, directory: directory, tls: tls, clock: clock,
+                                        logLevel: logLevel, webSocket: webSocket, adminSecret: adminSecret, databaseURL: databaseURL)
+            } catch InProcessServerError.didNotStart where attempts < 8 {
+                continue
+            }
+        }
+    }
+
+    /// Where a server started without a port listens: below the system's ephemeral port range
+    /// (`/proc/sys/net/ipv4/ip_local_port_range` on Linux; 32768 and up when it cannot be
+    /// read). A port the kernel picked from that range (port 0) could be given, once its server
+    /// stopped, to an outgoing connection of a test running in parallel, and the server
+    /// restarted on it would fail to listen; a port below the range never is.
+    static let pickedPorts: ClosedRange<UInt16> = {
+        let ephemeralStart = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
+            .flatMap { $0.split(whereSeparator: \.isWhitespace).first.flatMap { UInt16($0) } } ?? 32768
+        return 10_000...max(10_001, ephemeralStart - 1)
+    }()
+
+    private static func launch<C: Clock>(port: Int, file: ConfigurationFile, directory: String?,
+                                         tls: (certificatePath: String, privateKeyPath: String)?, clock: C, logLevel: Logger.Level,
+                                         webSocket: WebSocketSettings, adminSecret: String?,
+                                         databaseURL: String?) async throws -> InProcessServer where C.Duration == Duration {
         let directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("tether-testing-\(UUID().uuidString)").path
         var logger = Logger(label: "tether.testing.server")
