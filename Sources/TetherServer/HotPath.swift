@@ -609,6 +609,9 @@ extension TetherResponder {
         }
         var head = response.head
         let body = sink.buffer.withLock { $0 }
+        // Room for the two fields below before the first is set: the fields are copied once
+        // (they are the response's), not copied and then grown.
+        head.headerFields.reserveCapacity(head.headerFields.count + 2)
         head.headerFields[.contentLength] = String(body.readableBytes)
         head.headerFields[.date] = HTTPDate.now()
         return (head, body)
@@ -659,7 +662,14 @@ struct CollectingBodyWriter: ResponseBodyWriter {
 
     mutating func write(_ buffer: ByteBuffer) async throws {
         var buffer = buffer
-        sink.buffer.withLock { _ = $0.writeBuffer(&buffer) }
+        sink.buffer.withLock { collected in
+            // A body written at once (every hot answer's) is kept as it is, not copied.
+            if collected.readableBytes == 0 {
+                collected = buffer
+            } else {
+                collected.writeBuffer(&buffer)
+            }
+        }
     }
 
     consuming func finish(_ trailingHeaders: HTTPFields?) async throws {}

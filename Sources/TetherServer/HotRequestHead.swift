@@ -195,8 +195,11 @@ enum HotRequestHead {
     static func encode(_ head: HTTPResponse, body: inout ByteBuffer, allocator: ByteBufferAllocator,
                        inlineBody: Int = 16 * 1024) -> ByteBuffer {
         let inline = body.readableBytes <= inlineBody
-        var out = allocator.buffer(capacity: 192 + (inline ? body.readableBytes : 0))
         let status = HTTPResponseStatus(statusCode: head.status.code, reasonPhrase: head.status.reasonPhrase)
+        // The exact size, so the buffer is allocated once and never grown.
+        var size = 9 + 3 + 1 + status.reasonPhrase.utf8.count + 2 + 2 + (inline ? body.readableBytes : 0)
+        for field in head.headerFields { size += field.name.rawName.utf8.count + 2 + field.value.utf8.count + 2 }
+        var out = allocator.buffer(capacity: size)
         out.writeStaticString("HTTP/1.1 ")
         out.writeString(String(status.code))
         out.writeStaticString(" ")
