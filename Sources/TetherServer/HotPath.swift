@@ -345,7 +345,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 }
             }
         }
-        if #available(macOS 26.0, iOS 26.0, tvOS 26.0, visionOS 26.0, *) {
+        if #available(macOS 26.0, iOS 26.0, tvOS 26.0, watchOS 26.0, visionOS 26.0, *) {
             Task.immediate(executorPreference: loopShare.executor, operation: operation)
         } else {
             Task(executorPreference: loopShare.executor, operation: operation)
@@ -358,6 +358,13 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         let reader = reader
         if closeAfterAnswer || head.headerFields[.connection] == "close" {
             held.removeAll()
+            // The connection ends with this answer: nothing read after it is run, answered or
+            // refused with a 400, and nothing more is read — also when the answer was written
+            // within the read that brought its request (``run(_:_:context:)``), with the
+            // decoder still passing on what followed it in that read.
+            inputDone = true
+            parseFailureAnswered = true
+            readPending = false
             let promise = context.eventLoop.makePromise(of: Void.self)
             if let reader {
                 reader.closeAfterAnswer()

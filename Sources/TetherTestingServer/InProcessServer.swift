@@ -29,7 +29,7 @@ public struct InProcessServer: Sendable {
     /// Starts a server on `127.0.0.1` and waits until it listens.
     ///
     /// - Parameters:
-    ///   - port: the port; 0 (the default) picks a free one below the system's ephemeral port
+    ///   - port: the port; 0 (the default) picks a free one outside the system's ephemeral port
     ///     range, which a restart can count on getting again. Pass the port of a stopped server to restart it where its clients
     ///     expect it.
     ///   - file: the server's settings.
@@ -60,7 +60,7 @@ public struct InProcessServer: Sendable {
         while true {
             attempts += 1
             do {
-                return try await launch(port: Int(pickedPorts.randomElement()!), file: file, directory: directory, tls: tls, clock: clock,
+                return try await launch(port: pickedPorts.randomElement()!, file: file, directory: directory, tls: tls, clock: clock,
                                         logLevel: logLevel, webSocket: webSocket, adminSecret: adminSecret, databaseURL: databaseURL)
             } catch InProcessServerError.didNotStart where attempts < 8 {
                 continue
@@ -68,15 +68,20 @@ public struct InProcessServer: Sendable {
         }
     }
 
-    /// Where a server started without a port listens: below the system's ephemeral port range
-    /// (`/proc/sys/net/ipv4/ip_local_port_range` on Linux; 32768 and up when it cannot be
-    /// read). A port the kernel picked from that range (port 0) could be given, once its server
-    /// stopped, to an outgoing connection of a test running in parallel, and the server
-    /// restarted on it would fail to listen; a port below the range never is.
-    static let pickedPorts: ClosedRange<UInt16> = {
-        let ephemeralStart = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))
-            .flatMap { $0.split(whereSeparator: \.isWhitespace).first.flatMap { UInt16($0) } } ?? 32768
-        return 10_000...max(10_001, ephemeralStart - 1)
+    /// Where a server started without a port listens: outside the system's ephemeral port range
+    /// (`/proc/sys/net/ipv4/ip_local_port_range` on Linux; 32768–60999 when it cannot be read),
+    /// below it, or above it when it starts too low to leave room. A port the kernel picked from
+    /// that range (port 0) could be given, once its server stopped, to an outgoing connection of
+    /// a test running in parallel, and the server restarted on it would fail to listen; a port
+    /// outside the range never is. (A range covering 10000–65535 leaves no such room; the ports
+    /// are then picked from 10000–32767 all the same.)
+    static let pickedPorts: ClosedRange<Int> = {
+        let bounds = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))?
+            .split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
+        let (low, high) = bounds.flatMap { $0.count == 2 ? ($0[0], $0[1]) : nil } ?? (32768, 60999)
+        if low > 11_000 { return 10_000...(low - 1) }
+        if high < 64_535 { return (high + 1)...65_535 }
+        return 10_000...32_767
     }()
 
     private static func launch<C: Clock>(port: Int, file: ConfigurationFile, directory: String?,
