@@ -30,8 +30,8 @@ public struct InProcessServer: Sendable {
     ///
     /// - Parameters:
     ///   - port: the port; 0 (the default) picks a free one outside the system's ephemeral port
-    ///     range, which a restart can count on getting again. Pass the port of a stopped server to restart it where its clients
-    ///     expect it.
+    ///     range, which a restart can count on getting again. Pass the port of a stopped server
+    ///     to restart it where its clients expect it.
     ///   - file: the server's settings.
     ///   - directory: its data directory; a new temporary one when `nil`. Pass the directory of
     ///     a stopped server (stopped with `removingData: false`) to restart on the same store.
