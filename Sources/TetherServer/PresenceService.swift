@@ -94,6 +94,11 @@ public final class PresenceService: Sendable {
     /// Resolves channels and groups into the concrete channels presence applies to: presence
     /// names (`-pnpres`) and wildcards are ignored; groups expand to their channels.
     public func concreteChannels(subscribeKey: String, channels: [String], groups: [String]) -> [String] {
+        // One channel and no group (most subscribes): the request's own array, without the set
+        // and the sorted copy (three allocations per subscribe).
+        if groups.isEmpty, channels.count == 1 {
+            return NameRules.isPresence(channels[0]) || NameRules.isWildcard(channels[0]) ? [] : channels
+        }
         var result = Set(channels.filter { !NameRules.isPresence($0) && !NameRules.isWildcard($0) })
         for group in groups where !NameRules.isPresence(group) {
             result.formUnion(hub.channels(subscribeKey: subscribeKey, group: group))

@@ -333,6 +333,12 @@ public struct PresenceTracker: Sendable {
     /// members heartbeat, and never more than twice the memberships plus a fixed slack.
     package var pendingDeadlineCount: Int { heap.count }
 
+    /// `names` without repeats: itself when it has one name (a subscribe's usual case, without
+    /// allocating a set for it).
+    private static func unique(_ names: [String]) -> [String] {
+        names.count < 2 ? names : Array(Set(names))
+    }
+
     /// Records a heartbeat of `uuid` on `channels` (presence names must already be removed).
     /// `state`, when given, is a JSON object keyed by channel name whose values become that
     /// channel's state for the uuid.
@@ -343,7 +349,7 @@ public struct PresenceTracker: Sendable {
         var events: [PresenceEvent] = []
         let config = configuration(for: subscribeKey)
         let deadline = now + timeout
-        for name in Set(names) {
+        for name in Self.unique(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
             let candidate = generation + 1
             // In place: no copy of the channel's member dictionary.
@@ -391,7 +397,7 @@ public struct PresenceTracker: Sendable {
     /// long-poll ends: the connection was alive, but a leave during the poll must stand.
     public mutating func refresh(subscribeKey: String, uuid: String, channels names: [String], timeout: Duration, now: Duration) {
         let deadline = now + timeout
-        for name in Set(names) {
+        for name in Self.unique(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
             let candidate = generation + 1
             guard let pushed = channels[key]?.members[uuid]?.extend(to: deadline, generation: candidate) else { continue }
@@ -406,7 +412,7 @@ public struct PresenceTracker: Sendable {
     /// Removes `uuid` from `channels` at once (an explicit leave).
     public mutating func leave(subscribeKey: String, uuid: String, channels names: [String], now: Duration) -> [PresenceEvent] {
         var events: [PresenceEvent] = []
-        for name in Set(names) {
+        for name in Self.unique(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
             events += remove(uuid, from: key, action: .leave, now: now)
         }
@@ -417,7 +423,7 @@ public struct PresenceTracker: Sendable {
     /// ahead of its join otherwise). Emits `state-change` where the uuid is present.
     public mutating func setState(subscribeKey: String, uuid: String, channels names: [String], state: String) -> [PresenceEvent] {
         var events: [PresenceEvent] = []
-        for name in Set(names) {
+        for name in Self.unique(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
             let changed = channels[key, default: Channel()].states.updateValue(state, forKey: uuid) != state
             if changed, let occupancy = channels[key]?.members.count, channels[key]?.members[uuid] != nil {

@@ -144,6 +144,26 @@ import TetherServer
         await server.stop()
     }
 
+    @Test func aSubscribeJoinsOnlyTheConcreteChannelsItNamesOnce() async throws {
+        // One channel alone (the server's path without a set), a presence channel or a wildcard
+        // alone (nothing to join), and a channel named twice (joined once).
+        let server = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 1))
+        func channels(of uuid: String) async throws -> [String]? {
+            let body = try await server.object("/v2/presence/sub-key/demo/uuid/\(uuid)?uuid=\(uuid)")
+            return ((body["payload"] as? [String: Any])?["channels"] as? [String])?.sorted()
+        }
+        _ = try await server.get("/v2/subscribe/demo/room-pnpres/0?tt=0&heartbeat=60&uuid=carol")
+        _ = try await server.get("/v2/subscribe/demo/sports.*/0?tt=0&heartbeat=60&uuid=carol")
+        #expect(try await channels(of: "carol") == [])
+        _ = try await server.get("/v2/subscribe/demo/room/0?tt=0&heartbeat=60&uuid=carol")
+        #expect(try await channels(of: "carol") == ["room"])
+        _ = try await server.get("/v2/subscribe/demo/hall,hall/0?tt=0&heartbeat=60&uuid=dave")
+        #expect(try await channels(of: "dave") == ["hall"])
+        let hall = try await server.object("/v2/presence/sub-key/demo/channel/hall?uuid=x")
+        #expect(hall["occupancy"] as? Int == 1)
+        await server.stop()
+    }
+
     @Test func hereNowShapesAndStateRoundTrips() async throws {
         let server = try await TestServer.start()
         _ = try await server.get("/v2/presence/sub-key/demo/channel/a,b/heartbeat?uuid=u1")
