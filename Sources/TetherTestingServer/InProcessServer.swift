@@ -48,21 +48,18 @@ public struct InProcessServer: Sendable {
                                        webSocket: WebSocketSettings = .init(),
                                        adminSecret: String? = nil,
                                        databaseURL: String? = nil) async throws -> InProcessServer where C.Duration == Duration {
-        guard port == 0 else {
-            return try await launch(port: port, file: file, directory: directory, tls: tls, clock: clock, logLevel: logLevel,
-                                    webSocket: webSocket, adminSecret: adminSecret, databaseURL: databaseURL)
-        }
-        // A port picked here may be in use by another process or test: another one is tried, on
-        // the same data directory.
         let directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("tether-testing-\(UUID().uuidString)").path
+        // A port picked here may be in use by another process or test: another one is tried, on
+        // the same data directory. A port asked for is tried once.
         var attempts = 0
         while true {
             attempts += 1
             do {
-                return try await launch(port: pickedPorts.randomElement()!, file: file, directory: directory, tls: tls, clock: clock,
-                                        logLevel: logLevel, webSocket: webSocket, adminSecret: adminSecret, databaseURL: databaseURL)
-            } catch InProcessServerError.didNotStart where attempts < 8 {
+                return try await launch(port: port == 0 ? pickedPorts.randomElement()! : port, file: file, directory: directory, tls: tls,
+                                        clock: clock, logLevel: logLevel, webSocket: webSocket, adminSecret: adminSecret,
+                                        databaseURL: databaseURL)
+            } catch InProcessServerError.didNotStart where port == 0 && attempts < 8 {
                 continue
             }
         }
@@ -84,12 +81,10 @@ public struct InProcessServer: Sendable {
         return 10_000...32_767
     }()
 
-    private static func launch<C: Clock>(port: Int, file: ConfigurationFile, directory: String?,
+    private static func launch<C: Clock>(port: Int, file: ConfigurationFile, directory: String,
                                          tls: (certificatePath: String, privateKeyPath: String)?, clock: C, logLevel: Logger.Level,
                                          webSocket: WebSocketSettings, adminSecret: String?,
                                          databaseURL: String?) async throws -> InProcessServer where C.Duration == Duration {
-        let directory = directory ?? FileManager.default.temporaryDirectory
-            .appendingPathComponent("tether-testing-\(UUID().uuidString)").path
         var logger = Logger(label: "tether.testing.server")
         logger.logLevel = logLevel
         var configuration = ServerConfiguration(host: "127.0.0.1", port: port, dataDirectory: directory, file: file, tls: tls)

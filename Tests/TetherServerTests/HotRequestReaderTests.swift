@@ -283,6 +283,16 @@ import TetherServerCore
 
     // MARK: The reader in a pipeline
 
+    /// A `200` with `text` as its plain-text body (`closing`: marked `Connection: close`), as
+    /// every answer in these tests is.
+    static func textAnswer(_ text: String, closing: Bool = false) -> (HTTPResponse, ByteBuffer) {
+        var head = HTTPResponse(status: .ok)
+        head.headerFields[.contentType] = "text/plain"
+        head.headerFields[.contentLength] = String(text.utf8.count)
+        if closing { head.headerFields[.connection] = "close" }
+        return (head, ByteBuffer(string: text))
+    }
+
     /// Answers `200` with the request's path (and its body, if any) as the body; with `held`,
     /// waits until released.
     final class Answers: Sendable {
@@ -313,10 +323,7 @@ import TetherServerCore
                     text += " " + (body.map { String(buffer: $0) } ?? "")
                 }
                 self.answered.withLock { $0.append(text) }
-                var head = HTTPResponse(status: .ok)
-                head.headerFields[.contentType] = "text/plain"
-                head.headerFields[.contentLength] = String(text.utf8.count)
-                return (head, ByteBuffer(string: text))
+                return HotRequestReaderTests.textAnswer(text)
             }
         }
     }
@@ -437,10 +444,7 @@ import TetherServerCore
         let connection = try connection { request, _, _ in
             depths.withLock { $0.append(Thread.callStackReturnAddresses.count) }
             let text = request.uri.string
-            var head = HTTPResponse(status: .ok)
-            head.headerFields[.contentType] = "text/plain"
-            head.headerFields[.contentLength] = String(text.utf8.count)
-            return (head, ByteBuffer(string: text))
+            return HotRequestReaderTests.textAnswer(text)
         }
         let count = 300
         let requests = (0..<count).map { "GET /time/\($0) HTTP/1.1\r\nHost: x\r\n\r\n" }.joined()
@@ -474,10 +478,7 @@ import TetherServerCore
             } else {
                 depths.withLock { $0.append(Thread.callStackReturnAddresses.count) }
             }
-            var head = HTTPResponse(status: .ok)
-            head.headerFields[.contentType] = "text/plain"
-            head.headerFields[.contentLength] = String(text.utf8.count)
-            return (head, ByteBuffer(string: text))
+            return HotRequestReaderTests.textAnswer(text)
         }
         let count = 300
         let requests = "GET /time/hold HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
@@ -506,11 +507,7 @@ import TetherServerCore
         { request, _, _ in
             let text = request.uri.string
             answered.paths.withLock { $0.append(text) }
-            var head = HTTPResponse(status: .ok)
-            head.headerFields[.contentType] = "text/plain"
-            head.headerFields[.contentLength] = String(text.utf8.count)
-            if closing { head.headerFields[.connection] = "close" }
-            return (head, ByteBuffer(string: text))
+            return HotRequestReaderTests.textAnswer(text, closing: closing)
         }
     }
 
@@ -677,10 +674,7 @@ import TetherServerCore
                     slot.parked.store(true, ordering: .relaxed)
                     return nil
                 }
-                var head = HTTPResponse(status: .ok)
-                head.headerFields[.contentType] = "text/plain"
-                head.headerFields[.contentLength] = String(path.utf8.count)
-                return (head, ByteBuffer(string: path))
+                return HotRequestReaderTests.textAnswer(path)
             }
         }
     }
