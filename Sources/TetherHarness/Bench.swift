@@ -64,11 +64,14 @@ package struct Bench: AsyncParsableCommand {
             they resume with their token and cursor. Reports hello → last replayed message and checks \
             that every missed message arrives exactly once, in order.
 
-            requests (only when named): for each of --request-kinds (time, publish-realtime = \
+            requests (only when named): for each of --request-kinds (floor, time, publish-realtime = \
             store=0, publish-stored, subscribe-one = a subscribe answered at once with one message \
             from the window), --publishers closed-loop keep-alive connections repeat that \
             request for --duration seconds on a fresh spawned server, --request-rounds times; reports \
-            requests/s and the server's CPU per request (medians). A spawned server inherits the \
+            requests/s and the server's CPU per request (medians). floor sends the subscribe-one \
+            request to `tether bench floor-server` (NIO's own HTTP/1 pipeline answering with the same \
+            bytes, this binary) instead: what NIO and the kernel cost a request on this machine, \
+            which the report subtracts from each other kind. A spawned server inherits the \
             environment, so TETHER_DURABILITY=normal measures stored publishes without fsync.
 
             --fanout-channels N spreads the fan-out subscribers over N channels (subscriber i on \
@@ -83,7 +86,7 @@ package struct Bench: AsyncParsableCommand {
             `tether bench soak` runs mixed legitimate and hostile load for minutes and reports the \
             server's peak memory (see its --help).
             """,
-        subcommands: [BenchSoak.self]
+        subcommands: [BenchSoak.self, BenchFloorServer.self]
     )
 
     /// Which measurement to run.
@@ -121,8 +124,8 @@ package struct Bench: AsyncParsableCommand {
     var requestIDs = false
 
     /// Request kinds of the requests scenario.
-    @Option(name: .customLong("request-kinds"), help: "requests: comma-separated kinds: time, publish-realtime, publish-stored, subscribe-one.")
-    var requestKinds: String = "time,publish-realtime,publish-stored,subscribe-one"
+    @Option(name: .customLong("request-kinds"), help: "requests: comma-separated kinds: floor, time, publish-realtime, publish-stored, subscribe-one.")
+    var requestKinds: String = "floor,time,publish-realtime,publish-stored,subscribe-one"
 
     /// Rounds of the requests scenario.
     @Option(name: .customLong("request-rounds"), help: "requests: rounds (each kind once per round, a fresh server per run); medians are reported.")
@@ -262,6 +265,9 @@ package struct Bench: AsyncParsableCommand {
     var console = false
 
     /// Parsed `--request-kinds`.
+    /// The note when `--url` leaves no floor to measure.
+    static let floorSkipped = "requests: floor not measured (it needs this machine's own floor server, and --url measures a server elsewhere)"
+
     private var parsedRequestKinds: [RequestCostKind] {
         requestKinds.split(separator: ",").compactMap { RequestCostKind(rawValue: $0.trimmingCharacters(in: .whitespaces)) }
     }
@@ -412,7 +418,11 @@ package struct Bench: AsyncParsableCommand {
             if runRequests {
                 for _ in 0..<requestRounds {
                     for kind in parsedRequestKinds {
-                        let result = try await withServer(external) { target, pid in
+                        if kind == .floor, external != nil {
+                            if !report.notes.contains(Self.floorSkipped) { report.notes.append(Self.floorSkipped) }
+                            continue
+                        }
+                        let result = try await withServer(external, floor: kind == .floor) { target, pid in
                             try await runner.requestCost(kind: kind, target: target, serverPID: pid, connections: publishers, duration: duration)
                         }
                         report.requests.append(result)
@@ -520,10 +530,11 @@ package struct Bench: AsyncParsableCommand {
 
     /// Runs `body` against the external server, or a freshly spawned one that is stopped afterwards.
     /// `console` overrides `--console` for a spawned server.
-    func withServer<T>(_ external: BenchTarget?, console: Bool? = nil, _ body: (BenchTarget, Int32?) async throws -> T) async throws -> T {
+    func withServer<T>(_ external: BenchTarget?, console: Bool? = nil, floor: Bool = false,
+                       _ body: (BenchTarget, Int32?) async throws -> T) async throws -> T {
         if let external { return try await body(external, nil) }
-        let server = try await BenchServer(extraArguments: console ?? self.console ? ["--admin-secret", "bench-console-secret"] : [])
-        benchLog("spawned server pid \(server.pid) at \(server.target.url)")
+        let server = try await BenchServer(extraArguments: console ?? self.console ? ["--admin-secret", "bench-console-secret"] : [], floor: floor)
+        benchLog("spawned \(floor ? "floor server" : "server") pid \(server.pid) at \(server.target.url)")
         do {
             let result = try await body(server.target, server.pid)
             await server.stop()
@@ -717,20 +728,33 @@ package struct Bench: AsyncParsableCommand {
         }
         if !report.requests.isEmpty {
             lines.append("Request cost — closed loop, one request in flight per keep-alive connection, a fresh server per run")
-            let header = ["kind", "connections", "runs", "requests/s (median)", "server µs/request (median)", "all runs (µs)", "errors"]
-            let widths = [17, 11, 5, 20, 27, 30, 7]
+            let header = ["kind", "connections", "runs", "requests/s (median)", "server µs/request (median)", "above floor (µs)", "all runs (µs)", "errors"]
+            let widths = [17, 11, 5, 20, 27, 17, 30, 7]
             lines.append(zip(header, widths).map { pad($0, $1) }.joined(separator: " "))
+            func medianMicros(_ kind: RequestCostKind) -> Double? {
+                let micros = report.requests.filter { $0.kind == kind.rawValue }.compactMap(\.serverMicrosPerRequest).sorted()
+                return micros.isEmpty ? nil : micros[micros.count / 2]
+            }
+            let floor = medianMicros(.floor)
             for kind in RequestCostKind.allCases {
                 let runs = report.requests.filter { $0.kind == kind.rawValue }
                 guard !runs.isEmpty else { continue }
                 let micros = runs.compactMap(\.serverMicrosPerRequest).sorted()
                 let rates = runs.map(\.requestsPerSecond).sorted()
+                let median = medianMicros(kind)
+                var above = "-"
+                if kind != .floor, let median, let floor { above = fixed(median - floor, 1) }
                 let row = [kind.rawValue, grouped(Double(runs[0].connections)), String(runs.count), grouped(rates[rates.count / 2]),
-                           micros.isEmpty ? "-" : fixed(micros[micros.count / 2], 1), micros.map { fixed($0, 1) }.joined(separator: " "),
+                           median.map { fixed($0, 1) } ?? "-", above, micros.map { fixed($0, 1) }.joined(separator: " "),
                            grouped(Double(runs.reduce(0) { $0 + $1.errors }))]
                 lines.append(zip(row, widths).map { pad($0, $1) }.joined(separator: " "))
             }
             lines.append("  server µs/request: the server's CPU time (user + system, /proc) over the run ÷ requests answered with 200")
+            if let floor {
+                lines.append("  floor: \(fixed(floor, 1)) µs — `tether bench floor-server` (NIO's HTTP/1 pipeline answering the `subscribe-one` "
+                             + "request with its answer's bytes) under the same load: what NIO and the kernel cost a request on this machine; "
+                             + "above floor: what the server adds to it")
+            }
             if let other = report.requests.compactMap(\.otherCPUPercent).max(), other > 10 {
                 lines.append("  ! other processes used up to \(percent(other)) of a CPU during these runs: figures are noisy")
             }

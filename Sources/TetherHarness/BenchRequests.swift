@@ -4,7 +4,7 @@ import Synchronization
 
 /// Result of the `requests` scenario: the server's CPU per request of one kind, closed loop.
 struct RequestCostResult: Codable, Sendable {
-    /// `time`, `publish-realtime` (store=0), `publish-stored` or `subscribe-one`.
+    /// `floor`, `time`, `publish-realtime` (store=0), `publish-stored` or `subscribe-one`.
     var kind: String
     /// Keep-alive connections, one request in flight each.
     var connections: Int
@@ -27,6 +27,10 @@ struct RequestCostResult: Codable, Sendable {
 
 /// Which request the `requests` scenario repeats.
 enum RequestCostKind: String, CaseIterable, Sendable {
+    /// The `subscribe-one` request sent to ``BenchFloorServer`` (NIO's HTTP/1 pipeline answering
+    /// every request with a `subscribe-one` answer's bytes) instead of Tether: what NIO and the
+    /// kernel cost a request on this machine, subtracted from the other kinds in the report.
+    case floor
     /// `GET /time/0`: the floor (HTTP, routing, the response), no keyset and no store.
     case time
     /// A publish with `store=0`: validated, reserved, delivered to nobody, not stored.
@@ -59,7 +63,7 @@ final class RequestFlood: BenchConnectionLogic {
         self.kind = kind
         self.request = PublishRequest(channel: channel, target: target, store: kind == .publishStored)
         self.timeRequest = "GET /time/0" + target.requestTrailer
-        self.subscribeRequest = kind == .subscribeOne
+        self.subscribeRequest = kind == .subscribeOne || kind == .floor
             ? "GET /v2/subscribe/demo/\(channel)/0?tt=\(after)&tr=1&uuid=\(uuid)" + target.requestTrailer : ""
         self.ledger = ledger
         self.control = control
@@ -74,7 +78,7 @@ final class RequestFlood: BenchConnectionLogic {
         }
         inFlight = true
         switch kind {
-        case .time, .subscribeOne:
+        case .time, .subscribeOne, .floor:
             let text = kind == .time ? timeRequest : subscribeRequest
             var buffer = context.channel.allocator.buffer(capacity: text.utf8.count)
             buffer.writeString(text)
@@ -86,7 +90,7 @@ final class RequestFlood: BenchConnectionLogic {
     }
 
     func received(_ response: BenchResponse, context: ChannelHandlerContext) {
-        if response.status == 200, kind != .subscribeOne || Self.carriesOneMessage(response.body) {
+        if response.status == 200, kind != .subscribeOne && kind != .floor || Self.carriesOneMessage(response.body) {
             ledger.ackedCount.add(1, ordering: .relaxed)
         } else {
             ledger.errors.add(1, ordering: .relaxed)
@@ -140,6 +144,10 @@ extension BenchRunner {
                 timetokens.append(timetoken)
             }
             after = timetokens[0]
+        } else if kind == .floor {
+            // The floor server reads no message: any timetoken of the same length gives the same
+            // request bytes as `subscribe-one`.
+            after = 17_957_854_125_496_650
         }
         benchLog("requests: \(kind.rawValue) over \(connections) keep-alive connections for \(duration) s")
         let meter = CPUMeter(serverPID: serverPID)

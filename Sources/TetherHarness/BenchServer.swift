@@ -18,18 +18,23 @@ final class BenchServer {
     private let directory: URL
     private var stopped = false
 
-    /// Starts `tether serve --port 0` and waits for its "listening" line.
-    init(subscribeTimeout: Int = 300, extraArguments: [String] = []) async throws {
+    /// Starts `tether serve --port 0` and waits for its "listening" line; with `floor`, this
+    /// binary's `tether bench floor-server` instead (``BenchFloorServer``; the other arguments
+    /// are not used).
+    init(subscribeTimeout: Int = 300, extraArguments: [String] = [], floor: Bool = false) async throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-bench-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        process = ServerProcess(
-            arguments: [
-                "--data-dir", directory.appendingPathComponent("data").path,
-                "--log-level", "warning", "--subscribe-timeout", String(subscribeTimeout),
-                // Throughput is measured from one address; the default rate limits would cap it.
-                "--rate-limits", "off",
-            ] + extraArguments,
-            logPath: directory.appendingPathComponent("server.log").path)
+        let logPath = directory.appendingPathComponent("server.log").path
+        process = floor
+            ? ServerProcess(arguments: [], logPath: logPath, command: ["bench", "floor-server"], executable: ServerProcess.ownExecutablePath)
+            : ServerProcess(
+                arguments: [
+                    "--data-dir", directory.appendingPathComponent("data").path,
+                    "--log-level", "warning", "--subscribe-timeout", String(subscribeTimeout),
+                    // Throughput is measured from one address; the default rate limits would cap it.
+                    "--rate-limits", "off",
+                ] + extraArguments,
+                logPath: logPath)
         do {
             try await process.start()
         } catch {

@@ -20,6 +20,10 @@ final class ServerProcess: Sendable {
     private let state = Mutex(State())
     /// The `serve` arguments after `--host` and `--port`.
     let arguments: [String]
+    /// The subcommand run: `serve`, or `bench floor-server` (``BenchFloorServer``).
+    let command: [String]
+    /// The binary run: ``executablePath`` unless given.
+    let executable: String
     /// Where the server's standard error goes (appended).
     let logPath: String
 
@@ -27,14 +31,24 @@ final class ServerProcess: Sendable {
     /// `TETHER_SERVER_BINARY` (to measure another build's server with this build's bench client).
     static var executablePath: String {
         if let path = ProcessInfo.processInfo.environment["TETHER_SERVER_BINARY"], !path.isEmpty { return path }
-        if let path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") { return path }
-        return URL(fileURLWithPath: CommandLine.arguments[0]).standardizedFileURL.path
+        return ownExecutablePath
     }
 
-    /// A server process to be started with `tether serve --host 127.0.0.1 --port … <arguments>`.
-    init(arguments: [String], logPath: String) {
+    /// A server process to be started with `tether serve --host 127.0.0.1 --port … <arguments>`
+    /// (or `command` instead of `serve`, `executable` instead of ``executablePath``). The
+    /// command must print `Tether listening on http://HOST:PORT` once it listens.
+    init(arguments: [String], logPath: String, command: [String] = ["serve"], executable: String? = nil) {
         self.arguments = arguments
         self.logPath = logPath
+        self.command = command
+        self.executable = executable ?? Self.executablePath
+    }
+
+    /// This process's own binary, whatever `TETHER_SERVER_BINARY` says: for a subcommand that an
+    /// older build given there may not have.
+    static var ownExecutablePath: String {
+        if let path = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") { return path }
+        return URL(fileURLWithPath: CommandLine.arguments[0]).standardizedFileURL.path
     }
 
     /// `127.0.0.1:<port>` once started.
@@ -51,8 +65,8 @@ final class ServerProcess: Sendable {
     func start(timeout: Duration = .seconds(30)) async throws {
         let port = state.withLock { $0.port }
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: Self.executablePath)
-        process.arguments = ["serve", "--host", "127.0.0.1", "--port", String(port)] + arguments
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = command + ["--host", "127.0.0.1", "--port", String(port)] + arguments
         let out = Pipe()
         process.standardOutput = out
         process.standardInput = FileHandle.nullDevice
@@ -65,7 +79,7 @@ final class ServerProcess: Sendable {
         do {
             try process.run()
         } catch {
-            throw ServerProcessError("cannot start \(Self.executablePath) serve: \(error)")
+            throw ServerProcessError("cannot start \(executable) \(command.joined(separator: " ")): \(error)")
         }
         let pid = process.processIdentifier
         let watchdog = Task {
@@ -96,7 +110,7 @@ final class ServerProcess: Sendable {
             kill(pid, SIGKILL)
             process.waitUntilExit()
             let tail = ((try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "").suffix(4000)
-            throw ServerProcessError("tether serve exited with status \(process.terminationStatus) before listening; its log (\(logPath)):\n\(tail)")
+            throw ServerProcessError("tether \(command.joined(separator: " ")) exited with status \(process.terminationStatus) before listening; its log (\(logPath)):\n\(tail)")
         }
         state.withLock {
             $0.process = process

@@ -57,16 +57,66 @@ def test_fanout_over_many_channels_delivers_each_subscriber_its_channel_exactly_
 
 def test_requests_scenario_reports_the_server_cpu_per_request_of_each_kind():
     out = bench("--scenario", "requests", "--duration", "1", "--publishers", "2", "--request-rounds", "1")
-    # subscribe-one: an answer that does not carry exactly one message counts as an error.
-    for kind in ("time", "publish-realtime", "publish-stored", "subscribe-one"):
+    rows = {}
+    # subscribe-one and floor: an answer that does not carry exactly one message counts as an error.
+    for kind in ("floor", "time", "publish-realtime", "publish-stored", "subscribe-one"):
         row = next(line for line in out.splitlines() if line.strip().startswith(kind + " "))
         fields = row.split()
-        # kind, connections, runs, requests/s, µs/request, the runs' µs, errors
+        # kind, connections, runs, requests/s, µs/request, µs above the floor, the runs' µs, errors
         assert fields[1] == "2" and fields[2] == "1", row
         assert float(fields[4]) > 0, row
         assert fields[-1] == "0", row
+        rows[kind] = fields
+    floor = float(rows["floor"][4])
+    assert rows["floor"][5] == "-", rows["floor"]
+    for kind in ("time", "publish-realtime", "publish-stored", "subscribe-one"):
+        # The column is the kind's median minus the floor's, as printed (one decimal each).
+        assert abs(float(rows[kind][5]) - (float(rows[kind][4]) - floor)) < 0.15, rows[kind]
+    assert re.search(r"floor: [\d.]+ µs — `tether bench floor-server`", out), out
     assert "goal (#16): a stored publish ≤ 15 µs of server CPU" in out
     assert "goal (#16): a subscribe cycle returning one message ≤ 15 µs" in out
+
+
+def test_floor_server_answers_every_request_with_a_subscribe_answer_until_stopped():
+    """`tether bench floor-server`: listens, answers any path with the subscribe-one answer's bytes
+    (status, headers, one message), keeps the connection alive, and exits on SIGTERM."""
+    import http.client
+    import json
+    import signal
+
+    proc = subprocess.Popen([TETHER_BIN, "bench", "floor-server", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        match = re.match(r"Tether listening on http://127\.0\.0\.1:(\d+)$", line.strip())
+        assert match, line
+        conn = http.client.HTTPConnection("127.0.0.1", int(match.group(1)), timeout=10)
+        for path in ("/v2/subscribe/demo/ch1/0?tt=17957854125496650&tr=1&uuid=u1", "/time/0", "/anything"):
+            conn.request("GET", path)
+            response = conn.getresponse()
+            body = response.read()
+            assert response.status == 200
+            assert response.getheader("Content-Type") == 'text/javascript; charset="UTF-8"'
+            assert int(response.getheader("Content-Length")) == len(body) == 137
+            assert re.match(r"\w{3}, \d{2} \w{3} \d{4} \d{2}:\d{2}:\d{2} GMT$", response.getheader("Date"))
+            answer = json.loads(body)
+            assert len(answer["m"]) == 1 and answer["m"][0]["c"] == "ch1", answer
+        conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_requests_scenario_against_a_server_elsewhere_skips_the_floor_and_says_so(server):
+    out = bench("--scenario", "requests", "--url", server.base_url, "--request-kinds", "floor,time", "--duration", "1",
+                "--publishers", "2", "--request-rounds", "1")
+    assert not any(line.strip().startswith("floor ") for line in out.splitlines()), out
+    row = next(line for line in out.splitlines() if line.strip().startswith("time "))
+    # No server CPU without a spawned server, and nothing to subtract.
+    assert row.split()[4:6] == ["-", "-"], row
+    assert "requests: floor not measured" in out, out
 def test_recorder_scenario_reports_the_cost_per_publish_with_and_without_the_console():
     out = bench("--scenario", "recorder", "--subscribers", "3", "--recorder-clients", "50", "--recorder-iterations", "200",
                 "--recorder-repetitions", "1")
