@@ -370,7 +370,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
                 reader.closeAfterAnswer()
                 reader.writeAnswer(head, body: body, promise: promise)
             } else {
-                context.write(wrapOutboundOut(.head(HTTPResponseHead(head))), promise: nil)
+                context.write(wrapOutboundOut(.head(HotRequestHead.framed(head, bodyLength: body.readableBytes, date: HTTPDate.now()))), promise: nil)
                 if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
                 context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: promise)
             }
@@ -392,7 +392,7 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
             reader.answered()
             return
         }
-        context.write(wrapOutboundOut(.head(HTTPResponseHead(head))), promise: nil)
+        context.write(wrapOutboundOut(.head(HotRequestHead.framed(head, bodyLength: body.readableBytes, date: HTTPDate.now()))), promise: nil)
         if body.readableBytes > 0 { context.write(wrapOutboundOut(.body(.byteBuffer(body))), promise: nil) }
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         // Answered within the replay below (an answer found without waiting, ``run(_:_:context:)``):
@@ -602,8 +602,10 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 }
 
 extension TetherResponder {
-    /// ``answer(_:context:)`` for the hot path: the response head (with `Date` and
-    /// `Content-Length`) and its body in one buffer.
+    /// ``answer(_:context:)`` for the hot path: the response head and its body in one buffer.
+    /// The head has no `Content-Length` or `Date` of its own: the writer adds them as it
+    /// writes (``HotRequestHead/encode(_:body:date:allocator:inlineBody:)``,
+    /// ``HotRequestHead/framed(_:bodyLength:date:)``).
     /// `nil` when the request is a long-poll that parked in the hub (``LongPollSlot``).
     nonisolated(nonsending) func respondCollected(to request: Request, context: TetherRequestContext) async -> (HTTPResponse, ByteBuffer)? {
         let response = await answer(request, context: context)
@@ -614,14 +616,7 @@ extension TetherResponder {
         } catch {
             state.logger.error("response body failed", metadata: ["error": "\(error)"])
         }
-        var head = response.head
-        let body = sink.buffer.withLock { $0 }
-        // Room for the two fields below before the first is set: the fields are copied once
-        // (they are the response's), not copied and then grown.
-        head.headerFields.reserveCapacity(head.headerFields.count + 2)
-        head.headerFields[.contentLength] = String(body.readableBytes)
-        head.headerFields[.date] = HTTPDate.now()
-        return (head, body)
+        return (response.head, sink.buffer.withLock { $0 })
     }
 }
 

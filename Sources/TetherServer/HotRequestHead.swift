@@ -1,6 +1,7 @@
 import HTTPTypes
 import NIOCore
 import NIOHTTP1
+import NIOHTTPTypesHTTP1
 
 /// Reads the head of a request straight from a connection's bytes, for ``HotRequestReader``:
 /// the request line and header fields of a hot request — a `GET` publish, signal, subscribe or
@@ -190,34 +191,65 @@ enum HotRequestHead {
     }
 
     /// A response as NIO's HTTP/1 encoder writes it (the status line with NIO's reason phrase,
-    /// then each field as given, in order), with a body of up to `inlineBody` bytes in the same
-    /// buffer. The response has its `Content-Length` (``TetherResponder/respondCollected(to:context:)``).
-    static func encode(_ head: HTTPResponse, body: inout ByteBuffer, allocator: ByteBufferAllocator,
+    /// then each field as given, in order), with its framing fields after them —
+    /// `Content-Length: <the body's length>` (not for a status without a body: 1xx, 204, 304) and
+    /// `Date: <date>` — and a body of up to `inlineBody` bytes in the same buffer. A
+    /// `Content-Length` or `Date` among the response's own fields is not written: the answer's
+    /// are. The framing fields are written here, not set in the response's fields, because
+    /// setting them copied the fields (a handler's are shared) and checked each new field
+    /// (docs/benchmarks.md, fifteenth pass).
+    static func encode(_ head: HTTPResponse, body: inout ByteBuffer, date: String, allocator: ByteBufferAllocator,
                        inlineBody: Int = 16 * 1024) -> ByteBuffer {
         let inline = body.readableBytes <= inlineBody
         let status = HTTPResponseStatus(statusCode: head.status.code, reasonPhrase: head.status.reasonPhrase)
+        let code = head.status.code
+        // NIO's encoder drops the length of a response that has no body by its status.
+        let bodiless = (100..<200).contains(code) || code == 204 || code == 304
+        let length = bodiless ? "" : String(body.readableBytes)
         // The exact size, so the buffer is allocated once and never grown.
         var size = 9 + 3 + 1 + status.reasonPhrase.utf8.count + 2 + 2 + (inline ? body.readableBytes : 0)
-        for field in head.headerFields { size += field.name.rawName.utf8.count + 2 + field.value.utf8.count + 2 }
+        if !bodiless { size += 16 + length.utf8.count + 2 }
+        size += 6 + date.utf8.count + 2
+        for field in head.headerFields where !isFraming(field.name) {
+            size += field.name.rawName.utf8.count + 2 + field.value.utf8.count + 2
+        }
         var out = allocator.buffer(capacity: size)
         out.writeStaticString("HTTP/1.1 ")
         out.writeString(String(status.code))
         out.writeStaticString(" ")
         out.writeString(status.reasonPhrase)
         out.writeStaticString("\r\n")
-        // NIO's encoder drops the length of a response that has no body by its status.
-        let code = head.status.code
-        let bodiless = (100..<200).contains(code) || code == 204 || code == 304
-        for field in head.headerFields {
-            if bodiless, field.name == .contentLength { continue }
+        for field in head.headerFields where !isFraming(field.name) {
             out.writeString(field.name.rawName)
             out.writeStaticString(": ")
             out.writeString(field.value)
             out.writeStaticString("\r\n")
         }
-        out.writeStaticString("\r\n")
+        if !bodiless {
+            out.writeStaticString("Content-Length: ")
+            out.writeString(length)
+            out.writeStaticString("\r\n")
+        }
+        out.writeStaticString("Date: ")
+        out.writeString(date)
+        out.writeStaticString("\r\n\r\n")
         if inline { out.writeBuffer(&body) }
         return out
+    }
+
+    /// The response head NIO's encoder writes for an answer with a body of `bodyLength` bytes:
+    /// ``encode(_:body:date:allocator:inlineBody:)``'s framing fields set in it (for a connection
+    /// handed over to NIO's HTTP/1 pipeline).
+    static func framed(_ head: HTTPResponse, bodyLength: Int, date: String) -> HTTPResponseHead {
+        var framed = HTTPResponseHead(head)
+        framed.headers.replaceOrAdd(name: "Content-Length", value: String(bodyLength))
+        framed.headers.replaceOrAdd(name: "Date", value: date)
+        return framed
+    }
+
+    /// `Content-Length` and `Date`: written by the encoder, not taken from a response's fields.
+    private static func isFraming(_ name: HTTPField.Name) -> Bool {
+        name == .contentLength || name == .date
     }
 
     // MARK: Bytes

@@ -173,15 +173,15 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
 
     // MARK: From the hot path
 
-    /// Writes a hot request's answer: its head and body in one buffer (a large body as a
-    /// second), flushed.
+    /// Writes a hot request's answer: its head with its framing fields (`Content-Length`,
+    /// `Date`) and its body in one buffer (a large body as a second), flushed.
     func writeAnswer(_ head: HTTPResponse, body: ByteBuffer, promise: EventLoopPromise<Void>?) {
         guard let context else {
             promise?.fail(ChannelError.ioOnClosedChannel)
             return
         }
         var body = body
-        let out = HotRequestHead.encode(head, body: &body, allocator: context.channel.allocator)
+        let out = HotRequestHead.encode(head, body: &body, date: HTTPDate.now(), allocator: context.channel.allocator)
         if body.readableBytes > 0 {
             context.write(wrapOutboundOut(out), promise: nil)
             context.writeAndFlush(wrapOutboundOut(body), promise: promise)

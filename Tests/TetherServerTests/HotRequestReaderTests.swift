@@ -248,19 +248,42 @@ import TetherServerCore
     }
 
     @Test(arguments: [200, 204, 304, 400, 403, 404, 413, 414, 429, 500, 503])
-    func anAnswerIsWhatNIOsEncoderWrites(_ code: Int) throws {
+    func anAnswerIsWhatNIOsEncoderWritesWithItsFramingFields(_ code: Int) throws {
         let text = code == 204 || code == 304 ? "" : "[1,\"Sent\"]\n"
+        let date = "Fri, 27 Nov 2026 22:05:01 GMT"
         var head = HTTPResponse(status: .init(code: code))
         head.headerFields[.contentType] = "text/javascript; charset=\"UTF-8\""
         head.headerFields[.cacheControl] = "no-cache"
-        head.headerFields[.contentLength] = String(text.utf8.count)
-        head.headerFields[.date] = "Fri, 27 Nov 2026 22:05:01 GMT"
         var body = ByteBuffer(string: text)
-        let ours = HotRequestHead.encode(head, body: &body, allocator: ByteBufferAllocator())
+        let ours = HotRequestHead.encode(head, body: &body, date: date, allocator: ByteBufferAllocator())
         #expect(body.readableBytes == 0, "a small body goes in the same buffer")
 
+        // NIO's encoder, given the head as the hot path hands it over after a connection's
+        // hand-over (``HotRequestHead/framed(_:bodyLength:date:)``), writes the same bytes; and
+        // so does it given the fields set as the response's own, as they were before.
+        var own = head
+        own.headerFields[.contentLength] = String(text.utf8.count)
+        own.headerFields[.date] = date
+        for given in [HotRequestHead.framed(head, bodyLength: text.utf8.count, date: date), HTTPResponseHead(own)] {
+            #expect(String(buffer: ours) == (try Self.nioEncoded(given, body: text)))
+        }
+    }
+
+    @Test func aResponsesOwnLengthAndDateAreNotWrittenTheAnswersAre() {
+        var head = HTTPResponse(status: .ok)
+        head.headerFields[.contentLength] = "999"
+        head.headerFields[.contentType] = "text/plain"
+        head.headerFields[.date] = "Thu, 01 Jan 1970 00:00:00 GMT"
+        var body = ByteBuffer(string: "hello")
+        let out = HotRequestHead.encode(head, body: &body, date: "Sat, 28 Nov 2026 04:30:00 GMT", allocator: ByteBufferAllocator())
+        #expect(String(buffer: out) == "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nDate: Sat, 28 Nov 2026 04:30:00 GMT\r\n\r\nhello")
+    }
+
+    /// What NIO's HTTP/1 encoder writes for `head` and `body`.
+    static func nioEncoded(_ head: HTTPResponseHead, body text: String) throws -> String {
         let channel = EmbeddedChannel(handler: HTTPResponseEncoder())
-        try channel.writeOutbound(HTTPServerResponsePart.head(HTTPResponseHead(head)))
+        defer { _ = try? channel.finish() }
+        try channel.writeOutbound(HTTPServerResponsePart.head(head))
         if !text.isEmpty { try channel.writeOutbound(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: text)))) }
         try channel.writeOutbound(HTTPServerResponsePart.end(nil))
         var theirs = ByteBuffer()
@@ -268,16 +291,14 @@ import TetherServerCore
             guard case .byteBuffer(var buffer) = part else { continue }
             theirs.writeBuffer(&buffer)
         }
-        #expect(String(buffer: ours) == String(buffer: theirs))
-        _ = try channel.finish()
+        return String(buffer: theirs)
     }
 
     @Test func aLargeBodyIsWrittenAfterTheHeadNotCopiedIntoIt() {
-        var head = HTTPResponse(status: .ok)
-        head.headerFields[.contentLength] = "20000"
+        let head = HTTPResponse(status: .ok)
         var body = ByteBuffer(repeating: UInt8(ascii: "a"), count: 20000)
-        let out = HotRequestHead.encode(head, body: &body, allocator: ByteBufferAllocator())
-        #expect(String(buffer: out) == "HTTP/1.1 200 OK\r\nContent-Length: 20000\r\n\r\n")
+        let out = HotRequestHead.encode(head, body: &body, date: "Sat, 28 Nov 2026 04:30:00 GMT", allocator: ByteBufferAllocator())
+        #expect(String(buffer: out) == "HTTP/1.1 200 OK\r\nContent-Length: 20000\r\nDate: Sat, 28 Nov 2026 04:30:00 GMT\r\n\r\n")
         #expect(body.readableBytes == 20000)
     }
 
@@ -288,7 +309,6 @@ import TetherServerCore
     static func textAnswer(_ text: String, closing: Bool = false) -> (HTTPResponse, ByteBuffer) {
         var head = HTTPResponse(status: .ok)
         head.headerFields[.contentType] = "text/plain"
-        head.headerFields[.contentLength] = String(text.utf8.count)
         if closing { head.headerFields[.connection] = "close" }
         return (head, ByteBuffer(string: text))
     }
@@ -358,14 +378,15 @@ import TetherServerCore
         let behind: Behind
         let reads: HotPathTests.Reads
 
-        /// Everything written to the client so far.
+        /// Everything written to the client so far, with each answer's `Date` field (the time it was written) checked
+        /// for its form and taken out, so that answers compare as text.
         func written() throws -> String {
             var out = ""
             while let part = try channel.readOutbound(as: IOData.self) {
                 guard case .byteBuffer(let buffer) = part else { continue }
                 out += String(buffer: buffer)
             }
-            return out
+            return try HotRequestReaderTests.withoutDates(out)
         }
 
         var readerInPipeline: Bool { (try? channel.pipeline.syncOperations.context(handler: reader)) != nil }
@@ -400,6 +421,28 @@ import TetherServerCore
         try pipeline.addHandler(behind)
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
         return Connection(channel: channel, reader: reader, hotPath: hotPath, behind: behind, reads: reads)
+    }
+
+    /// `text` without its `Date: …\r\n` fields, each checked to be an IMF-fixdate
+    /// (`Sat, 28 Nov 2026 04:30:00 GMT`, RFC 9110 §5.6.7).
+    static func withoutDates(_ text: String) throws -> String {
+        let bytes = Array(text.utf8), field = Array("\r\nDate: ".utf8)
+        var out: [UInt8] = [], index = 0
+        while index < bytes.count {
+            guard bytes[index...].starts(with: field) else {
+                out.append(bytes[index])
+                index += 1
+                continue
+            }
+            // `\r\nDate: ` + 29 bytes + `\r\n` becomes `\r\n`.
+            let value = String(decoding: bytes[min(index + field.count, bytes.count)..<min(index + field.count + 29, bytes.count)], as: UTF8.self)
+            let parts = value.split(separator: " ")
+            try #require(value.utf8.count == 29 && parts.count == 6 && parts[0].hasSuffix(",") && parts[5] == "GMT"
+                         && bytes[(index + field.count + 29)...].starts(with: Array("\r\n".utf8)), "a Date field: \(value)")
+            out += Array("\r\n".utf8)
+            index += field.count + 29 + 2
+        }
+        return String(decoding: out, as: UTF8.self)
     }
 
     static func answer(_ text: String) -> String {
@@ -656,7 +699,7 @@ import TetherServerCore
         while let part = try channel.readOutbound(as: IOData.self) {
             if case .byteBuffer(let buffer) = part { written += String(buffer: buffer) }
         }
-        #expect(written == Self.answer("/time/0"))
+        #expect(try Self.withoutDates(written) == Self.answer("/time/0"))
         _ = try? channel.finish()
     }
 
@@ -696,7 +739,7 @@ import TetherServerCore
         while let part = try channel.readOutbound(as: IOData.self) {
             if case .byteBuffer(let buffer) = part { written += String(buffer: buffer) }
         }
-        #expect(written == Self.answer("/v2/subscribe/s/ch/0?tt=1") + Self.answer("/time/0"))
+        #expect(try Self.withoutDates(written) == Self.answer("/v2/subscribe/s/ch/0?tt=1") + Self.answer("/time/0"))
         _ = try? channel.finish()
     }
 
