@@ -69,9 +69,9 @@ package struct Bench: AsyncParsableCommand {
             from the window), --publishers closed-loop keep-alive connections repeat that \
             request for --duration seconds on a fresh spawned server, --request-rounds times; reports \
             requests/s and the server's CPU per request (medians). floor sends the subscribe-one \
-            request to `tether bench floor-server` (NIO's own HTTP/1 pipeline answering with the same \
-            bytes, this binary) instead: what NIO and the kernel cost a request on this machine, \
-            which the report subtracts from each other kind. A spawned server inherits the \
+            request to `tether bench floor-server` (this binary's: a NIO server writing one prebuilt \
+            subscribe answer per request head) instead: what NIO and the kernel cost a request on \
+            this machine, which the report subtracts from each other kind. A spawned server inherits the \
             environment, so TETHER_DURABILITY=normal measures stored publishes without fsync.
 
             --fanout-channels N spreads the fan-out subscribers over N channels (subscriber i on \
@@ -264,10 +264,10 @@ package struct Bench: AsyncParsableCommand {
     @Flag(name: .customLong("console"), help: "Spawned servers run with the live console on (an admin secret), to measure the flight recorder's cost.")
     var console = false
 
-    /// Parsed `--request-kinds`.
     /// The note when `--url` leaves no floor to measure.
     static let floorSkipped = "requests: floor not measured (it needs this machine's own floor server, and --url measures a server elsewhere)"
 
+    /// Parsed `--request-kinds`.
     private var parsedRequestKinds: [RequestCostKind] {
         requestKinds.split(separator: ",").compactMap { RequestCostKind(rawValue: $0.trimmingCharacters(in: .whitespaces)) }
     }
@@ -751,9 +751,9 @@ package struct Bench: AsyncParsableCommand {
             }
             lines.append("  server µs/request: the server's CPU time (user + system, /proc) over the run ÷ requests answered with 200")
             if let floor {
-                lines.append("  floor: \(fixed(floor, 1)) µs — `tether bench floor-server` (NIO's HTTP/1 pipeline answering the `subscribe-one` "
-                             + "request with its answer's bytes) under the same load: what NIO and the kernel cost a request on this machine; "
-                             + "above floor: what the server adds to it")
+                lines.append("  floor: \(fixed(floor, 1)) µs — `tether bench floor-server` (a NIO server writing one prebuilt subscribe answer "
+                             + "per request head, as Tether's hot path writes its answers) under the same load: what NIO and the kernel cost a "
+                             + "request on this machine; above floor: what the server adds to it")
             }
             if let other = report.requests.compactMap(\.otherCPUPercent).max(), other > 10 {
                 lines.append("  ! other processes used up to \(percent(other)) of a CPU during these runs: figures are noisy")

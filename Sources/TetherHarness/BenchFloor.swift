@@ -1,30 +1,36 @@
 import ArgumentParser
 import Foundation
 import NIOCore
-import NIOHTTP1
 import NIOPosix
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
-/// `tether bench floor-server`: NIO's own HTTP/1 server pipeline and one handler that answers
-/// every request with the bytes of a `subscribe-one` answer. What a request costs a server on
-/// this machine whatever the server does with it — NIO's pipeline, loopback TCP, the system
-/// calls and the threads' wake-ups — which the `requests` scenario measures as its `floor` kind
-/// and subtracts from every other kind (docs/benchmarks.md, "How it measures").
+/// `tether bench floor-server`: a SwiftNIO server that answers every request head it reads with
+/// one prebuilt subscribe answer, written as one buffer — the transport of Tether's hot path
+/// (its own head reader in front of NIO's HTTP/1 codec, one buffer per answer) with nothing
+/// behind it. What a request costs a server on this machine whatever the server does with it —
+/// NIO's channel pipeline, loopback TCP, the system calls and the threads' wake-ups — which the
+/// `requests` scenario measures as its `floor` kind and subtracts from every other kind
+/// (docs/benchmarks.md, "How it measures").
 struct BenchFloorServer: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "floor-server",
-        abstract: "Serve NIO's HTTP/1 pipeline with a fixed answer: the floor the requests scenario subtracts.",
+        abstract: "Serve a fixed answer to every request head: the floor the requests scenario subtracts.",
         discussion: """
-            Listens with SwiftNIO's own HTTP/1 server pipeline (the one Tether's server is built \
-            on, without pipelining assistance or an error handler, as Tether's) on the same \
-            event loop group as `tether serve`, and answers every request, whatever its method \
-            and path, with 200 and the headers and 137-byte body of a `subscribe-one` answer, \
-            written from the read that brought the request. It reads nothing else of a request \
-            and keeps no state.
+            Listens with SwiftNIO on the same event loop group as `tether serve` and, for each \
+            request head it reads (up to the blank line; a request must have no body), writes \
+            and flushes one prebuilt buffer: 200 with Tether's subscribe headers and a 137-byte \
+            body carrying one message. It parses nothing else, as Tether's hot path parses its \
+            requests itself and writes each answer as one buffer without NIO's HTTP/1 codec.
 
-            `tether bench --scenario requests` spawns it for its `floor` kind: the server CPU per \
-            request of this server is what NIO and the kernel cost on this machine, and each \
-            other kind's figure above it is what Tether adds. Prints \
-            "Tether listening on http://HOST:PORT" once listening; stops on SIGTERM or SIGINT.
+            `tether bench --scenario requests` spawns it for its `floor` kind: this server's CPU \
+            per request is what NIO and the kernel cost a request on this machine, and each other \
+            kind's figure above it is what Tether adds (its head reader and everything after). \
+            Prints "Tether listening on http://HOST:PORT" once listening; stops on SIGTERM or \
+            SIGINT.
             """
     )
 
@@ -39,13 +45,16 @@ struct BenchFloorServer: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let answer = FloorAnswer.make(date: Date())
+        // A parent that ignores these signals would pass that on through exec; this server stops
+        // on them whatever it inherited.
+        signal(SIGTERM, SIG_DFL)
+        signal(SIGINT, SIG_DFL)
+        let answer = FloorAnswer.bytes(date: Date())
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withPipeliningAssistance: false, withErrorHandling: false)
                     try channel.pipeline.syncOperations.addHandler(FloorHandler(answer: answer))
                 }
             }
@@ -58,26 +67,23 @@ struct BenchFloorServer: AsyncParsableCommand {
     }
 }
 
-/// The floor server's one answer: a `subscribe-one` answer's status, headers and body.
-struct FloorAnswer: Sendable {
-    /// The body: a subscribe answer carrying one message, as Tether writes it (137 bytes).
+/// The floor server's one answer: a subscribe answer carrying one message, with Tether's
+/// headers, as the bytes of one HTTP/1.1 response.
+enum FloorAnswer {
+    /// The body: a subscribe answer carrying one message, in Tether's encoding (137 bytes).
     static let body = #"{"t":{"t":"17957854257227760","r":1},"m":[{"a":"1","f":0,"i":"u1","p":{"t":"17957854125496650","r":1},"k":"demo","c":"ch1","d":"hello"}]}"#
 
-    var head: HTTPResponseHead
-    var body: ByteBuffer
-
-    /// Tether's subscribe headers; `Date` is the server's start (formatting it per request would
-    /// measure the floor server's own work, which is not NIO's).
-    static func make(date: Date) -> FloorAnswer {
-        var headers = HTTPHeaders()
-        headers.add(name: "Content-Type", value: #"text/javascript; charset="UTF-8""#)
-        headers.add(name: "Cache-Control", value: "no-cache")
-        headers.add(name: "Access-Control-Allow-Origin", value: "*")
-        headers.add(name: "Access-Control-Allow-Methods", value: "GET, POST, DELETE, OPTIONS")
-        headers.add(name: "Content-Length", value: String(body.utf8.count))
-        headers.add(name: "Date", value: httpDate(date))
-        return FloorAnswer(head: HTTPResponseHead(version: .http1_1, status: .ok, headers: headers),
-                           body: ByteBuffer(string: body))
+    /// The response, with `Date` the server's start (formatting it per request would measure
+    /// the floor server's own work).
+    static func bytes(date: Date) -> ByteBuffer {
+        ByteBuffer(string: "HTTP/1.1 200 OK\r\n"
+            + "Content-Type: text/javascript; charset=\"UTF-8\"\r\n"
+            + "Cache-Control: no-cache\r\n"
+            + "Access-Control-Allow-Origin: *\r\n"
+            + "Access-Control-Allow-Methods: GET, POST, DELETE, OPTIONS\r\n"
+            + "Content-Length: \(body.utf8.count)\r\n"
+            + "Date: \(httpDate(date))\r\n\r\n"
+            + body)
     }
 
     /// An IMF-fixdate (RFC 9110 §5.6.7).
@@ -90,20 +96,36 @@ struct FloorAnswer: Sendable {
     }
 }
 
-/// Answers every request's end with ``FloorAnswer``.
-final class FloorHandler: ChannelInboundHandler, Sendable {
-    typealias InboundIn = HTTPServerRequestPart
-    typealias OutboundOut = HTTPServerResponsePart
+/// Writes ``FloorAnswer`` for every request head: every `\r\n\r\n` in the bytes read, found
+/// across reads.
+final class FloorHandler: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
 
-    private let answer: FloorAnswer
+    private let answer: ByteBuffer
+    /// How many bytes of `\r\n\r\n` the bytes read so far end with.
+    private var matched = 0
 
-    init(answer: FloorAnswer) { self.answer = answer }
+    init(answer: ByteBuffer) { self.answer = answer }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard case .end = unwrapInboundIn(data) else { return }
-        context.write(wrapOutboundOut(.head(answer.head)), promise: nil)
-        context.write(wrapOutboundOut(.body(.byteBuffer(answer.body))), promise: nil)
-        context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        let bytes = unwrapInboundIn(data)
+        var heads = 0
+        bytes.withUnsafeReadableBytes { raw in
+            for byte in raw {
+                // `\r\n\r\n`: a `\r` at an even count, a `\n` at an odd one.
+                if byte == (matched % 2 == 0 ? 0x0D : 0x0A) {
+                    matched += 1
+                    if matched == 4 {
+                        heads += 1
+                        matched = 0
+                    }
+                } else {
+                    matched = byte == 0x0D ? 1 : 0
+                }
+            }
+        }
+        for _ in 0..<heads { context.writeAndFlush(wrapOutboundOut(answer), promise: nil) }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {

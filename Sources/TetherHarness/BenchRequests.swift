@@ -27,11 +27,11 @@ struct RequestCostResult: Codable, Sendable {
 
 /// Which request the `requests` scenario repeats.
 enum RequestCostKind: String, CaseIterable, Sendable {
-    /// The `subscribe-one` request sent to ``BenchFloorServer`` (NIO's HTTP/1 pipeline answering
-    /// every request with a `subscribe-one` answer's bytes) instead of Tether: what NIO and the
-    /// kernel cost a request on this machine, subtracted from the other kinds in the report.
+    /// The `subscribe-one` request sent to ``BenchFloorServer`` (a NIO server writing one
+    /// prebuilt subscribe answer per request head) instead of Tether: what NIO and the kernel
+    /// cost a request on this machine, subtracted from the other kinds in the report.
     case floor
-    /// `GET /time/0`: the floor (HTTP, routing, the response), no keyset and no store.
+    /// `GET /time/0`: Tether's least work (HTTP, routing, the response), no keyset and no store.
     case time
     /// A publish with `store=0`: validated, reserved, delivered to nobody, not stored.
     case publishRealtime = "publish-realtime"

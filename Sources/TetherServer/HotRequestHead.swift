@@ -195,8 +195,8 @@ enum HotRequestHead {
     /// `Content-Length: <the body's length>` (not for a status without a body: 1xx, 204, 304) and
     /// `Date: <date>` — and a body of up to `inlineBody` bytes in the same buffer. A
     /// `Content-Length` or `Date` among the response's own fields is not written: the answer's
-    /// are. The framing fields are written here, not set in the response's fields, because
-    /// setting them copied the fields (a handler's are shared) and checked each new field
+    /// are. They are written here rather than set in the response's fields, where the `Date`
+    /// grew the fields' storage and was checked as a new field for every answer
     /// (docs/benchmarks.md, fifteenth pass).
     static func encode(_ head: HTTPResponse, body: inout ByteBuffer, date: String, allocator: ByteBufferAllocator,
                        inlineBody: Int = 16 * 1024) -> ByteBuffer {

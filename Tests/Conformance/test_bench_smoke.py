@@ -117,6 +117,8 @@ def test_requests_scenario_against_a_server_elsewhere_skips_the_floor_and_says_s
     # No server CPU without a spawned server, and nothing to subtract.
     assert row.split()[4:6] == ["-", "-"], row
     assert "requests: floor not measured" in out, out
+
+
 def test_recorder_scenario_reports_the_cost_per_publish_with_and_without_the_console():
     out = bench("--scenario", "recorder", "--subscribers", "3", "--recorder-clients", "50", "--recorder-iterations", "200",
                 "--recorder-repetitions", "1")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
+import socket
 import threading
 import time
 import zlib
@@ -519,6 +521,50 @@ def test_pipelined_requests(origin):
     assert t1 < t2
     hist = json.loads(responses[4].body)["channels"][ch]
     assert [(h["message"], int(h["timetoken"])) for h in hist] == [(1, t1), (2, t2)]
+
+
+def _heads(data: bytes) -> list[list[str]]:
+    """The header lines of each response in `data` (each body skipped by its Content-Length)."""
+    heads = []
+    while data:
+        end = data.index(b"\r\n\r\n")
+        lines = data[:end].decode("latin-1").split("\r\n")
+        heads.append(lines)
+        lengths = [line.split(":", 1)[1].strip() for line in lines[1:] if line.lower().startswith("content-length:")]
+        data = data[end + 4 + (int(lengths[0]) if lengths else 0):]
+    return heads
+
+
+@pytest.mark.parametrize("first", [
+    b"GET /time/0 HTTP/1.1\r\nHost: x\r\n\r\n",
+    # A request Tether's own head reader leaves to NIO's parser: it and everything after it on the
+    # connection are read by NIO's decoder, and hot answers go out through NIO's encoder.
+    b"GET /time/0 HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+], ids=["read-by-tether", "handed-over-to-nio"])
+def test_every_answer_has_one_length_and_one_date(origin, first):
+    """Hot answers get their Content-Length and Date as they are written, on either side of the
+    hand-over: each answer, errors and Hummingbird's included, has exactly one of each."""
+    ch = unique("framing")
+    reqs = first + b"".join([
+        f"GET {P}/{ch}/0/1?store=0 HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+        f"GET {P}/{ch}/0/not-json HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+        f"GET /v2/subscribe/demo/{ch}/0?tt=0 HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+        f"GET /v2/history/sub-key/demo/channel/{ch} HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+        b"GET /time/0 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    ])
+    host, port = origin.rsplit(":", 1)
+    data = b""
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(reqs)
+        while chunk := conn.recv(65536):  # the last request closes the connection
+            data += chunk
+    heads = _heads(data)
+    assert [int(lines[0].split(" ")[1]) for lines in heads] == [200, 200, 400, 200, 200, 200], heads
+    for lines in heads:
+        names = [line.split(":", 1)[0].lower() for line in lines[1:]]
+        assert names.count("content-length") == 1 and names.count("date") == 1, lines
+        date = next(line.split(":", 1)[1].strip() for line in lines[1:] if line.lower().startswith("date:"))
+        assert re.fullmatch(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT", date), lines
 
 
 PARSE_FAILURE = {"status": 400, "error": True, "service": "Balancer", "message": "Could Not Parse Request"}
