@@ -91,7 +91,9 @@ struct AppContextPostgresStoreTests {
     /// Two nodes adding members to one channel at once never take it past its limit.
     @Test func concurrentMembershipsKeepTheChannelLimit() async throws {
         try await TestPostgres.withDatabase { url in
-            let a = try await TestPostgres.open(url), b = try await TestPostgres.open(url)
+            // Twenty changes to one channel take turns on its lock: a write timeout no loaded
+            // machine reaches, so this tests the limit and not the timeout (the next test does).
+            let a = try await TestPostgres.open(url, options: .patient), b = try await TestPostgres.open(url, options: .patient)
             let added = try await withThrowingTaskGroup(of: Bool.self) { group in
                 for i in 0..<20 {
                     let node = i % 2 == 0 ? a : b
@@ -111,6 +113,41 @@ struct AppContextPostgresStoreTests {
             #expect(try await a.appContextMemberships(subscribeKey: "k", of: .channel, id: "c", limit: 100).count == 5)
             a.close()
             b.close()
+        }
+    }
+
+    /// A change that waits on a record lock longer than the write timeout is refused as `busy`
+    /// (503, retried by SDKs), not as a failed write.
+    @Test func aChangeThatWaitsOutTheLockTimeoutIsBusy() async throws {
+        try await TestPostgres.withDatabase { url in
+            var quick = SharedLogOptions()
+            quick.writeTimeout = .milliseconds(300)
+            let holder = try await TestPostgres.open(url), waiter = try await TestPostgres.open(url, options: quick)
+            let (locked, lockedContinuation) = AsyncStream<Void>.makeStream()
+            let (release, releaseContinuation) = AsyncStream<Void>.makeStream()
+            // The channel's lock, held by another transaction until the waiter has given up.
+            let holding = Task {
+                try await holder.recordTransaction { connection in
+                    try await SharedLog.lockRecords(["app-context-channel\u{0}k\u{0}c"], connection: connection, logger: holder.logger)
+                    lockedContinuation.yield()
+                    for await _ in release { break }
+                }
+            }
+            for await _ in locked { break }
+            await #expect(throws: StoreError.self) {
+                do {
+                    _ = try await waiter.applyAppContextMemberships(subscribeKey: "k", set: [AppContextStoreTests.membership("u", "c")],
+                                                                    delete: [], perUser: 10, perChannel: 5)
+                } catch let error as StoreError {
+                    #expect(error.code == .busy, "\(error)")
+                    throw error
+                }
+            }
+            releaseContinuation.yield()
+            try await holding.value
+            // With the lock free the same change goes through.
+            _ = try await waiter.applyAppContextMemberships(subscribeKey: "k", set: [AppContextStoreTests.membership("u", "c")],
+                                                            delete: [], perUser: 10, perChannel: 5)
         }
     }
 

@@ -90,3 +90,13 @@ final class RunningLog: Sendable {
         _ = await all[1].value
     }
 }
+
+extension SharedLogOptions {
+    /// A write timeout of a minute: for tests of limits under contention, whose changes take
+    /// turns on one lock however slow the machine is.
+    static var patient: SharedLogOptions {
+        var options = SharedLogOptions()
+        options.writeTimeout = .seconds(60)
+        return options
+    }
+}

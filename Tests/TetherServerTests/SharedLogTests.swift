@@ -311,7 +311,9 @@ struct ClusterServerTests {
             let timetoken = try await a.publish("news", "\"from A\"")
             let (next, messages, _) = try await received
             #expect(messages.map { $0["d"] as? String } == ["from A"])
-            #expect(next == timetoken)
+            // The cursor is the log's horizon when B read it: the message's timetoken, or later
+            // when the sequencer was raised since (a slow machine); never before it.
+            #expect(next >= timetoken)
             // History on either node.
             let history = try await b.get("/v2/history/sub-key/demo/channel/news")
             #expect(history.body.contains("from A"))
@@ -320,7 +322,7 @@ struct ClusterServerTests {
             let second = try await b.publish("news", "\"from B\"")
             let (cursorOnA, messagesOnA, _) = try await onA
             #expect(messagesOnA.map { $0["d"] as? String } == ["from B"])
-            #expect(cursorOnA == second)
+            #expect(cursorOnA >= second)
         }
     }
 

@@ -24,7 +24,7 @@ extension SharedLog {
         let lockTimeout = "\(max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))ms"
         do {
             return try await client.withTransaction(logger: logger) { connection in
-                try await connection.query("SELECT set_config('lock_timeout', \(lockTimeout), true)", logger: logger)
+                for try await _ in try await connection.query("SELECT set_config('lock_timeout', \(lockTimeout), true)", logger: logger) {}
                 return try await body(connection)
             }
         } catch let error as PostgresTransactionError {
@@ -54,14 +54,19 @@ extension SharedLog {
     /// Takes the transaction's locks on `keys` (held to its end), in one global order, so two
     /// transactions locking overlapping keys never wait on each other in a cycle. Distinct keys
     /// may share a lock (a 32-bit hash): that only serialises them.
+    ///
+    /// Each lock's row is read to its end: PostgreSQL reports a lock wait that outlived
+    /// `lock_timeout` after the statement's row description, so a statement whose rows were not
+    /// read hid it — the next statement then failed as "current transaction is aborted" and the
+    /// change was answered as a failed write instead of `busy`.
     static func lockRecords(_ keys: [String], connection: PostgresConnection, logger: Logger) async throws {
         for id in Set(keys.map(lockID)).sorted() {
-            try await connection.query("SELECT pg_advisory_xact_lock(\(recordLockClass), \(id))", logger: logger)
+            for try await _ in try await connection.query("SELECT pg_advisory_xact_lock(\(recordLockClass), \(id))", logger: logger) {}
         }
     }
 
     /// FNV-1a, 32 bits.
-    private static func lockID(_ key: String) -> Int32 {
+    static func lockID(_ key: String) -> Int32 {
         var hash: UInt32 = 0x811c_9dc5
         for byte in key.utf8 { hash = (hash ^ UInt32(byte)) &* 0x0100_0193 }
         return Int32(bitPattern: hash)
