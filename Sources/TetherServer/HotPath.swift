@@ -603,8 +603,9 @@ final class HotPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
 
 extension TetherResponder {
     /// ``answer(_:context:)`` for the hot path: the response head and its body in one buffer.
-    /// The head has no `Content-Length` or `Date` of its own: the writer adds them as it
-    /// writes (``HotRequestHead/encode(_:body:date:allocator:inlineBody:)``,
+    /// The head is the route's as it is: its `Content-Length` and `Date`, if any, are not what
+    /// goes out — the writer writes the answer's own as it writes
+    /// (``HotRequestHead/encode(_:body:date:allocator:inlineBody:)``,
     /// ``HotRequestHead/framed(_:bodyLength:date:)``).
     /// `nil` when the request is a long-poll that parked in the hub (``LongPollSlot``).
     nonisolated(nonsending) func respondCollected(to request: Request, context: TetherRequestContext) async -> (HTTPResponse, ByteBuffer)? {
