@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import NIOCore
+import PostgresNIO
 import TetherTestingServer
 import Synchronization
 import Testing
@@ -175,6 +176,37 @@ struct SharedLogTests {
             #expect(try await a.log.publishRecordCount() == 1)
             await a.stop()
             await b.stop()
+        }
+    }
+
+    /// An insert PostgreSQL refuses (here a trigger; a full disk or a constraint does the same)
+    /// fails the publish. Its statement returns rows, so PostgreSQL's error arrives with them:
+    /// unread, it was lost, the transaction's `COMMIT` quietly rolled back, and the publisher
+    /// was told "sent" with a timetoken no reader would ever see.
+    @Test func anInsertPostgreSQLRefusesFailsThePublishInsteadOfLosingIt() async throws {
+        try await TestPostgres.withDatabase { url in
+            let node = RunningLog(try await TestPostgres.open(url))
+            try await node.log.client.query("""
+                CREATE FUNCTION tether_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  IF NEW.payload = '"refused"' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+                  RETURN NEW;
+                END $$
+                """, logger: TestPostgres.logger)
+            try await node.log.client.query("""
+                CREATE TRIGGER tether_test_refuse BEFORE INSERT ON tether_event FOR EACH ROW EXECUTE FUNCTION tether_test_refuse()
+                """, logger: TestPostgres.logger)
+            await #expect(throws: StoreError.self) {
+                let outcome = try await node.log.append(SharedEvent(envelope: Self.envelope("c", "\"refused\""), isStored: true,
+                                                                    retentionHours: nil, dedupKey: nil))
+                Issue.record("a refused insert was answered \(outcome)")
+            }
+            let kept = try await node.log.append(SharedEvent(envelope: Self.envelope("c", "\"kept\""), isStored: true,
+                                                             retentionHours: nil, dedupKey: nil))
+            let history = try await node.log.history(subscribeKey: "k", channel: "c", start: nil, end: nil, count: 10, reverse: false)
+            #expect(history.map(\.payload) == ["\"kept\""])
+            #expect(history.map(\.timetoken) == [kept.timetoken])
+            await node.stop()
         }
     }
 

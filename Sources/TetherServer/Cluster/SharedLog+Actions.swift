@@ -74,7 +74,7 @@ extension SharedLog: MessageActionStoring {
             try await Self.insert([(tt, event)][...], now: now, ephemeralSeconds: self.options.ephemeralSeconds,
                                   connection: connection, logger: self.logger)
             try await connection.query("UPDATE tether_sequencer SET last_tt = \(tt) WHERE id = 1", logger: self.logger)
-            try await connection.query("SELECT pg_notify('tether_events', '')", logger: self.logger)
+            try await connection.statement("SELECT pg_notify('tether_events', '')", logger: self.logger)
             return (timetoken, written.outcome, true)
         }
         if result.2 {

@@ -24,7 +24,7 @@ extension SharedLog {
         let lockTimeout = "\(max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))ms"
         do {
             return try await client.withTransaction(logger: logger) { connection in
-                for try await _ in try await connection.query("SELECT set_config('lock_timeout', \(lockTimeout), true)", logger: logger) {}
+                try await connection.statement("SELECT set_config('lock_timeout', \(lockTimeout), true)", logger: logger)
                 return try await body(connection)
             }
         } catch let error as PostgresTransactionError {
@@ -61,7 +61,7 @@ extension SharedLog {
     /// change was answered as a failed write instead of `busy`.
     static func lockRecords(_ keys: [String], connection: PostgresConnection, logger: Logger) async throws {
         for id in Set(keys.map(lockID)).sorted() {
-            for try await _ in try await connection.query("SELECT pg_advisory_xact_lock(\(recordLockClass), \(id))", logger: logger) {}
+            try await connection.statement("SELECT pg_advisory_xact_lock(\(recordLockClass), \(id))", logger: logger)
         }
     }
 

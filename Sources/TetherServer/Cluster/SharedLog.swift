@@ -359,6 +359,9 @@ package final class SharedLog: Sendable {
         return found
     }
 
+    /// Inserts `rows` with their request ids and rings every node, in one statement. The
+    /// statement returns rows, which are read to the end (``PostgresConnection/statement(_:logger:)``):
+    /// a refused insert then fails the write instead of aborting its transaction unseen.
     static func insert(_ rows: ArraySlice<(Int64, SharedEvent)>, now: Int64, ephemeralSeconds: Double,
                                connection: PostgresConnection, logger: Logger) async throws {
         var binds = PostgresBindings(capacity: rows.count * 11)
@@ -412,7 +415,7 @@ package final class SharedLog: Sendable {
                 """
         }
         sql += " SELECT pg_notify('tether_events', '')"
-        try await connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger)
+        try await connection.statement(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger)
     }
 
     // MARK: Reading every node's events
@@ -680,7 +683,7 @@ extension SharedLog {
                                   connection: connection, logger: logger)
         }
         try await connection.query("UPDATE tether_sequencer SET last_tt = \(first + Int64(count) - 1) WHERE id = 1", logger: logger)
-        try await connection.query("SELECT pg_notify('tether_events', '')", logger: logger)
+        try await connection.statement("SELECT pg_notify('tether_events', '')", logger: logger)
     }
 
     /// Rings this node's reader (after a commit made outside the writer).

@@ -179,7 +179,7 @@ enum SharedLogSchema {
     /// Brings the database to ``latestVersion``, or throws ``SharedLogError/newerSchema(found:supported:)``.
     static func migrate(_ client: PostgresClient, logger: Logger, url: DatabaseURL) async throws {
         try await client.withTransaction(logger: logger) { connection in
-            try await connection.query("SELECT pg_advisory_xact_lock(\(migrationLock))", logger: logger)
+            try await connection.statement("SELECT pg_advisory_xact_lock(\(migrationLock))", logger: logger)
             try await connection.query("""
                 CREATE TABLE IF NOT EXISTS tether_schema_migrations (
                   version integer PRIMARY KEY,
