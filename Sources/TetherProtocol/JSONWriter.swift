@@ -36,13 +36,44 @@ package struct JSONWriter: Sendable {
     }
 
     /// Appends an integer.
-    package mutating func number(_ value: some BinaryInteger) { bytes.append(contentsOf: String(value).utf8) }
+    package mutating func number(_ value: some BinaryInteger) {
+        if let magnitude = UInt64(exactly: value) {
+            decimal(magnitude)
+        } else if let signed = Int64(exactly: value) {
+            bytes.append(UInt8(ascii: "-"))
+            decimal(signed.magnitude)
+        } else {
+            bytes.append(contentsOf: String(value).utf8)
+        }
+    }
 
     /// Appends a timetoken as a JSON string (`"17953281264739664"`).
     package mutating func timetokenString(_ value: Timetoken) {
         bytes.append(UInt8(ascii: "\""))
-        bytes.append(contentsOf: String(value.rawValue).utf8)
+        decimal(value.rawValue)
         bytes.append(UInt8(ascii: "\""))
+    }
+
+    /// Appends `value`'s decimal digits in place. (A timetoken has 17 digits: as a `String`
+    /// first, each was a heap allocation, one or two per message of every subscribe answer.)
+    private mutating func decimal(_ value: UInt64) {
+        var count = 1
+        var rest = value / 10
+        while rest > 0 {
+            count += 1
+            rest /= 10
+        }
+        let start = bytes.count
+        bytes.append(contentsOf: repeatElement(UInt8(ascii: "0"), count: count))
+        bytes.withUnsafeMutableBufferPointer { buffer in
+            var index = start + count
+            var remaining = value
+            repeat {
+                index -= 1
+                buffer[index] = UInt8(ascii: "0") &+ UInt8(truncatingIfNeeded: remaining % 10)
+                remaining /= 10
+            } while remaining > 0
+        }
     }
 
     /// Appends `true` or `false`.

@@ -32,7 +32,7 @@ enum Reply {
     ]
 
     static func json(_ status: HTTPResponse.Status, _ text: String, extraHeaders: HTTPFields = [:]) -> Response {
-        json(status, Array(text.utf8), extraHeaders: extraHeaders)
+        json(status, body: .init(byteBuffer: ByteBuffer(string: text)), extraHeaders: extraHeaders)
     }
 
     /// The generic JSON error object.

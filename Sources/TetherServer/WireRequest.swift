@@ -6,10 +6,10 @@ import TetherProtocol
 struct WireRequest: Sendable {
     /// Decoded path segments (the empty segment before the leading `/` dropped).
     var segments: [String]
-    /// Decoded query parameters; a repeated key keeps its last value.
-    var query: [String: String]
-    /// Query keys given without `=` (`ee`).
-    var flags: Set<String>
+    /// Decoded query parameters; a repeated key reads as its last value.
+    var query: QueryParameters
+    /// Query keys given without `=` (`ee`), in the order sent.
+    var flags: [String]
     /// Path segments as sent (still percent-encoded).
     var rawSegments: [Substring]
     /// Length of the request URI in bytes (for the keyset's URI limit).
@@ -38,8 +38,8 @@ struct WireRequest: Sendable {
         }
         self.segments = segments
         self.rawSegments = rawSegments
-        var query: [String: String] = [:]
-        var flags: Set<String> = []
+        var query = QueryParameters()
+        var flags: [String] = []
         if let rawQuery, !rawQuery.isEmpty {
             let pairs = Self.split(rawQuery[...], on: UInt8(ascii: "&"), omittingEmpty: true)
             query.reserveCapacity(pairs.count)
@@ -48,10 +48,10 @@ struct WireRequest: Sendable {
                     let rawValue = pair[pair.utf8.index(after: equals)...]
                     guard let key = PercentCoding.decode(pair[..<equals]), let value = PercentCoding.decode(rawValue)
                     else { throw .badEncoding("query parameter is not valid percent-encoded UTF-8") }
-                    query[key] = value
+                    query.append(key, value)
                 } else {
                     guard let key = PercentCoding.decode(pair) else { throw .badEncoding("query parameter is not valid percent-encoded UTF-8") }
-                    flags.insert(key)
+                    flags.append(key)
                 }
             }
         }

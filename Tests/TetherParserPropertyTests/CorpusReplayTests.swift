@@ -99,7 +99,7 @@ import TetherProtocol
                 continue
             }
             var refused: Set<String> = []
-            for name in wire.query.keys {
+            for name in wire.query.dictionary.keys {
                 do { try Self.read(name, route: route, wire) } catch { refused.insert(name) }
             }
             guard let param = entry.param else { continue }

@@ -79,7 +79,7 @@ import TetherProtocol
             #expect(wire.rawSegments.count == wire.segments.count)
             // A repeated key keeps its last value, in both the decoded and the raw view.
             let reference = Dictionary(pairs.map { ($0.0, $0.1) }, uniquingKeysWith: { _, last in last })
-            #expect(wire.query == reference)
+            #expect(wire.query.dictionary == reference)
             for (key, value) in reference {
                 #expect(wire.rawQueryValue(key).flatMap { PercentCoding.decode($0) } == value)
             }

@@ -96,6 +96,32 @@ import Testing
         #expect(String(decoding: w.bytes, as: UTF8.self) == "\"a\\\"b\\\\c\\n\\u0001é\"")
         #expect((try? JSONText.validate(w.bytes)) == .string)
     }
+
+    /// Numbers are written digit by digit in place: every width, both signs and both ends of
+    /// each type read back as `String(value)` writes them.
+    @Test func writerNumbersAreTheirDecimalText() {
+        var unsigned: [UInt64] = [0, 9, 10, 99, 100, UInt64.max, UInt64.max / 10, 17_953_281_264_739_664]
+        var power: UInt64 = 1
+        for _ in 0..<19 {
+            power *= 10
+            unsigned += [power - 1, power, power + 1]
+        }
+        for value in unsigned {
+            var w = JSONWriter()
+            w.number(value)
+            #expect(String(decoding: w.bytes, as: UTF8.self) == String(value))
+            var tt = JSONWriter()
+            tt.timetokenString(Timetoken(value))
+            #expect(String(decoding: tt.bytes, as: UTF8.self) == "\"\(value)\"")
+        }
+        for value in [0, -1, 1, -10, Int.min, Int.max, -17_953_281_264_739_664] {
+            var w = JSONWriter()
+            w.raw("[")
+            w.number(value)
+            w.number(Int32(truncatingIfNeeded: value))
+            #expect(String(decoding: w.bytes, as: UTF8.self) == "[\(value)\(Int32(truncatingIfNeeded: value))")
+        }
+    }
 }
 
 @Suite struct EnvelopeTests {

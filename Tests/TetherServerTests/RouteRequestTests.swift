@@ -100,6 +100,22 @@ import Testing
         #expect(throws: WireRequest.ParseError.self) { try WireRequest(rawPath: "/a", rawQuery: "k=%E9") }
     }
 
+    @Test func queryParametersReadTheLastValueOfAKey() throws {
+        var wire = try WireRequest(rawPath: "/time/0", rawQuery: "a=1&b=2&a=3&a=&c=%2B")
+        #expect(wire.query["a"] == "")
+        #expect(wire.query["b"] == "2")
+        #expect(wire.query["c"] == "+")
+        #expect(wire.query["d"] == nil)
+        #expect(wire.query.dictionary == ["a": "", "b": "2", "c": "+"])
+        wire.query["a"] = "4"
+        #expect(wire.query["a"] == "4")
+        wire.query["b"] = nil
+        #expect(wire.query["b"] == nil)
+        #expect(wire.query == ["c": "+", "a": "4"])
+        #expect(wire.query != ["c": "+", "a": "5"])
+        #expect(try WireRequest(rawPath: "/time/0", rawQuery: nil).query.isEmpty)
+    }
+
     @Test func theSignatureCheckSplitsTheQueryOnBytesAsRoutingDoes() throws {
         // A raw combining mark right after `&` makes `&` and the mark one Character: split on
         // Characters, `timestamp` swallowed the next parameter and the signature check found no

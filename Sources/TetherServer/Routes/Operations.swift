@@ -8,7 +8,11 @@ import Prometheus
 extension TetherResponder {
     /// `/time/0`: the visible cursor.
     func time() -> Response {
-        Reply.json(.ok, "[\(state.hub.currentCursor.rawValue)]")
+        var w = JSONWriter(capacity: 24)
+        w.raw("[")
+        w.number(state.hub.currentCursor.rawValue)
+        w.raw("]")
+        return Reply.json(.ok, w.bytes)
     }
 
     /// `/health`: the store's condition, uptime, waiting long-polls, the visible cursor.

@@ -165,7 +165,11 @@ extension TetherResponder {
         let publish = try PublishRequest(target, message: messageBytes, wire)
         switch try await commitPublish(publish, kind: kind) {
         case .sent(let timetoken, let isRepeat):
-            let body = "[1,\"Sent\",\"\(timetoken.rawValue)\"]"
+            var w = JSONWriter(capacity: 32)
+            w.raw("[1,\"Sent\",")
+            w.timetokenString(timetoken)
+            w.raw("]")
+            let body = w.bytes
             guard isRepeat else { return Reply.json(.ok, body) }
             // Tether extension: PubNub's answer, plus a header saying nothing new was stored.
             // Exposed to browsers' scripts too (CORS hides unlisted headers).

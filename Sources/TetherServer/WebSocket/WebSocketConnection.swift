@@ -397,7 +397,7 @@ final class WebSocketConnection: Sendable {
         var wire: WireRequest
         do { wire = try WireRequest(rawPath: "/", rawQuery: nil) } catch { return }
         wire.segments = [frame.isSignal ? "signal" : "publish", current.publishKey ?? "", keyset.subscribeKey, "0", frame.channel, "0", frame.message]
-        var query = ["uuid": current.uuid, "requestid": frame.requestId]
+        var query: QueryParameters = ["uuid": current.uuid, "requestid": frame.requestId]
         if let meta = frame.meta { query["meta"] = meta }
         if let store = frame.store { query["store"] = store ? "1" : "0" }
         if let ttl = frame.ttlHours { query["ttl"] = String(ttl) }
