@@ -252,6 +252,8 @@ public struct TetherServer: Sendable {
     }
 
     /// Listens and serves until shutdown. `onReady` receives the base URL once listening.
+    /// When it cannot listen (the port taken or privileged, an address that is not this
+    /// machine's or does not resolve) it throws an error that says so and what to do.
     public func run(handleSignals: Bool = true, onReady: @escaping @Sendable (String) -> Void = { _ in }) async throws {
         let host = configuration.host
         // Connections with no traffic for longer than a long-poll (plus margin) are closed, so
@@ -338,7 +340,13 @@ public struct TetherServer: Sendable {
             logger: logger
         ))
         running.group.withLock { $0 = group }
-        try await group.run()
+        do {
+            try await group.run()
+        } catch {
+            // A port taken or an address that is not this machine's: say so, not which system
+            // call failed.
+            throw ListenError(error, host: host, port: configuration.port) ?? error
+        }
     }
 
     /// Shuts a running server down gracefully, as SIGTERM does: it stops accepting connections,
