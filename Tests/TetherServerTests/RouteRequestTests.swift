@@ -116,6 +116,26 @@ import Testing
         #expect(try WireRequest(rawPath: "/time/0", rawQuery: nil).query.isEmpty)
     }
 
+    /// Past ``QueryParameters/indexedAbove`` pairs reads go through an index of each key's last
+    /// pair: the same answers as walking them, while they are added, set and removed.
+    @Test func manyQueryParametersReadAsFewDo() throws {
+        for count in [QueryParameters.indexedAbove - 1, QueryParameters.indexedAbove, QueryParameters.indexedAbove + 1, 300] {
+            let keys = (0..<count).map { "k\($0 % 7)" }
+            let raw = keys.enumerated().map { "\($1)=v\($0)" }.joined(separator: "&")
+            var wire = try WireRequest(rawPath: "/time/0", rawQuery: raw)
+            var reference = Dictionary(keys.enumerated().map { ($1, "v\($0)") }, uniquingKeysWith: { _, last in last })
+            for key in (0..<8).map({ "k\($0)" }) { #expect(wire.query[key] == reference[key], "\(count) \(key)") }
+            wire.query["k1"] = nil
+            reference["k1"] = nil
+            wire.query["k2"] = "set"
+            reference["k2"] = "set"
+            wire.query["new"] = "n"
+            reference["new"] = "n"
+            for key in (0..<8).map({ "k\($0)" }) + ["new"] { #expect(wire.query[key] == reference[key], "\(count) \(key)") }
+            #expect(wire.query.dictionary == reference)
+        }
+    }
+
     @Test func theSignatureCheckSplitsTheQueryOnBytesAsRoutingDoes() throws {
         // A raw combining mark right after `&` makes `&` and the mark one Character: split on
         // Characters, `timestamp` swallowed the next parameter and the signature check found no
