@@ -328,7 +328,7 @@ public struct TetherServer: Sendable {
                 // Stops right after the HTTP server: the hot path's answers still running finish
                 // before presence and the store stop.
                 .init(service: HotPathDrainService(tasks: hotTasks, logger: logger), successTerminationBehavior: .gracefullyShutdownGroup),
-                .init(service: app),
+                .init(service: ListeningService(app: app, host: host, port: configuration.port)),
                 .init(service: MaintenanceService(hub: state.hub, store: state.store, access: state.access,
                                                   rateLimits: state.rateLimits, presence: state.presence,
                                                   metrics: state.metrics, logger: logger),
@@ -340,13 +340,7 @@ public struct TetherServer: Sendable {
             logger: logger
         ))
         running.group.withLock { $0 = group }
-        do {
-            try await group.run()
-        } catch {
-            // A port taken or an address that is not this machine's: say so, not which system
-            // call failed.
-            throw ListenError(error, host: host, port: configuration.port) ?? error
-        }
+        try await group.run()
     }
 
     /// Shuts a running server down gracefully, as SIGTERM does: it stops accepting connections,
@@ -390,6 +384,22 @@ struct HotPathDrainService: Service {
             logger.warning("graceful shutdown: connections still open after 10 s were closed", metadata: [
                 "connections": "\(stopped.connections)", "requestLoops": "\(stopped.loops)",
             ])
+        }
+    }
+}
+
+/// Runs the HTTP server. A failure to listen (the port taken, an address that is not this
+/// machine's) is said in words (``ListenError``); the server's other errors pass through.
+struct ListeningService<App: Service>: Service {
+    let app: App
+    let host: String
+    let port: Int
+
+    func run() async throws {
+        do {
+            try await app.run()
+        } catch {
+            throw ListenError(error, host: host, port: port) ?? error
         }
     }
 }
