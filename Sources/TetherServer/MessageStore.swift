@@ -143,11 +143,19 @@ public final class MessageStore: Sendable {
         // `synchronous = NORMAL`. The writer connection lives as long as the pool, so setting
         // it once here holds.
         let synchronous = options.durability == .full ? "FULL" : "NORMAL"
-        try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA synchronous = \(synchronous)") }
+        // After a failed sync no connection of the store commits anything (``WALCommitGuard``).
+        let commitGuard = WALCommitGuard(wal)
+        try pool.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA synchronous = \(synchronous)")
+            db.add(transactionObserver: commitGuard, extent: .databaseLifetime)
+        }
         self.pool = pool
         var probeConfiguration = Configuration()
         probeConfiguration.busyMode = .timeout(1)
-        probeConfiguration.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = \(synchronous)") }
+        probeConfiguration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = \(synchronous)")
+            db.add(transactionObserver: commitGuard, extent: .databaseLifetime)
+        }
         self.probeQueue = try DatabaseQueue(path: path, configuration: probeConfiguration)
         self.logger = logger
         self.metrics = metrics
@@ -628,11 +636,13 @@ public final class MessageStore: Sendable {
         }
     }
 
-    /// Whether the store can write, cheaply: the last write's outcome when under a second old,
-    /// otherwise a tiny write probe (two pages inserted and deleted in one transaction on a
+    /// Whether the store can write, cheaply: `failing` for good once a sync has failed, the last
+    /// write's outcome when under a second old, otherwise a tiny write probe (two pages inserted and deleted in one transaction on a
     /// separate connection). A probe that waits over a second for the write lock reports
     /// `stalled`; only one probe runs at a time.
     public func condition() async -> StoreCondition {
+        // A failed sync is final: no probe can show the store writable again.
+        if wal.failure != nil { return .failing }
         let now = ContinuousClock.now
         let cached: StoreCondition? = observation.withLock { o in
             if now - o.at < .seconds(1) { return o.condition }

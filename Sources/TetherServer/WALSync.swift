@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Synchronization
 
 /// Makes an SQLite database's committed WAL frames durable from outside SQLite: the store's
@@ -201,4 +202,25 @@ package struct FileIdentity: Equatable, Sendable {
         (major & 0xFFF) << 8 | (major & ~0xFFF) << 32 | (minor & 0xFF) | (minor & ~0xFF) << 12
     }
     #endif
+}
+
+/// Refuses every commit on a store connection once the WAL's sync has failed (``WALSync``):
+/// installed on the writer and on the health probe's connection, so a grant, a group change, an
+/// action or any other record write is refused like a publish instead of being acknowledged
+/// after frames the kernel may have dropped (recovery after a crash stops at such a hole and
+/// discards what follows it). The check runs in SQLite's commit hook, so it covers every
+/// transaction on those connections, whichever code opened it.
+final class WALCommitGuard: TransactionObserver, Sendable {
+    private let wal: WALSync
+
+    init(_ wal: WALSync) { self.wal = wal }
+
+    func databaseWillCommit() throws {
+        if let failure = wal.failure { throw failure }
+    }
+
+    func observes(eventsOfKind eventKind: DatabaseEventKind) -> Bool { false }
+    func databaseDidChange(with event: DatabaseEvent) {}
+    func databaseDidCommit(_ db: Database) {}
+    func databaseDidRollback(_ db: Database) {}
 }

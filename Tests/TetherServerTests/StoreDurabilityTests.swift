@@ -206,6 +206,18 @@ import TetherTesting
         #expect(refused.status == 500)
         #expect(try await server.get("/publish/demo/demo/0/d/0/%22live%22?uuid=tester&store=0").status == 200)
         #expect(try await server.get("/health").body.contains("\"store\":\"failing\""))
+        // Every other write is refused too (its WAL frames would follow a hole recovery stops
+        // at), whatever route makes it, and the health probe never reports the store writable.
+        let group = "/v1/channel-registration/sub-key/demo/channel-group/news"
+        let grouped = try await server.get("\(group)?add=sport&uuid=tester")
+        #expect(grouped.status == 500, "\(grouped.body)")
+        let listed = try await server.object("\(group)?uuid=tester")
+        #expect((listed["payload"] as? [String: Any])?["channels"] as? [String] == [])
+        let named = try await server.send("/v2/objects/demo/uuids/alice?uuid=alice", method: .PATCH,
+                                          body: Array(#"{"name":"Alice"}"#.utf8))
+        #expect(named.status == 500, "\(named.body)")
+        #expect(try await server.get("/v2/objects/demo/uuids/alice?uuid=alice").status == 404)
+        #expect(await store.condition() == .failing)
         let after = try await server.object("/v3/history/sub-key/demo/channel/d?max=25")
         #expect((((after["channels"] as? [String: Any])?["d"] as? [[String: Any]]) ?? []).count == 2)
         await server.stop()
