@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import NIOCore
 import PostgresNIO
+import TetherTesting
 import TetherTestingServer
 import Synchronization
 import Testing
@@ -207,6 +208,70 @@ struct SharedLogTests {
             #expect(history.map(\.payload) == ["\"kept\""])
             #expect(history.map(\.timetoken) == [kept.timetoken])
             await node.stop()
+        }
+    }
+
+    /// A `COMMIT` whose answer never arrives (the connection to PostgreSQL is cut while it
+    /// commits) may have committed: the publisher hears "outcome unknown" (504, "may be
+    /// stored"), never "unavailable" (503, "not stored", which invites a retry that stores it
+    /// twice). Here the commit is held by a deferred trigger waiting on a lock the test holds,
+    /// the connection is reset through a fault proxy, and the lock released: PostgreSQL commits
+    /// it, so the message is in history and a repeat of its request id gets its timetoken.
+    @Test func aCommitWhoseAnswerIsLostIsOutcomeUnknown() async throws {
+        try await TestPostgres.withDatabase { url in
+            let proxy = try await FaultProxy.start(upstreamHost: url.host, upstreamPort: url.port)
+            var proxied = url
+            proxied.host = proxy.host
+            proxied.port = proxy.port
+            var options = SharedLogOptions()
+            options.writeTimeout = .seconds(60)  // the queue's own deadline never answers first
+            let node = RunningLog(try await TestPostgres.open(proxied, options: options))
+            let direct = try await TestPostgres.open(url)
+            try await direct.client.query("""
+                CREATE FUNCTION tether_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  IF NEW.payload = '"held"' THEN PERFORM pg_advisory_xact_lock_shared(4242); END IF;
+                  RETURN NULL;
+                END $$
+                """, logger: TestPostgres.logger)
+            try await direct.client.query("""
+                CREATE CONSTRAINT TRIGGER tether_test_hold AFTER INSERT ON tether_event DEFERRABLE INITIALLY DEFERRED
+                FOR EACH ROW EXECUTE FUNCTION tether_test_hold()
+                """, logger: TestPostgres.logger)
+            let key = DedupKey(subscribeKey: "k", publisher: "p", requestID: "r-held")
+            let event = SharedEvent(envelope: Self.envelope("c", "\"held\""), isStored: true, retentionHours: nil, dedupKey: key)
+            try await direct.client.withConnection { holder in
+                try await holder.statement("SELECT pg_advisory_lock(4242)", logger: TestPostgres.logger)
+                let publish = Task { try await node.log.append(event) }
+                let committing = try await eventually(within: 30) {
+                    let waiting = try await holder.query("""
+                        SELECT count(*)::int FROM pg_stat_activity WHERE query LIKE 'COMMIT%' AND wait_event_type = 'Lock'
+                        """, logger: TestPostgres.logger).decode(Int.self).first(where: { _ in true }) ?? 0
+                    return waiting == 1
+                }
+                #expect(committing, "the publish's COMMIT never waited on the trigger's lock")
+                await proxy.resetOpenConnections()
+                try await holder.statement("SELECT pg_advisory_unlock(4242)", logger: TestPostgres.logger)
+                do {
+                    let outcome = try await publish.value
+                    Issue.record("a commit whose answer was lost was answered \(outcome)")
+                } catch let error as StoreError {
+                    #expect(error.code == .outcomeUnknown, "\(error)")
+                }
+            }
+            // PostgreSQL did commit it (once its backend, released from the lock, finishes the
+            // commit): in history once, and its request id is remembered.
+            var history: [StoredMessage] = []
+            _ = try await eventually(within: 30) {
+                history = try await direct.history(subscribeKey: "k", channel: "c", start: nil, end: nil, count: 10, reverse: false)
+                return !history.isEmpty
+            }
+            #expect(history.map(\.payload) == ["\"held\""])
+            let repeated = try await node.log.append(event)
+            #expect(repeated == .repeated(history.first?.timetoken ?? Timetoken(0)))
+            await node.stop()
+            direct.close()
+            await proxy.stop()
         }
     }
 

@@ -178,7 +178,7 @@ extension SharedLog: MessageReading {
         var total = 0
         do {
             while true {
-                let removed = try await client.withTransaction(logger: logger) { connection in
+                let removed = try await client.transaction(logger: logger) { connection in
                     var floors: [String: (String, String, Int64)] = [:]
                     var count = 0
                     for try await (subscribeKey, channel, tt, stored) in try await connection.query("""

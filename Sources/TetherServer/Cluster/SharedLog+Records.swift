@@ -23,12 +23,12 @@ extension SharedLog {
         let (seconds, attoseconds) = options.writeTimeout.components
         let lockTimeout = "\(max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))ms"
         do {
-            return try await client.withTransaction(logger: logger) { connection in
+            return try await client.transaction(logger: logger) { connection in
                 try await connection.statement("SELECT set_config('lock_timeout', \(lockTimeout), true)", logger: logger)
                 return try await body(connection)
             }
-        } catch let error as PostgresTransactionError {
-            throw Self.recordError(error.closureError ?? error.commitError ?? error.beginError ?? error)
+        } catch let error as SharedTransactionError where error.step == .body {
+            throw Self.recordError(error.cause)
         } catch {
             throw Self.recordError(error)
         }

@@ -264,7 +264,7 @@ package final class SharedLog: Sendable {
             // A watchdog: a transaction whose connection died under it can wait forever for an
             // answer that never comes; the writer gives up on it and carries on.
             result = .success(try await watchdog(options.writeTimeout * 2, "shared log write") { [self] in
-              try await client.withTransaction(logger: logger) { connection in
+              try await client.transaction(logger: logger) { connection in
                 let claimed = self.queue.withLock { $0.claim(ids) }
                 if claimed.isEmpty { return [:] }
                 let events = batch.filter { claimed.contains($0.id) }.compactMap { entry in entry.write.shared.map { (entry.id, $0) } }
@@ -592,10 +592,15 @@ package final class SharedLog: Sendable {
     /// lost is `unavailable`; a full disk is `full`; anything else `failed`.
     static func classify(_ error: any Error) -> StoreError {
         if let error = error as? StoreError { return error }
-        // A failure inside `withTransaction` arrives wrapped: classify what actually failed.
-        if let error = error as? PostgresTransactionError,
-           let cause = error.closureError ?? error.commitError ?? error.beginError {
-            return classify(cause)
+        // A failure inside a transaction arrives wrapped: classify what actually failed. A
+        // `COMMIT` whose answer was lost may have committed: the publisher must hear "may be
+        // stored" (504), never "not stored" (503), or its retry without a request id doubles it.
+        if let error = error as? SharedTransactionError {
+            if error.mayHaveCommitted {
+                return StoreError(.outcomeUnknown, "the connection to the shared database was lost while committing", cause: error.cause)
+            }
+            if error.cause is RolledBackAtCommit { return StoreError(.failed, "store write failed", cause: error.cause) }
+            return classify(error.cause)
         }
         if let error = error as? PSQLError {
             switch error.code {

@@ -178,7 +178,16 @@ enum SharedLogSchema {
 
     /// Brings the database to ``latestVersion``, or throws ``SharedLogError/newerSchema(found:supported:)``.
     static func migrate(_ client: PostgresClient, logger: Logger, url: DatabaseURL) async throws {
-        try await client.withTransaction(logger: logger) { connection in
+        do {
+            try await migrateInTransaction(client, logger: logger, url: url)
+        } catch let error as SharedTransactionError {
+            if let refusal = error.cause as? SharedLogError { throw refusal }  // a newer schema
+            throw error
+        }
+    }
+
+    private static func migrateInTransaction(_ client: PostgresClient, logger: Logger, url: DatabaseURL) async throws {
+        try await client.transaction(logger: logger) { connection in
             try await connection.statement("SELECT pg_advisory_xact_lock(\(migrationLock))", logger: logger)
             try await connection.query("""
                 CREATE TABLE IF NOT EXISTS tether_schema_migrations (

@@ -443,9 +443,7 @@ final class SharedPresence: Sendable {
 
     private func transaction(_ body: (PostgresConnection) async throws -> Void) async throws {
         do {
-            try await log.client.withTransaction(logger: logger) { connection in try await body(connection) }
-        } catch let error as PostgresTransactionError {
-            throw SharedLog.classify(error.closureError ?? error.beginError ?? error.commitError ?? error)
+            try await log.client.transaction(logger: logger) { connection in try await body(connection) }
         } catch {
             throw SharedLog.classify(error)
         }

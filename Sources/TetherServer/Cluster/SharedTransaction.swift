@@ -1,0 +1,89 @@
+import Logging
+import PostgresNIO
+
+/// Why a transaction of the shared log did not commit, with the step that failed: the step
+/// decides what the writer may tell a publisher.
+///
+/// - `begin` and `body`: nothing was committed (the body's error rolled it back).
+/// - `commit` with PostgreSQL's own refusal (an error answering `COMMIT`, or `COMMIT` answered
+///   `ROLLBACK`): nothing was committed.
+/// - `commit` with the connection lost (or PostgreSQL shutting down) before the answer came:
+///   the transaction may have committed. Only this one is "outcome unknown".
+struct SharedTransactionError: Error, CustomStringConvertible {
+    enum Step: String, Sendable {
+        case begin, body, commit
+    }
+
+    /// The step that failed.
+    var step: Step
+    /// What failed it.
+    var cause: any Error
+
+    var description: String { "\(step.rawValue): \(cause)" }
+
+    /// Whether the transaction may have committed although the commit did not say so.
+    var mayHaveCommitted: Bool {
+        guard step == .commit else { return false }
+        guard let error = cause as? PSQLError else { return !(cause is RolledBackAtCommit) }
+        guard error.code == .server else { return true }  // the connection, not PostgreSQL, failed
+        // PostgreSQL's own answer to the COMMIT is a refusal, except when it is ending the
+        // session (admin shutdown, a crash of another backend): that may come after the commit.
+        let state = error.serverInfo?[.sqlState] ?? ""
+        return state.hasPrefix("08") || state.hasPrefix("57")
+    }
+}
+
+/// `COMMIT` was answered `ROLLBACK`: the transaction had been aborted by an error that was
+/// never read. ``PostgresConnection/statement(_:logger:)`` reads every such error, so this is a
+/// last line of defence: the write fails instead of being reported stored.
+struct RolledBackAtCommit: Error, CustomStringConvertible {
+    var description: String { "PostgreSQL rolled the transaction back at COMMIT (an earlier error in it went unread)" }
+}
+
+extension PostgresClient {
+    /// Runs `body` in one transaction on a connection of the pool, and commits it. Unlike
+    /// PostgresNIO's `withTransaction`, it reads the `COMMIT`'s command tag: PostgreSQL answers
+    /// the `COMMIT` of an aborted transaction with `ROLLBACK` and no error, which would otherwise
+    /// pass for a commit. Errors arrive as ``SharedTransactionError``.
+    func transaction<Result>(
+        logger: Logger,
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: (PostgresConnection) async throws -> sending Result
+    ) async throws -> sending Result {
+        try await withConnection(isolation: isolation) { connection in
+            try await connection.transaction(logger: logger, isolation: isolation, body)
+        }
+    }
+}
+
+extension PostgresConnection {
+    /// ``PostgresClient/transaction(logger:isolation:_:)`` on this connection.
+    func transaction<Result>(
+        logger: Logger,
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: (PostgresConnection) async throws -> sending Result
+    ) async throws -> sending Result {
+        do {
+            try await statement("BEGIN", logger: logger)
+        } catch {
+            throw SharedTransactionError(step: .begin, cause: error)
+        }
+        let value: Result
+        do {
+            value = try await body(self)
+        } catch {
+            // The error is the caller's; a failed rollback (a lost connection) leaves nothing
+            // committed either, and the pool closes a connection that failed.
+            do { try await statement("ROLLBACK", logger: logger) } catch {}
+            throw SharedTransactionError(step: .body, cause: error)
+        }
+        let tag: String
+        do {
+            tag = try await query("COMMIT", logger: logger).get().metadata.command
+        } catch {
+            throw SharedTransactionError(step: .commit, cause: error)
+        }
+        guard tag == "COMMIT" else { throw SharedTransactionError(step: .commit, cause: RolledBackAtCommit()) }
+        return value
+    }
+}
