@@ -275,6 +275,32 @@ struct SharedLogTests {
         }
     }
 
+    /// A transaction whose body left an error unread (a statement with rows, its error after
+    /// them) is aborted, and PostgreSQL answers its `COMMIT` with `ROLLBACK`: the shared log's
+    /// transaction reads that answer and fails, and nothing is kept.
+    @Test func aCommitAnsweredRollbackFailsTheTransaction() async throws {
+        try await TestPostgres.withDatabase { url in
+            let log = try await TestPostgres.open(url)
+            try await log.client.query("CREATE TABLE tether_test_kept (v int)", logger: TestPostgres.logger)
+            do {
+                try await log.client.transaction(logger: TestPostgres.logger) { connection in
+                    try await connection.query("INSERT INTO tether_test_kept VALUES (1)", logger: TestPostgres.logger)
+                    _ = try await connection.query("SELECT 1 / (v - 1) FROM tether_test_kept", logger: TestPostgres.logger)
+                }
+                Issue.record("a COMMIT answered ROLLBACK passed for a commit")
+            } catch let error as SharedTransactionError {
+                #expect(error.step == .commit)
+                #expect(error.cause is RolledBackAtCommit, "\(error)")
+                #expect(!error.mayHaveCommitted)
+                #expect(SharedLog.classify(error).code == .failed)
+            }
+            let count = try await log.client.query("SELECT count(*)::int FROM tether_test_kept", logger: TestPostgres.logger)
+                .decode(Int.self).first(where: { _ in true })
+            #expect(count == 0)
+            log.close()
+        }
+    }
+
     /// The log's history, catch-up reads, counts, deletes and retention answer as the embedded
     /// store's do (the same expectations as the SQLite store tests).
     @Test func readsAnswerAsTheEmbeddedStoreDoes() async throws {
