@@ -190,11 +190,17 @@ public final class PresenceService: Sendable {
     }
 
     /// Sets state; returns the channels it applied to, once the state is durable.
+    ///
+    /// - Throws: ``StoreError`` in a cluster when PostgreSQL does not take the state (unreachable,
+    ///   or refusing the write). Unlike a heartbeat, setting state is a write the client asked
+    ///   for and is answered with: its request must not be told OK for state that was not kept.
     @discardableResult
-    public func setState(subscribeKey: String, uuid: String, channels: [String], groups: [String], state: String) async -> [String] {
+    public func setState(subscribeKey: String, uuid: String, channels: [String], groups: [String], state: String) async throws
+        -> [String]
+    {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
         if let shared {
-            await report("state") { try await shared.setState(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, state: state) }
+            try await shared.setState(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, state: state)
             return concrete
         }
         await durableTransition { $0.setState(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, state: state) }
@@ -271,13 +277,22 @@ public final class PresenceService: Sendable {
         shared?.observe(events)
     }
 
-    /// Runs a cluster presence change; a failure (PostgreSQL unreachable) is logged, not thrown:
-    /// presence is realtime traffic, and the request it rides on is still answered.
+    /// Runs a cluster heartbeat, refresh or leave; a failure is logged, not thrown: presence is
+    /// realtime traffic, the request it rides on is still answered, and what is lost mends
+    /// itself (the next heartbeat joins again, a membership not left times out). PostgreSQL
+    /// unreachable is a `warning` (`/health` says so too); PostgreSQL refusing the write is an
+    /// `error`, since it will not mend by waiting.
     private func report(_ what: String, _ body: () async throws -> Void) async {
         do {
             try await body()
         } catch {
-            logger.warning("presence change not written to the shared database", metadata: ["change": "\(what)", "error": "\(error)"])
+            let classified = SharedLog.classify(error)
+            let metadata: Logger.Metadata = ["change": "\(what)", "error": "\(classified)", "code": "\(classified.code)"]
+            if classified.code == .unavailable {
+                logger.warning("presence change not written to the shared database", metadata: metadata)
+            } else {
+                logger.error("presence change not written to the shared database", metadata: metadata)
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 import Clocks
 import Foundation
 import NIOCore
+import PostgresNIO
 import Synchronization
 import Testing
 @_spi(Benchmarks) import TetherProtocol
@@ -244,6 +245,38 @@ struct ClusterPresenceTests {
             }
             await a.stop()
             await b.stop()
+        }
+    }
+
+    /// Setting state is a write the client is answered for: state PostgreSQL refuses (here a
+    /// trigger; a constraint or a full disk does the same) is answered with the store's error,
+    /// not 200 with the state echoed back, and the state before it stays.
+    @Test func aStatePostgreSQLRefusesIsNotAnsweredOK() async throws {
+        try await TestPostgres.withDatabase { url in
+            let node = try await Self.startNode(url, clock: TestClock())
+            let admin = try await TestPostgres.open(url)
+            try await admin.client.query("""
+                CREATE FUNCTION tether_test_refuse_state() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  IF NEW.state = '{"refused":true}' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+                  RETURN NEW;
+                END $$
+                """, logger: TestPostgres.logger)
+            try await admin.client.query("""
+                CREATE TRIGGER tether_test_refuse_state BEFORE INSERT OR UPDATE ON tether_presence
+                FOR EACH ROW EXECUTE FUNCTION tether_test_refuse_state()
+                """, logger: TestPostgres.logger)
+            #expect(try await node.get("/v2/presence/sub-key/demo/channel/room/heartbeat?heartbeat=60&uuid=alice").status == 200)
+            let base = "/v2/presence/sub-key/demo/channel/room/uuid/alice"
+            #expect(try await node.get("\(base)/data?uuid=alice&state=%7B%22mood%22%3A1%7D").status == 200)
+            let refused = try await node.get("\(base)/data?uuid=alice&state=%7B%22refused%22%3Atrue%7D")
+            #expect(refused.status == 500, "\(refused.body)")
+            #expect(!refused.body.contains("refused\":true"), "\(refused.body)")
+            let state = try await node.object("\(base)?uuid=alice")
+            #expect((state["payload"] as? [String: Any])?["mood"] as? Int == 1)
+            #expect((state["payload"] as? [String: Any])?["refused"] == nil)
+            await node.stop()
+            admin.close()
         }
     }
 

@@ -121,7 +121,7 @@ extension TetherResponder {
             guard (try? JSONText.validate(text)) == .object else {
                 return Reply.error(.badRequest, service: "Presence", "Invalid state: expected a JSON object")
             }
-            await state.presence.setState(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, state: text)
+            try await state.presence.setState(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, state: text)
             var w = JSONWriter()
             w.raw("{\"status\":200,\"message\":\"OK\",\"payload\":")
             w.raw(text.utf8)
