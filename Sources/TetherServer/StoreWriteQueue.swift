@@ -115,6 +115,14 @@ struct StoreWriteQueue<Waiter> {
         return result
     }
 
+    /// The transaction that claimed `ids` failed, and the writer will try them again: the ones
+    /// still claimed (not expired meanwhile) go back to being taken, to be claimed again.
+    mutating func unclaim(_ ids: [UInt64]) {
+        for id in ids {
+            if let waiter = claimed.removeValue(forKey: id) { taken[id] = waiter }
+        }
+    }
+
     /// The deadline of write `id` passed.
     mutating func expire(_ id: UInt64) -> Expiry {
         deadlines.removeValue(forKey: id)

@@ -33,6 +33,25 @@ import TetherTestingServer
         (json(body)["payload"] as? [String: Any])?["channels"] as? [String]
     }
 
+    /// A grant is kept (in a cluster, in PostgreSQL, whose text cannot hold a NUL): a name with
+    /// a control character is refused with 400, naming the parameter, and nothing is granted.
+    @Test func v2GrantNamesWithControlCharactersAreRefused() async throws {
+        let server = try await start()
+        for (parameter, value) in [("auth", "a\u{0}b"), ("channel", "room\u{1}"), ("channel-group", "g\u{7F}"), ("target-uuid", "\u{0}")] {
+            var query = ["r": "1", "ttl": "5", "uuid": "admin", "channel": "open"]
+            query[parameter] = value
+            let refused = try await server.get(signed("/v2/auth/grant/sub-key/sub-s", query))
+            #expect(refused.status == 400, "\(parameter): \(refused.body)")
+            #expect(refused.body.contains("Invalid \(parameter)"), "\(refused.body)")
+            #expect(json(refused.body)["service"] as? String == "Access Manager")
+        }
+        let audit = try await server.get(signed("/v2/auth/audit/sub-key/sub-s", ["uuid": "admin"]))
+        #expect(audit.status == 200)
+        #expect(!audit.body.contains("\"open\""), "\(audit.body)")
+        #expect(try await server.get("/v2/subscribe/sub-s/open/0?tt=0&uuid=u&auth=ak").status == 403)
+        await server.stop()
+    }
+
     @Test func v2GrantsAllowExactlyWhatWasGranted() async throws {
         let server = try await start()
         // Nothing granted: denied, with the channel listed.

@@ -211,6 +211,66 @@ struct SharedLogTests {
         }
     }
 
+    /// One write PostgreSQL refuses fails alone: the writer tries a refused batch's writes one
+    /// by one, so the publishes batched with it are stored and answered as usual. The writer is
+    /// held on the sequencer's lock while the batch gathers, so the refused write and five
+    /// others are written together.
+    @Test func aWritePostgreSQLRefusesFailsAloneNotWithItsBatch() async throws {
+        try await TestPostgres.withDatabase { url in
+            var options = SharedLogOptions()
+            options.writeTimeout = .seconds(60)  // no deadline passes while the writer is held
+            let node = RunningLog(try await TestPostgres.open(url, options: options))
+            let holder = try await TestPostgres.open(url)
+            try await holder.client.query("""
+                CREATE FUNCTION tether_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                  IF NEW.payload = '"refused"' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+                  RETURN NEW;
+                END $$
+                """, logger: TestPostgres.logger)
+            try await holder.client.query("""
+                CREATE TRIGGER tether_test_refuse BEFORE INSERT ON tether_event FOR EACH ROW EXECUTE FUNCTION tether_test_refuse()
+                """, logger: TestPostgres.logger)
+            func publish(_ payload: String) -> Task<SharedAppendOutcome, any Error> {
+                Task {
+                    try await node.log.append(SharedEvent(envelope: Self.envelope("c", "\"\(payload)\""), isStored: true,
+                                                          retentionHours: nil, dedupKey: nil))
+                }
+            }
+            var batch: [(String, Task<SharedAppendOutcome, any Error>)] = []
+            let first = try await holder.client.transaction(logger: TestPostgres.logger) { connection in
+                try await connection.statement("SELECT last_tt FROM tether_sequencer WHERE id = 1 FOR UPDATE", logger: TestPostgres.logger)
+                let first = publish("first")
+                // The writer's statement (the reader raises the sequencer with another).
+                let held = try await eventually(within: 30) {
+                    try await connection.query("""
+                        SELECT count(*)::int FROM pg_stat_activity WHERE datname = current_database()
+                          AND query LIKE 'UPDATE tether_sequencer SET last_tt = GREATEST(last_tt + 1%' AND wait_event_type = 'Lock'
+                        """, logger: TestPostgres.logger).decode(Int.self).first(where: { _ in true }) == 1
+                }
+                #expect(held, "the writer never waited on the sequencer")
+                for payload in ["a", "b", "refused", "c", "d", "e"] { batch.append((payload, publish(payload))) }
+                #expect(await eventually(within: 30) { node.log.queuedWrites == 6 })
+                return first
+            }
+            _ = try await first.value
+            var stored: [String] = []
+            for (payload, task) in batch {
+                do {
+                    _ = try await task.value
+                    stored.append(payload)
+                } catch {
+                    #expect(payload == "refused", "\(payload) failed with its batch: \(error)")
+                }
+            }
+            #expect(stored == ["a", "b", "c", "d", "e"])
+            let history = try await node.log.history(subscribeKey: "k", channel: "c", start: nil, end: nil, count: 10, reverse: true)
+            #expect(history.map(\.payload) == ["\"first\"", "\"a\"", "\"b\"", "\"c\"", "\"d\"", "\"e\""])
+            await node.stop()
+            holder.close()
+        }
+    }
+
     /// A `COMMIT` whose answer never arrives (the connection to PostgreSQL is cut while it
     /// commits) may have committed: the publisher hears "outcome unknown" (504, "may be
     /// stored"), never "unavailable" (503, "not stored", which invites a retry that stores it
@@ -245,7 +305,8 @@ struct SharedLogTests {
                 let publish = Task { try await node.log.append(event) }
                 let committing = try await eventually(within: 30) {
                     let waiting = try await holder.query("""
-                        SELECT count(*)::int FROM pg_stat_activity WHERE query LIKE 'COMMIT%' AND wait_event_type = 'Lock'
+                        SELECT count(*)::int FROM pg_stat_activity WHERE datname = current_database()
+                          AND query LIKE 'COMMIT%' AND wait_event_type = 'Lock'
                         """, logger: TestPostgres.logger).decode(Int.self).first(where: { _ in true }) ?? 0
                     return waiting == 1
                 }

@@ -106,6 +106,8 @@ package final class SharedLog: Sendable {
     let metrics: ServerMetrics
     let clock: @Sendable () -> Timetoken
     private let queue: Mutex<StoreWriteQueue<Waiter>>
+    /// Writes queued and not yet taken by the writer (tests).
+    var queuedWrites: Int { queue.withLock { $0.queuedCount } }
     private let doorbell: AsyncStream<Void>
     private let doorbellContinuation: AsyncStream<Void>.Continuation
     /// Wakes the reader: a notification, the poll timer, or a local commit.
@@ -307,6 +309,16 @@ package final class SharedLog: Sendable {
               }
             })
         } catch {
+            if batch.count > 1, Self.refusesAWrite(error) {
+                // PostgreSQL refused something one write brought (a value it cannot store, a
+                // constraint, a trigger): the whole transaction rolled back. Each write is tried
+                // on its own, so only the one it refuses fails, not every write batched with it.
+                logger.warning("the shared database refused a write; writing its batch one by one",
+                               metadata: ["error": "\(Self.classify(error))", "batch": "\(batch.count)"])
+                queue.withLock { $0.unclaim(ids) }
+                for entry in batch { await write([entry]) }
+                return
+            }
             result = .failure(Self.classify(error))
         }
         let completion = queue.withLock { $0.finish(ids) }
@@ -337,24 +349,28 @@ package final class SharedLog: Sendable {
     private static func remembered(_ keys: [DedupKey], connection: PostgresConnection, logger: Logger) async throws
         -> [DedupKey: Int64]
     {
-        guard !keys.isEmpty else { return [:] }
         var found: [DedupKey: Int64] = [:]
-        var binds = PostgresBindings(capacity: keys.count * 3)
-        var tuples: [String] = []
-        for (index, key) in keys.enumerated() {
-            binds.append(key.subscribeKey)
-            binds.append(key.publisher)
-            binds.append(key.requestID)
-            tuples.append("($\(index * 3 + 1), $\(index * 3 + 2), $\(index * 3 + 3))")
-        }
-        let query = PostgresQuery(unsafeSQL: """
-            SELECT sub_key, publisher, request_id, tt FROM tether_publish_record
-            WHERE (sub_key, publisher, request_id) IN (\(tuples.joined(separator: ", ")))
-            """, binds: binds)
-        for try await (subscribeKey, publisher, requestID, tt) in try await connection.query(query, logger: logger)
-            .decode((String, String, String, Int64).self)
-        {
-            found[DedupKey(subscribeKey: subscribeKey, publisher: publisher, requestID: requestID)] = tt
+        // In chunks, as the events are inserted: a statement takes at most 65,535 parameters,
+        // and a batch can hold more request ids than a third of that.
+        for start in stride(from: 0, to: keys.count, by: 1000) {
+            let chunk = keys[start..<min(start + 1000, keys.count)]
+            var binds = PostgresBindings(capacity: chunk.count * 3)
+            var tuples: [String] = []
+            for (index, key) in chunk.enumerated() {
+                binds.append(key.subscribeKey)
+                binds.append(key.publisher)
+                binds.append(key.requestID)
+                tuples.append("($\(index * 3 + 1), $\(index * 3 + 2), $\(index * 3 + 3))")
+            }
+            let query = PostgresQuery(unsafeSQL: """
+                SELECT sub_key, publisher, request_id, tt FROM tether_publish_record
+                WHERE (sub_key, publisher, request_id) IN (\(tuples.joined(separator: ", ")))
+                """, binds: binds)
+            for try await (subscribeKey, publisher, requestID, tt) in try await connection.query(query, logger: logger)
+                .decode((String, String, String, Int64).self)
+            {
+                found[DedupKey(subscribeKey: subscribeKey, publisher: publisher, requestID: requestID)] = tt
+            }
         }
         return found
     }
@@ -586,6 +602,18 @@ package final class SharedLog: Sendable {
 
     private func note(_ error: StoreError) {
         lastError.withLock { $0 = (error.description, .now) }
+    }
+
+    /// Whether PostgreSQL refused what a write in the batch brought, rather than failing the
+    /// transaction as a whole: an error in its body of class 22 (data exception: a NUL in text,
+    /// a value out of range), 23 (integrity constraint), 54 (a program limit, as a row too large
+    /// to index) or P0 (raised by a trigger or function).
+    static func refusesAWrite(_ error: any Error) -> Bool {
+        guard let error = error as? SharedTransactionError, error.step == .body,
+              let cause = error.cause as? PSQLError, cause.code == .server,
+              let state = cause.serverInfo?[.sqlState]
+        else { return false }
+        return ["22", "23", "54", "P0"].contains(String(state.prefix(2)))
     }
 
     /// Maps a PostgresNIO error to the store's codes: a connection that cannot be made or was

@@ -20,11 +20,24 @@ struct GrantRequest {
         ttlMinutes = try wire.integer("ttl", in: ParameterBounds.grantTTLMinutes) ?? 1440
         permissions = Permissions(r: wire.bool("r"), w: wire.bool("w"), m: wire.bool("m"), d: wire.bool("d"),
                                   g: wire.bool("g"), u: wire.bool("u"), j: wire.bool("j"))
-        targets = wire.queryNames("channel").map { .channel($0) } + wire.queryNames("channel-group").map { .group($0) }
-            + wire.queryNames("target-uuid").map { .uuid($0) }
+        let names = try ["channel", "channel-group", "target-uuid", "auth"].map { (name) throws(ParameterError) in
+            try Self.names(name, wire)
+        }
+        targets = names[0].map { .channel($0) } + names[1].map { .group($0) } + names[2].map { .uuid($0) }
         if targets.isEmpty { targets = [.keyset] }
-        let auths = wire.queryNames("auth")
-        authKeys = auths.isEmpty ? [nil] : auths.map { $0 }
+        authKeys = names[3].isEmpty ? [nil] : names[3].map { $0 }
+    }
+
+    /// The names a grant parameter lists. A grant is kept (in a cluster, in PostgreSQL, whose
+    /// text cannot hold a NUL), so a name that is empty or holds a control character is refused
+    /// here with 400 instead of failing in the store — in a cluster, with every publish its
+    /// write was batched with.
+    private static func names(_ parameter: String, _ wire: WireRequest) throws(ParameterError) -> [String] {
+        let names = wire.queryNames(parameter)
+        for name in names where name.isEmpty || name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
+            throw ParameterError(name: parameter, expected: "names without control characters, separated by commas")
+        }
+        return names
     }
 
     /// One grant row per target and auth key.
