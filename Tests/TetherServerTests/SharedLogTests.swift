@@ -241,9 +241,10 @@ struct SharedLogTests {
             let first = try await holder.client.transaction(logger: TestPostgres.logger) { connection in
                 try await connection.statement("SELECT last_tt FROM tether_sequencer WHERE id = 1 FOR UPDATE", logger: TestPostgres.logger)
                 let first = publish("first")
-                // The writer's statement (the reader raises the sequencer with another).
+                // The writer's statement (the reader raises the sequencer with another), seen
+                // from another connection: within a transaction pg_stat_activity is a snapshot.
                 let held = try await eventually(within: 30) {
-                    try await connection.query("""
+                    try await holder.client.query("""
                         SELECT count(*)::int FROM pg_stat_activity WHERE datname = current_database()
                           AND query LIKE 'UPDATE tether_sequencer SET last_tt = GREATEST(last_tt + 1%' AND wait_event_type = 'Lock'
                         """, logger: TestPostgres.logger).decode(Int.self).first(where: { _ in true }) == 1
@@ -264,8 +265,11 @@ struct SharedLogTests {
                 }
             }
             #expect(stored == ["a", "b", "c", "d", "e"])
+            // In the order they were queued, which the tasks decide: compared as a set.
             let history = try await node.log.history(subscribeKey: "k", channel: "c", start: nil, end: nil, count: 10, reverse: true)
-            #expect(history.map(\.payload) == ["\"first\"", "\"a\"", "\"b\"", "\"c\"", "\"d\"", "\"e\""])
+            #expect(history.first?.payload == "\"first\"")
+            #expect(Set(history.dropFirst().map(\.payload)) == ["\"a\"", "\"b\"", "\"c\"", "\"d\"", "\"e\""])
+            #expect(history.count == 6)
             await node.stop()
             holder.close()
         }
@@ -328,8 +332,12 @@ struct SharedLogTests {
                 return !history.isEmpty
             }
             #expect(history.map(\.payload) == ["\"held\""])
-            let repeated = try await node.log.append(event)
+            // Repeated on another node (the proxied one's pool is still replacing the
+            // connections the proxy reset, which is not what this test is about).
+            let other = RunningLog(try await TestPostgres.open(url))
+            let repeated = try await other.log.append(event)
             #expect(repeated == .repeated(history.first?.timetoken ?? Timetoken(0)))
+            await other.stop()
             await node.stop()
             direct.close()
             await proxy.stop()

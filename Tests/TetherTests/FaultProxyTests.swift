@@ -65,6 +65,9 @@ struct FaultProxyTests {
         try await withServerAndProxy { _, proxy in
             try await proxy.apply(.blackhole)
             let request = Task { try await get(proxy.origin, "/time/0") }
+            // Connected first (awaited, not assumed: on a loaded machine the connect alone can
+            // take longer than the window below).
+            #expect(await eventually { proxy.counters.open == 1 }, "the client never connected")
             // The observation window of a socket-level fault: nothing may reach the upstream
             // within it. Real time is the thing under test here (see the suite's note).
             try await Task.sleep(for: .milliseconds(400))
