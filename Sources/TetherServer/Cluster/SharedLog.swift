@@ -648,7 +648,7 @@ package final class SharedLog: Sendable {
 }
 
 /// Lets exactly one of two racers answer a continuation.
-private final class AnswerOnce: Sendable {
+final class AnswerOnce: Sendable {
     private let answered = Mutex(false)
 
     /// `true` for the first caller only.

@@ -64,7 +64,7 @@ extension PostgresConnection {
         _ body: (PostgresConnection) async throws -> sending Result
     ) async throws -> sending Result {
         do {
-            try await statement("BEGIN", logger: logger)
+            try await begin(logger: logger)
         } catch {
             throw SharedTransactionError(step: .begin, cause: error)
         }
@@ -85,5 +85,39 @@ extension PostgresConnection {
         }
         guard tag == "COMMIT" else { throw SharedTransactionError(step: .commit, cause: RolledBackAtCommit()) }
         return value
+    }
+}
+
+/// `BEGIN` had no answer within ``PostgresConnection/beginLimit``.
+struct BeginTimedOut: Error, CustomStringConvertible {
+    var description: String { "BEGIN had no answer within \(PostgresConnection.beginLimit); the connection was closed" }
+}
+
+extension PostgresConnection {
+    /// How long `BEGIN` may wait for its answer. It does no work, so only a connection that is
+    /// already dead takes longer: PostgresNIO's pool can lease a connection whose socket has just
+    /// failed, and a statement sent on it is never answered, not even with an error (seen when
+    /// every connection of a node is reset at once). Without a limit the writer waited for its
+    /// watchdog (twice the write timeout), and every publish of the node failed meanwhile.
+    static let beginLimit: Duration = .seconds(2)
+
+    /// Sends `BEGIN`; after ``beginLimit`` without an answer, closes the connection and throws
+    /// ``BeginTimedOut`` (nothing was written: the transaction never began).
+    fileprivate func begin(logger: Logger) async throws {
+        let once = AnswerOnce()
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            let timer = Task {
+                do { try await Task.sleep(for: Self.beginLimit) } catch { return }
+                guard once.claim() else { return }
+                continuation.resume(throwing: BeginTimedOut())
+                try? await self.close()
+            }
+            Task {
+                let result: Result<Void, any Error>
+                do { result = .success(try await self.statement("BEGIN", logger: logger)) } catch { result = .failure(error) }
+                timer.cancel()
+                if once.claim() { continuation.resume(with: result) }
+            }
+        }
     }
 }
