@@ -68,8 +68,13 @@ enum JSONTreeBuilder: JSONBuilder {
 struct JSONScanner<Builder: JSONBuilder> {
     let bytes: [UInt8]
     var index = 0
+    /// The deepest nesting accepted (``JSONText/maximumDepth`` unless a caller asks for less).
+    let depthLimit: Int
 
-    init(bytes: [UInt8]) { self.bytes = bytes }
+    init(bytes: [UInt8], depthLimit: Int = JSONText.maximumDepth) {
+        self.bytes = bytes
+        self.depthLimit = min(depthLimit, JSONText.maximumDepth)
+    }
 
     /// One value surrounded by optional whitespace, and nothing after it.
     mutating func document() throws(JSONText.Invalid) -> Builder.Value {
@@ -121,7 +126,7 @@ struct JSONScanner<Builder: JSONBuilder> {
     }
 
     private mutating func object(depth: Int) throws(JSONText.Invalid) -> Builder.Value {
-        guard depth <= JSONText.maximumDepth else { throw fail("nesting deeper than \(JSONText.maximumDepth)") }
+        guard depth <= depthLimit else { throw fail("nesting deeper than \(depthLimit)") }
         index += 1
         var members = Builder.emptyMembers()
         skipWhitespace()
@@ -152,7 +157,7 @@ struct JSONScanner<Builder: JSONBuilder> {
     }
 
     private mutating func array(depth: Int) throws(JSONText.Invalid) -> Builder.Value {
-        guard depth <= JSONText.maximumDepth else { throw fail("nesting deeper than \(JSONText.maximumDepth)") }
+        guard depth <= depthLimit else { throw fail("nesting deeper than \(depthLimit)") }
         index += 1
         var items = Builder.emptyItems()
         skipWhitespace()

@@ -28,20 +28,31 @@ public enum JSONText {
         public var reason: String
         /// A message for humans.
         public var description: String { "invalid JSON at byte \(offset): \(reason)" }
+
+        /// Whether the text was refused for nesting deeper than the limit (it may be valid JSON).
+        package var isTooDeep: Bool { reason.hasPrefix("nesting deeper than") }
     }
 
     /// The deepest nesting of arrays and objects accepted.
     package static let maximumDepth = 64
 
-    /// Validates `bytes` as one JSON value surrounded by optional whitespace.
+    /// The deepest nesting a value the server keeps and hands out again may have: a message,
+    /// its meta, presence state. Every answer that carries such a value wraps it in at most 16
+    /// levels of its own (a subscribe envelope 3, a WebSocket frame 3, history 4, a presence event 4,
+    /// here-now with state 6), so the answer still parses within ``maximumDepth``. A value that
+    /// parsed alone but not inside its envelope would stop delivery on its subscription.
+    package static let maximumValueDepth = 48
+
+    /// Validates `bytes` as one JSON value surrounded by optional whitespace, nested at most
+    /// `maximumDepth` deep (never more than ``maximumDepth``).
     /// - Returns: the kind of the top-level value.
-    package static func validate(_ bytes: some Collection<UInt8>) throws(Invalid) -> Kind {
-        var scanner = JSONScanner<JSONKindBuilder>(bytes: Array(bytes))
+    package static func validate(_ bytes: some Collection<UInt8>, maximumDepth: Int = maximumDepth) throws(Invalid) -> Kind {
+        var scanner = JSONScanner<JSONKindBuilder>(bytes: Array(bytes), depthLimit: maximumDepth)
         return try scanner.document()
     }
 
-    /// Validates a string as JSON text.
-    package static func validate(_ text: String) throws(Invalid) -> Kind {
-        try validate(Array(text.utf8))
+    /// Validates a string as JSON text (see ``validate(_:maximumDepth:)-(Collection<UInt8>,_)``).
+    package static func validate(_ text: String, maximumDepth: Int = maximumDepth) throws(Invalid) -> Kind {
+        try validate(Array(text.utf8), maximumDepth: maximumDepth)
     }
 }

@@ -43,6 +43,39 @@ import TetherServer
         await server.stop()
     }
 
+    /// A message nests at most `JSONText.maximumValueDepth` deep, so every answer that carries
+    /// it (a subscribe envelope, history, a presence state in here-now) still parses within the
+    /// reader's own limit (`JSONText.maximumDepth`, which the SDK reads with). Deeper, it was
+    /// stored and then made every subscribe answer of its channel unreadable.
+    @Test func aMessageNestsNoDeeperThanItsAnswersCanBeRead() async throws {
+        let server = try await TestServer.start()
+        let depth = JSONText.maximumValueDepth
+        let deepest = String(repeating: "[", count: depth) + String(repeating: "]", count: depth)
+        let cursor = try await server.handshake("deep")
+        let published = try await server.send("/publish/demo/demo/0/deep/0?uuid=tester", method: .POST, body: Array(deepest.utf8))
+        #expect(published.status == 200, "\(published.body)")
+        let tooDeep = "[" + deepest + "]"
+        let refused = try await server.send("/publish/demo/demo/0/deep/0?uuid=tester", method: .POST, body: Array(tooDeep.utf8))
+        #expect(refused.status == 400)
+        #expect(refused.body.contains("Invalid JSON: nested deeper than \(depth) levels"), "\(refused.body)")
+        let meta = try await server.get("/publish/demo/demo/0/deep/0/1?uuid=tester&meta=\(PercentCoding.encode("{\"a\":" + deepest + "}"))")
+        #expect(meta.status == 400, "\(meta.body)")
+        let page = try await server.get("/v2/subscribe/demo/deep/0?tt=\(cursor.rawValue)&tr=1&uuid=tester")
+        #expect(page.status == 200)
+        let parsed = try JSONValue(parsing: Array(page.body.utf8))
+        #expect(parsed["m"]?.arrayValue?.count == 1)
+        let history = try await server.get("/v3/history/sub-key/demo/channel/deep?include_meta=true")
+        #expect((try? JSONValue(parsing: Array(history.body.utf8))) != nil, "\(history.body.prefix(200))")
+        // Presence state: kept and handed out in here-now, inside six levels of its own.
+        let state = "{\"s\":" + String(repeating: "[", count: depth - 1) + String(repeating: "]", count: depth - 1) + "}"
+        let stateURL = "/v2/presence/sub-key/demo/channel/deep/uuid/tester/data?uuid=tester&state="
+        #expect(try await server.get(stateURL + PercentCoding.encode(state)).status == 200)
+        #expect(try await server.get(stateURL + PercentCoding.encode("{\"t\":" + state + "}")).status == 400)
+        let hereNow = try await server.get("/v2/presence/sub-key/demo/channel/deep?state=1&uuid=tester")
+        #expect((try? JSONValue(parsing: Array(hereNow.body.utf8))) != nil, "\(hereNow.body.prefix(200))")
+        await server.stop()
+    }
+
     @Test func publishByPostAcceptsGzipZlibAndPlainBodies() async throws {
         let server = try await TestServer.start()
         let message = Array(#"{"text":"compressed"}"#.utf8)

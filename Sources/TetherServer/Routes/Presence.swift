@@ -118,7 +118,12 @@ extension TetherResponder {
             guard let text = wire.query["state"], !text.isEmpty else {
                 return Reply.json(.badRequest, #"{"status":400,"error":1,"message":"No state specified.","service":"Presence"}"#)
             }
-            guard (try? JSONText.validate(text)) == .object else {
+            switch Result(catching: { () throws(JSONText.Invalid) in try JSONText.validate(text, maximumDepth: JSONText.maximumValueDepth) }) {
+            case .success(.object):
+                break
+            case .failure(let error) where error.isTooDeep:
+                return Reply.error(.badRequest, service: "Presence", "Invalid state: nested deeper than \(JSONText.maximumValueDepth) levels")
+            default:
                 return Reply.error(.badRequest, service: "Presence", "Invalid state: expected a JSON object")
             }
             try await state.presence.setState(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, state: text)

@@ -81,8 +81,13 @@ struct PublishRequest {
     /// ``Refusal`` or, for a malformed number, `ParameterError`.
     init(_ target: Target, message messageBytes: [UInt8], _ wire: WireRequest) throws {
         let limits = target.limits
-        guard String(validating: messageBytes, as: UTF8.self) != nil, (try? JSONText.validate(messageBytes)) != nil else {
-            throw target.refuse(.badRequest, "Invalid JSON")
+        guard String(validating: messageBytes, as: UTF8.self) != nil else { throw target.refuse(.badRequest, "Invalid JSON") }
+        // At most as deep as a kept value: it is delivered inside envelopes that add levels of
+        // their own, and deeper it would be stored and then break every answer that carries it.
+        do {
+            _ = try JSONText.validate(messageBytes, maximumDepth: JSONText.maximumValueDepth)
+        } catch {
+            throw target.refuse(.badRequest, error.isTooDeep ? "Invalid JSON: nested deeper than \(JSONText.maximumValueDepth) levels" : "Invalid JSON")
         }
         payload = String(decoding: messageBytes, as: UTF8.self)
         switch target.kind {
@@ -98,8 +103,13 @@ struct PublishRequest {
         // `meta=null` is what PubNub SDKs send for no meta on publish-file (PubNub accepts it);
         // on a plain publish it stays a bad meta (docs/protocol.md).
         if let text = wire.query["meta"], !text.isEmpty, !(text == "null" && target.kind == .file) {
-            guard (try? JSONText.validate(text)) == .object else {
-                throw target.refuse(.badRequest, "Invalid meta: must be a JSON object")
+            do {
+                guard try JSONText.validate(text, maximumDepth: JSONText.maximumValueDepth) == .object else {
+                    throw target.refuse(.badRequest, "Invalid meta: must be a JSON object")
+                }
+            } catch let error as JSONText.Invalid {
+                throw target.refuse(.badRequest, error.isTooDeep ? "Invalid meta: nested deeper than \(JSONText.maximumValueDepth) levels"
+                                                                 : "Invalid meta: must be a JSON object")
             }
             meta = text
         }
