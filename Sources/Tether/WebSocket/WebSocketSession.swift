@@ -735,8 +735,14 @@ final class WebSocketSession: Sendable {
             case .text(let text):
                 let frame: SessionFrame.Server
                 do { frame = try SessionFrame.read(text) } catch {
-                    logger.debug("websocket frame ignored", metadata: ["reason": "\(error)"])
-                    continue
+                    // A frame of an unknown type reads as `.unknown` and is passed over; this one
+                    // could not be read at all, and may have carried messages. Skipping it would
+                    // lose them behind a cursor the next frame moves on, so the socket is closed
+                    // (1002, protocol error) and the session resumes from the last cursor read.
+                    logger.warning("websocket frame unreadable; reconnecting from the last cursor", metadata: ["reason": "\(error)"])
+                    await link.close(code: 1002)
+                    closed(generation: generation, code: 1002, reason: "the server sent a frame the client cannot read (\(error))")
+                    return
                 }
                 let now = clock.now()
                 switch frame {
