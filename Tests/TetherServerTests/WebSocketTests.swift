@@ -228,6 +228,35 @@ import TetherTestingServer
         await server.stop()
     }
 
+    /// A session whose socket dropped before its first `subscribe` reached the server (or whose
+    /// subscribe was refused) is resumed with the cursor the client held: the first `subscribe`
+    /// after the resume starts there even without a cursor of its own, so what was published
+    /// in between is delivered, not skipped.
+    @Test func aResumeBeforeTheFirstSubscribeKeepsItsCursor() async throws {
+        let server = try await Self.start()
+        let rest = TestServer(inProcess: server)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        let welcome = try #require(await client.frame())
+        let token = try #require(welcome["resumeToken"]?.stringValue)
+        let cursor = try #require(welcome["cursor"]?.stringValue)
+        client.drop()
+        _ = await client.closeCode()
+        #expect(await eventually { server.server.webSocketCounts.kept == 1 })
+        var published: [String] = []
+        for i in 0..<3 { published.append(String(try await rest.publish("chat", "\(i)").rawValue)) }
+
+        let again = WebSocketTestClient(baseURL: server.baseURL)
+        again.send(Self.hello(resume: (token, cursor)))
+        let resumed = try #require(await again.frame())
+        #expect(resumed["resumed"] == .bool(true))
+        again.send(.object(["type": "subscribe", "channels": ["chat"]]))
+        #expect(await Self.envelopes(again, count: 3).map(\.tt) == published)
+        await again.close()
+        await client.close()
+        await server.stop()
+    }
+
     @Test func aResumeTakesTheSessionOverAndAForeignTokenIsUnknown() async throws {
         let server = try await Self.start()
         let (first, welcome, _) = try await Self.session(server)

@@ -104,6 +104,28 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
+    /// A resumed session the server holds without a subscription (the first `subscribe` was
+    /// refused or lost with the socket) is subscribed with the client's cursor, so the server
+    /// starts there, not at its current cursor.
+    @Test func aResumedSessionWithoutASubscriptionIsSubscribedWithTheCursor() async throws {
+        let (client, socket, clock) = try makeSocketClient()
+        var events = client.connectionEvents().makeAsyncIterator()
+        let subscription = client.subscribe(to: ["a"])[0]
+        var messages = subscription.messages.makeAsyncIterator()
+        let peer = try await openSession(socket, token: "tok", cursor: 100)
+        peer.send(server: messagesFrame(cursor: 101, envelopes: [envelope("a", 101, #""one""#)]))
+        #expect(await messages.next()?.payload == "one")
+        peer.close(server: nil)
+        #expect(await events.next() == .reconnectStarted)
+        await clock.advanceToSleeper(after: .seconds(2))
+        let second = try #require(await socket.nextAttempt()).accept()
+        _ = try frame(await second.receive())
+        second.send(server: welcome(token: "tok", resumed: true, cursor: 105, channels: []))
+        let subscribe = try frame(await second.receive())
+        #expect(subscribe["type"] == "subscribe" && subscribe["channels"] == ["a"] && subscribe["cursor"] == "101")
+        await client.shutdown()
+    }
+
     @Test func aDrainNoticeIsHonouredBeforeReconnecting() async throws {
         let (client, socket, clock) = try makeSocketClient()
         var events = client.connectionEvents().makeAsyncIterator()

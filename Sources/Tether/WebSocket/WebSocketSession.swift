@@ -499,7 +499,12 @@ final class WebSocketSession: Sendable {
         let removedChannels = serverChannels.filter { !channels.contains($0) }
         let removedGroups = serverGroups.filter { !groups.contains($0) }
         if !addedChannels.isEmpty || !addedGroups.isEmpty {
-            try await send(SessionFrame.subscribe(channels: addedChannels, groups: addedGroups, cursor: nil, filter: nil), generation: generation)
+            // With the cursor the client holds: a server ignores it on a session that has
+            // subscribed before, and starts there on a resumed one that never did (its first
+            // subscribe refused or lost), instead of at its current cursor.
+            let cursor = state.withLock { $0.expected }
+            try await send(SessionFrame.subscribe(channels: addedChannels, groups: addedGroups, cursor: cursor, filter: nil),
+                           generation: generation)
         }
         if !removedChannels.isEmpty || !removedGroups.isEmpty {
             try await send(SessionFrame.unsubscribe(channels: removedChannels, groups: removedGroups), generation: generation)

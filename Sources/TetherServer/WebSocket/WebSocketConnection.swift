@@ -241,7 +241,9 @@ final class WebSocketConnection: Sendable {
                     $0.markReplayEnd = true
                 }
                 let resumed = sessions.update(session) { s in
-                    if let cursor = hello.resumeCursor, s.hasSubscribed { s.cursor = min(cursor, current) }
+                    if let cursor = hello.resumeCursor {
+                        if s.hasSubscribed { s.cursor = min(cursor, current) } else { s.resumedCursor = min(cursor, current) }
+                    }
                     s.auth = hello.auth
                     if hello.publishKey != nil { s.publishKey = hello.publishKey }
                 } ?? kept
@@ -349,7 +351,8 @@ final class WebSocketConnection: Sendable {
             s.states.merge(request.states) { _, new in new }
             if !s.hasSubscribed, !(addedChannels.isEmpty && addedGroups.isEmpty) {
                 s.hasSubscribed = true
-                s.cursor = min(request.cursor ?? now, now)
+                s.cursor = min(request.cursor ?? s.resumedCursor ?? now, now)
+                s.resumedCursor = nil
             }
         }) else { return true }
         // Presence: the session's uuid joins the names it added (the session is one occupant).

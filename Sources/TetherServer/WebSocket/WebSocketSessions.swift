@@ -20,6 +20,10 @@ struct SessionState: Sendable {
     /// The last cursor delivered (zero before the first `subscribe`).
     var cursor: Timetoken = .zero
     var hasSubscribed = false
+    /// The cursor a `hello` resumed with before the session's first `subscribe` (a subscribe the
+    /// server refused, or one lost with the socket): the first `subscribe` without a cursor of
+    /// its own starts there, not at the current cursor, so nothing after it is skipped.
+    var resumedCursor: Timetoken?
     /// Suspended with `presence: false`: the uuid left; it joins again when the session resumes.
     var presenceSuspended = false
 
