@@ -337,12 +337,15 @@ actor OutboxDriver {
         case .sent(let timetoken):
             return .success(PublishResult(timetoken: timetoken, requestId: header?.requestID, isRepeat: repeats.contains(id)))
         case .failed(let category):
-            if let status = lastStatus[id] { return .failure(TetherError(status)) }
-            return .failure(TetherError(Status(category: category, operation: operation, serverMessage: "the message failed: \(category)",
-                                               affectedChannels: header.map { [$0.channel] } ?? [])))
+            var status = lastStatus[id] ?? Status(category: category, operation: operation, serverMessage: "the message failed: \(category)",
+                                                  affectedChannels: header.map { [$0.channel] } ?? [])
+            status.requestId = header?.requestID  // to send it again without storing it twice
+            return .failure(TetherError(status))
         case .cancelled, .pending, .sending:
-            return .failure(TetherError(Status(category: .cancelled, operation: operation, serverMessage: "the message was cancelled",
-                                               affectedChannels: header.map { [$0.channel] } ?? [])))
+            var status = Status(category: .cancelled, operation: operation, serverMessage: "the message was cancelled",
+                                affectedChannels: header.map { [$0.channel] } ?? [])
+            status.requestId = header?.requestID
+            return .failure(TetherError(status))
         }
     }
 

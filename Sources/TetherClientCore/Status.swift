@@ -75,6 +75,12 @@ public struct Status: Sendable, CustomStringConvertible {
     /// How long the server asked the client to wait before trying again (`Retry-After` on a 429
     /// or 503), when it said. The subscribe engine never retries sooner than this.
     public var retryAfter: Duration?
+    /// The request id of the publish or signal that failed or was cancelled (the one set in
+    /// `PublishOptions.requestId`, or the one the outbox made), `nil` for other operations.
+    /// A failed send may still have been stored (its answer was lost, or the server answered
+    /// 504 "may be stored"): to send the message again, publish it with this request id, and
+    /// the server answers with the original timetoken instead of storing it twice.
+    public var requestId: String?
     /// The origin (node) the failed request went to, when it got that far: the failover
     /// decisions compare it with the origin in use (``OriginSelector``).
     package var origin: String?

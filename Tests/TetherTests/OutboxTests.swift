@@ -74,6 +74,36 @@ struct OutboxStepTests {
         await client.shutdown()
     }
 
+    /// A send that gave up after answers that leave its outcome open (504 "may be stored") says
+    /// which request id it used: publishing again with it is answered with the original
+    /// timetoken if the first was stored, never stored twice.
+    @Test func aSendThatGaveUpNamesItsRequestIdToSendAgainSafely() async throws {
+        let (client, transport, clock) = try makeOutboxClient {
+            $0.outbox.retry = RetryConfiguration(policy: .exponential(minimumDelay: .seconds(2), maximumDelay: .seconds(2), maximumRetries: 1),
+                                                 jitter: .zero ... .zero)
+        }
+        let publish = Task { try await client.publish(channel: "a", message: "x") }
+        let first = try #require(await transport.next(path: "/publish"))
+        let requestID = try #require(first.query["requestid"])
+        let mayBeStored = #"[0,"Gateway Timeout: the store write timed out while committing; the message may be stored","17000000000000000"]"#
+        first.respond(status: 504, json: mayBeStored)
+        await clock.advanceToSleeper(after: .seconds(2))
+        let second = try #require(await transport.next(path: "/publish"))
+        #expect(second.query["requestid"] == requestID)
+        second.respond(status: 504, json: mayBeStored)
+        let status = await failure { try await publish.value }
+        #expect(status?.statusCode == 504)
+        #expect(status?.requestId == requestID)
+
+        // Sent again with it: the server's answer for a repeat, one message.
+        let again = Task { try await client.publish(channel: "a", message: "x", options: PublishOptions(requestId: status?.requestId)) }
+        let third = try #require(await transport.next(path: "/publish"))
+        #expect(third.query["requestid"] == requestID)
+        third.respond(json: #"[1,"Sent","17000000000000001"]"#, headers: ["tether-duplicate": "1"])
+        #expect(try await again.value.isRepeat)
+        await client.shutdown()
+    }
+
     @Test(arguments: [(403, StatusCategory.accessDenied), (400, .badRequest), (413, .badRequest)])
     func answersThatCannotChangeFailAtOnce(code: Int, category: StatusCategory) async throws {
         let (client, transport, clock) = try makeOutboxClient()
@@ -83,6 +113,7 @@ struct OutboxStepTests {
         let status = await failure { try await publish.value }
         #expect(status?.category == category)
         #expect(status?.statusCode == code)
+        #expect(status?.requestId == exchange.query["requestid"])
         #expect(clock.sleepers.isEmpty, "no retry is scheduled")
         #expect(transport.requests.count == 1)
         // `publish` returned the failure: the message has left the outbox.
