@@ -124,6 +124,17 @@ struct LongPollLoopTests {
         #expect(h.loop.cursor.timetoken == Timetoken(600))
     }
 
+    /// History holds stored messages only: the held response's signals and `store=0` messages
+    /// older than the newest backfilled message are delivered too, in timetoken order, not
+    /// dropped behind the watermark the backfill raised.
+    @Test func aBackfillNeverHidesTheHeldResponsesUnstoredEvents() {
+        var h = LoopHarness(from: 110, catchUp: CatchUpPlanner(channels: ["a"], resumedFrom: Timetoken(110), upTo: Timetoken(1000)))
+        h.answer(500, [event("a", 450), event("a", 500)], gaps: [RetentionGap(channel: "a", from: Timetoken(110), through: Timetoken(400))])
+        h.backfilled([event("a", 300), event("a", 500)])
+        #expect(h.delivered == [300, 450, 500])
+        #expect(h.loop.cursor.timetoken == Timetoken(500))
+    }
+
     @Test func noBackfillWhenThePolicySaysNever() {
         var h = LoopHarness(from: 110, .init(backfill: .never))
         h.answer(600, [event("a", 600)], gaps: [RetentionGap(channel: "a", from: Timetoken(110), through: Timetoken(400))])

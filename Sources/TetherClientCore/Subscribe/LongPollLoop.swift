@@ -107,8 +107,15 @@ package struct LongPollLoop: Sendable {
         switch state {
         case .backfilling(let current, let held) where current == id:
             let sorted = events.sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
+            // Merged with the held response in timetoken order: history holds stored messages
+            // only, and delivering it first would raise each channel's watermark above the
+            // held response's signals, `store=0` messages and actions, which would then be
+            // dropped as already delivered. An event in both is delivered once.
+            let backfilled = Set(sorted.map { EventKey(channel: $0.channel, timetoken: $0.timetoken) })
+            let live = (held?.events ?? []).filter { !backfilled.contains(EventKey(channel: $0.channel, timetoken: $0.timetoken)) }
+            let merged = (sorted + live).sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
             var actions: [ReceiveAction] = []
-            let fresh = watermarks.fresh(sorted)
+            let fresh = watermarks.fresh(merged)
             if !fresh.isEmpty {
                 actions.append(.deliver(fresh))
                 actions += Self.decryptionFailures(fresh)
@@ -122,6 +129,12 @@ package struct LongPollLoop: Sendable {
         case .polling, .backfilling:
             return []
         }
+    }
+
+    /// One event's identity across history and a subscribe response.
+    private struct EventKey: Hashable {
+        var channel: String
+        var timetoken: Timetoken
     }
 
     private mutating func poll(ids: inout SubscribeMachine.RequestIDs) -> [ReceiveAction] {
