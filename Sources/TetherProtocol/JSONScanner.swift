@@ -126,7 +126,7 @@ struct JSONScanner<Builder: JSONBuilder> {
     }
 
     private mutating func object(depth: Int) throws(JSONText.Invalid) -> Builder.Value {
-        guard depth <= depthLimit else { throw fail("nesting deeper than \(depthLimit)") }
+        guard depth <= depthLimit else { throw fail("\(JSONText.Invalid.tooDeep) \(depthLimit)") }
         index += 1
         var members = Builder.emptyMembers()
         skipWhitespace()
@@ -157,7 +157,7 @@ struct JSONScanner<Builder: JSONBuilder> {
     }
 
     private mutating func array(depth: Int) throws(JSONText.Invalid) -> Builder.Value {
-        guard depth <= depthLimit else { throw fail("nesting deeper than \(depthLimit)") }
+        guard depth <= depthLimit else { throw fail("\(JSONText.Invalid.tooDeep) \(depthLimit)") }
         index += 1
         var items = Builder.emptyItems()
         skipWhitespace()

@@ -29,8 +29,11 @@ public enum JSONText {
         /// A message for humans.
         public var description: String { "invalid JSON at byte \(offset): \(reason)" }
 
+        /// How the reason for nesting deeper than the limit begins (the limit follows).
+        package static let tooDeep = "nesting deeper than"
+
         /// Whether the text was refused for nesting deeper than the limit (it may be valid JSON).
-        package var isTooDeep: Bool { reason.hasPrefix("nesting deeper than") }
+        package var isTooDeep: Bool { reason.hasPrefix(Self.tooDeep) }
     }
 
     /// The deepest nesting of arrays and objects accepted.

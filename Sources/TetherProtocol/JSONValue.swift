@@ -107,6 +107,15 @@ public enum JSONValue: Sendable, Hashable {
     public var arrayValue: [JSONValue]? { if case .array(let value) = self { value } else { nil } }
     /// The members, if this is an object.
     public var objectValue: [String: JSONValue]? { if case .object(let value) = self { value } else { nil } }
+    /// How deeply arrays and objects nest in this value (0 for a scalar, 1 for `[]` or `{}`).
+    package var nestingDepth: Int {
+        switch self {
+        case .array(let items): 1 + (items.lazy.map(\.nestingDepth).max() ?? 0)
+        case .object(let members): 1 + (members.values.lazy.map(\.nestingDepth).max() ?? 0)
+        default: 0
+        }
+    }
+
     /// Whether this is `null`.
     public var isNull: Bool { if case .null = self { true } else { false } }
 

@@ -163,19 +163,10 @@ private final class LocalUpload: FileStorageUpload {
         }
         // The new name is durable only once its directory is synced: without it a power loss
         // can leave the file's data on disk and no name for it, after the upload was answered.
-        do {
-            try Self.syncDirectory(destination.deletingLastPathComponent().path)
-        } catch {
+        if let (_, code) = fsyncDirectory(atPath: destination.deletingLastPathComponent().path) {
             try? FileManager.default.removeItem(at: destination)
-            throw error
+            throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO)
         }
-    }
-
-    private static func syncDirectory(_ path: String) throws {
-        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-        defer { _ = close(fd) }
-        guard fsync(fd) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
     }
 
     func abort() {

@@ -97,10 +97,9 @@ final class WALSync: Sendable {
     }
 
     private static func syncDirectory(_ path: String) throws(StoreError) {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw failure("open", path) }
-        defer { _ = close(fd) }
-        guard fsync(fd) == 0 else { throw failure("fsync", path) }
+        if let (call, code) = fsyncDirectory(atPath: path) {
+            throw StoreError(.failed, "\(call) of \(path) failed: \(String(cString: strerror(code))) (errno \(code))")
+        }
     }
 
     private static func dataSync(_ fd: Int32) -> Int32 {
@@ -115,6 +114,16 @@ final class WALSync: Sendable {
         let code = errno
         return StoreError(.failed, "\(call) of \(path) failed: \(String(cString: strerror(code))) (errno \(code))")
     }
+}
+
+/// Syncs the directory at `path`, so a file created or renamed in it keeps its name after a power
+/// loss. `nil` when done, otherwise the call that failed and its `errno`.
+func fsyncDirectory(atPath path: String) -> (call: String, errno: Int32)? {
+    let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    guard fd >= 0 else { return ("open", errno) }
+    defer { _ = close(fd) }
+    guard fsync(fd) == 0 else { return ("fsync", errno) }
+    return nil
 }
 
 /// A file's device and inode, read without asking for its times where the system allows it.

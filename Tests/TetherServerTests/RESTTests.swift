@@ -72,7 +72,8 @@ import TetherServer
         #expect(try await server.get(stateURL + PercentCoding.encode(state)).status == 200)
         #expect(try await server.get(stateURL + PercentCoding.encode("{\"t\":" + state + "}")).status == 400)
         let hereNow = try await server.get("/v2/presence/sub-key/demo/channel/deep?state=1&uuid=tester")
-        #expect((try? JSONValue(parsing: Array(hereNow.body.utf8))) != nil, "\(hereNow.body.prefix(200))")
+        let occupants = try JSONValue(parsing: Array(hereNow.body.utf8))["uuids"]?.arrayValue ?? []
+        #expect(occupants.first?["state"]?["s"]?.nestingDepth == depth - 1, "\(hereNow.body.prefix(200))")
         await server.stop()
     }
 

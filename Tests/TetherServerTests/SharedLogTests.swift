@@ -211,8 +211,8 @@ struct SharedLogTests {
         }
     }
 
-    /// One write PostgreSQL refuses fails alone: the writer tries a refused batch's writes one
-    /// by one, so the publishes batched with it are stored and answered as usual. The writer is
+    /// One write PostgreSQL refuses fails alone: the writer writes a refused batch again in
+    /// halves, so the publishes batched with it are stored and answered as usual. The writer is
     /// held on the sequencer's lock while the batch gathers, so the refused write and five
     /// others are written together.
     @Test func aWritePostgreSQLRefusesFailsAloneNotWithItsBatch() async throws {

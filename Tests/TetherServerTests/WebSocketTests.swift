@@ -257,6 +257,26 @@ import TetherTestingServer
         await server.stop()
     }
 
+    /// Presence state sent on a WebSocket subscribe nests at most as deep as any kept value
+    /// (`JSONText.maximumValueDepth`), as on REST: here-now and presence events carry it inside
+    /// levels of their own and must stay readable.
+    @Test func aSubscribeStateNestedTooDeepIsRefused() async throws {
+        let server = try await Self.start()
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        _ = try #require(await client.frame())
+        let depth = JSONText.maximumValueDepth
+        let tooDeep = "{\"s\":" + String(repeating: "[", count: depth) + String(repeating: "]", count: depth) + "}"
+        client.send(#"{"type":"subscribe","channels":["chat"],"state":{"chat":\#(tooDeep)}}"#)
+        let refused = try #require(await client.frame(ofType: "error"))
+        #expect(refused["code"] == "invalidState", "\(refused)")
+        let fine = "{\"s\":" + String(repeating: "[", count: depth - 1) + String(repeating: "]", count: depth - 1) + "}"
+        client.send(#"{"type":"subscribe","channels":["chat"],"state":{"chat":\#(fine)}}"#)
+        #expect(try #require(await client.frame(ofType: "subscribed"))["channels"] == ["chat"])
+        await client.close()
+        await server.stop()
+    }
+
     @Test func aResumeTakesTheSessionOverAndAForeignTokenIsUnknown() async throws {
         let server = try await Self.start()
         let (first, welcome, _) = try await Self.session(server)

@@ -123,6 +123,11 @@ struct WebSocketStepTests {
         second.send(server: welcome(token: "tok", resumed: true, cursor: 105, channels: []))
         let subscribe = try frame(await second.receive())
         #expect(subscribe["type"] == "subscribe" && subscribe["channels"] == ["a"] && subscribe["cursor"] == "101")
+        // The server starts there: what was published meanwhile arrives, in order.
+        second.send(server: #"{"type":"subscribed","channels":["a"],"groups":[],"cursor":"101"}"#)
+        second.send(server: messagesFrame(cursor: 103, envelopes: [envelope("a", 102, #""two""#), envelope("a", 103, #""three""#)]))
+        #expect(await messages.next()?.payload == "two")
+        #expect(await messages.next()?.payload == "three")
         await client.shutdown()
     }
 

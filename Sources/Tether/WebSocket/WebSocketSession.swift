@@ -745,8 +745,8 @@ final class WebSocketSession: Sendable {
                     // lose them behind a cursor the next frame moves on, so the socket is closed
                     // (1002, protocol error) and the session resumes from the last cursor read.
                     logger.warning("websocket frame unreadable; reconnecting from the last cursor", metadata: ["reason": "\(error)"])
-                    await link.close(code: 1002)
-                    closed(generation: generation, code: 1002, reason: "the server sent a frame the client cannot read (\(error))")
+                    await link.close(code: WebSocketCloseCode.protocolError)
+                    closed(generation: generation, code: WebSocketCloseCode.protocolError, reason: "the server sent a frame the client cannot read (\(error))")
                     return
                 }
                 let now = clock.now()

@@ -311,12 +311,15 @@ package final class SharedLog: Sendable {
         } catch {
             if batch.count > 1, Self.refusesAWrite(error) {
                 // PostgreSQL refused something one write brought (a value it cannot store, a
-                // constraint, a trigger): the whole transaction rolled back. Each write is tried
-                // on its own, so only the one it refuses fails, not every write batched with it.
-                logger.warning("the shared database refused a write; writing its batch one by one",
+                // constraint, a trigger): the whole transaction rolled back. The batch is written
+                // again in halves, and a refused half halved again, so only the write it refuses
+                // fails — not every write batched with it — in about 2 × log2(batch) transactions.
+                logger.warning("the shared database refused a write; writing its batch again in halves",
                                metadata: ["error": "\(Self.classify(error))", "batch": "\(batch.count)"])
                 queue.withLock { $0.unclaim(ids) }
-                for entry in batch { await write([entry]) }
+                let middle = batch.count / 2
+                await write(Array(batch[..<middle]))
+                await write(Array(batch[middle...]))
                 return
             }
             result = .failure(Self.classify(error))

@@ -181,8 +181,8 @@ enum SharedLogSchema {
         do {
             try await migrateInTransaction(client, logger: logger, url: url)
         } catch let error as SharedTransactionError {
-            if let refusal = error.cause as? SharedLogError { throw refusal }  // a newer schema
-            throw error
+            // A newer schema, or PostgreSQL's own error (its detail is shown to the operator).
+            throw error.cause
         }
     }
 

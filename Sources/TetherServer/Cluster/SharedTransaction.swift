@@ -1,4 +1,5 @@
 import Logging
+import NIOCore
 import PostgresNIO
 
 /// Why a transaction of the shared log did not commit, with the step that failed: the step
@@ -109,8 +110,12 @@ extension PostgresConnection {
             let timer = Task {
                 do { try await Task.sleep(for: Self.beginLimit) } catch { return }
                 guard once.claim() else { return }
+                // Closed before the caller hears of it: the caller hands the connection back to
+                // the pool, and a late answer to BEGIN must not leave it inside a transaction
+                // another lease would then write in (and the close would roll back).
+                let closing: EventLoopFuture<Void> = self.close()
                 continuation.resume(throwing: BeginTimedOut())
-                try? await self.close()
+                try? await closing.get()
             }
             Task {
                 let result: Result<Void, any Error>

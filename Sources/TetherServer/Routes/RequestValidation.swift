@@ -74,16 +74,18 @@ enum RequestValidation {
     /// for every channel in the request.
     static func channelStates(_ wire: WireRequest, service: String, channels: [String]) throws(RequestError) -> [String: String] {
         guard let text = wire.query["state"], !text.isEmpty else { return [:] }
-        // Kept and handed out again (presence events, here-now): no deeper than a kept value may be.
-        guard (try? JSONText.validate(text, maximumDepth: JSONText.maximumValueDepth + 1)) == .object,
-              case .object(let object)? = try? JSONValue(parsing: text)
-        else {
-            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid state: expected a JSON object"
-                                                        + " (nested at most \(JSONText.maximumValueDepth) levels per channel)"))
+        guard case .object(let object)? = try? JSONValue(parsing: text) else {
+            throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid state: expected a JSON object"))
         }
         let keyedByChannel = !object.isEmpty && object.allSatisfy { key, value in
             if case .object = value { return channels.contains(key) }
             return false
+        }
+        // Kept and handed out again (presence events, here-now): no deeper than a kept value may be.
+        let deepest = keyedByChannel ? object.values.map(\.nestingDepth).max() ?? 0 : JSONValue.object(object).nestingDepth
+        guard deepest <= JSONText.maximumValueDepth else {
+            throw RequestError(response: Reply.error(.badRequest, service: service,
+                                                     "Invalid state: nested deeper than \(JSONText.maximumValueDepth) levels"))
         }
         if keyedByChannel { return object.mapValues(\.jsonText) }
         let flat = JSONValue.object(object).jsonText

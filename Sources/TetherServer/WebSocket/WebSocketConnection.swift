@@ -321,6 +321,13 @@ final class WebSocketConnection: Sendable {
                  "at most \(limits.maxChannelsPerSubscribe) channels and groups (\(limits.maxGroupsPerRequest) groups) per session")
             return false
         }
+        // Presence state is kept and handed out again (here-now, presence events): no deeper than
+        // any kept value (docs/protocol.md, "Publish details").
+        for (channel, text) in request.states where (try? JSONText.validate(text, maximumDepth: JSONText.maximumValueDepth)) != .object {
+            send(WebSocketServerFrame.error(code: "invalidState", message: "Invalid state for \(String(reflecting: channel)): "
+                                                + "expected a JSON object nested at most \(JSONText.maximumValueDepth) levels"))
+            return true
+        }
         if let text = request.filter, !text.isEmpty {
             do { _ = try state.filters.expression(text) } catch {
                 send(WebSocketServerFrame.error(code: "invalidFilter",
