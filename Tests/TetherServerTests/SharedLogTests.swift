@@ -275,6 +275,18 @@ struct SharedLogTests {
         }
     }
 
+    /// A running log whose connections go through a fault proxy in front of `url`'s server, with
+    /// a write timeout of a minute (the queue's own deadline never answers first).
+    private static func nodeBehindAProxy(_ url: DatabaseURL) async throws -> (FaultProxy, RunningLog) {
+        let proxy = try await FaultProxy.start(upstreamHost: url.host, upstreamPort: url.port)
+        var proxied = url
+        proxied.host = proxy.host
+        proxied.port = proxy.port
+        var options = SharedLogOptions()
+        options.writeTimeout = .seconds(60)
+        return (proxy, RunningLog(try await TestPostgres.open(proxied, options: options)))
+    }
+
     /// Every connection of a node is reset at once (a network blip, a proxy restarting): the
     /// node writes again at once, its first writes failing as "unavailable" (503, retry), never
     /// held until the write timeout. PostgresNIO's pool can lease a connection whose socket has
@@ -283,13 +295,8 @@ struct SharedLogTests {
     /// publish of the node failed meanwhile. The race is hit in about a third of the rounds.
     @Test(arguments: 0..<6) func aNodeWritesAgainRightAfterItsConnectionsAreReset(_ round: Int) async throws {
         try await TestPostgres.withDatabase { url in
-            let proxy = try await FaultProxy.start(upstreamHost: url.host, upstreamPort: url.port)
-            var proxied = url
-            proxied.host = proxy.host
-            proxied.port = proxy.port
-            var options = SharedLogOptions()
-            options.writeTimeout = .seconds(60)  // a write held by a dead connection shows as timedOut
-            let node = RunningLog(try await TestPostgres.open(proxied, options: options))
+            // A write held by a dead connection would show as timedOut.
+            let (proxy, node) = try await Self.nodeBehindAProxy(url)
             func append(_ payload: String) async throws -> SharedAppendOutcome {
                 try await node.log.append(SharedEvent(envelope: Self.envelope("c", payload), isStored: true, retentionHours: nil,
                                                       dedupKey: nil))
@@ -321,13 +328,7 @@ struct SharedLogTests {
     /// it, so the message is in history and a repeat of its request id gets its timetoken.
     @Test func aCommitWhoseAnswerIsLostIsOutcomeUnknown() async throws {
         try await TestPostgres.withDatabase { url in
-            let proxy = try await FaultProxy.start(upstreamHost: url.host, upstreamPort: url.port)
-            var proxied = url
-            proxied.host = proxy.host
-            proxied.port = proxy.port
-            var options = SharedLogOptions()
-            options.writeTimeout = .seconds(60)  // the queue's own deadline never answers first
-            let node = RunningLog(try await TestPostgres.open(proxied, options: options))
+            let (proxy, node) = try await Self.nodeBehindAProxy(url)
             let direct = try await TestPostgres.open(url)
             try await direct.client.query("""
                 CREATE FUNCTION tether_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
