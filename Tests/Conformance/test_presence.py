@@ -435,11 +435,15 @@ def test_interval_here_now_refresh(start_server):
             time.sleep(0.05)
     finally:
         watcher.drop()
-    assert [{k: v for k, v in e["d"].items() if k != "timestamp"} for e in watcher.envelopes] == [
+    events = [{k: v for k, v in e["d"].items() if k != "timestamp"} for e in watcher.envelopes]
+    assert events[:3] == [
         {"action": "join", "uuid": "fan-a", "occupancy": 1},
         {"action": "join", "uuid": "fan-b", "occupancy": 2},
         {"action": "interval", "occupancy": 103, "here_now_refresh": True},
-    ]
+    ], events
+    # A channel in interval mode announces its occupancy every interval, changes or not: on a
+    # loaded machine the next interval can arrive before the watcher is dropped.
+    assert all(e == {"action": "interval", "occupancy": 103, "here_now_refresh": False} for e in events[3:]), events
     assert here_now_raw(srv.origin, ch, disable_uuids=1)["occupancy"] == 103
 
 
