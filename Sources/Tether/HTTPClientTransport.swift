@@ -65,6 +65,7 @@ public final class HTTPClientTransport: Transport {
             case .running(_, let rest, let longPoll): return (rest, longPoll)
             case .shutDown: return nil
             case .idle:
+                _ = HTTPDecoderTypes.ready  // before the first connection (``HTTPDecoderTypes``)
                 let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
                 let rest = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: makeConfiguration(connections: 16))
                 let longPoll = HTTPClient(eventLoopGroupProvider: .shared(group), configuration: makeConfiguration(connections: 2))

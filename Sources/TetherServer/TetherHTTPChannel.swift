@@ -72,6 +72,8 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
         var quiet = logger
         quiet.logLevel = max(logger.logLevel, .critical)
         self.logger = quiet
+        // Made before the server listens, so before any connection (``HTTPDecoderTypes``).
+        _ = HTTPDecoderTypes.ready
     }
 
     /// Prepares a new connection, before its first read: the request reader, NIO's HTTP/1

@@ -1,6 +1,7 @@
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import Tether
 
 /// A tiny HTTP endpoint that changes a ``FaultProxy``'s behaviour at runtime, for scripts:
 ///
@@ -27,6 +28,7 @@ public final class FaultProxyControlServer: Sendable {
 
     /// Starts the endpoint for `proxy` on `host:port` (port 0: a free port).
     public static func start(proxy: FaultProxy, host: String = "127.0.0.1", port: Int = 0) async throws -> FaultProxyControlServer {
+        _ = HTTPDecoderTypes.ready  // before the first connection (``HTTPDecoderTypes``)
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         do {
             let channel = try await ServerBootstrap(group: group)

@@ -4,6 +4,7 @@ import NIOHTTP2
 import NIOPosix
 import NIOSSL
 import Synchronization
+import Tether
 
 /// A local HTTPS server standing in for a push gateway (APNs, FCM and its token endpoint), for
 /// tests of the server's push providers: TLS with the test certificates
@@ -66,6 +67,7 @@ public final class PushGatewayServer: Sendable {
 
     /// Starts the server; `handler` answers each request (after it is recorded).
     public static func start(handler: @escaping @Sendable (Request) async -> Reply) async throws -> PushGatewayServer {
+        _ = HTTPDecoderTypes.ready  // before the first connection (``HTTPDecoderTypes``)
         let identity = TestCertificates.server
         let chain = try NIOSSLCertificate.fromPEMFile(identity.certificatePath).map { NIOSSLCertificateSource.certificate($0) }
         let key = try NIOSSLPrivateKey(file: identity.privateKeyPath, format: .pem)

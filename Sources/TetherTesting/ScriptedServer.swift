@@ -3,6 +3,7 @@ import NIOHTTP1
 import NIOPosix
 import NIOSSL
 import Synchronization
+import Tether
 
 /// A small HTTP/1.1 server whose every answer is scripted by the test: the misbehaving servers
 /// the SDK's status categories are produced against (a server that never answers, an HTML
@@ -112,6 +113,7 @@ public final class ScriptedServer: Sendable {
 
     /// Starts a server on `127.0.0.1` (a free port) answering each request with `handler`.
     public static func start(tls: TLS = .none, handler: @escaping @Sendable (Request) -> Reply) async throws -> ScriptedServer {
+        _ = HTTPDecoderTypes.ready  // before the first connection (``HTTPDecoderTypes``)
         let sslContext: NIOSSLContext?
         switch tls {
         case .none: sslContext = nil

@@ -21,6 +21,7 @@ package final class NIOWebSocketConnector: WebSocketConnector {
 
     /// Creates a connector with its own event-loop thread.
     package init(trustedCertificateAuthoritiesPEM: [UInt8]?, maxFrameBytes: Int = 4 << 20, inboundLimit: Int = 4096) throws {
+        _ = HTTPDecoderTypes.ready  // before the first connection (``HTTPDecoderTypes``)
         group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         var tls = TLSConfiguration.makeClientConfiguration()
         if let pem = trustedCertificateAuthoritiesPEM {

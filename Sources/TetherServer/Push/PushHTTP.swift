@@ -32,6 +32,8 @@ struct PushHTTPClient: Sendable {
         configuration.tlsConfiguration = tls
         self.configuration = configuration
         self.timeout = timeout
+        // Before the client's first connection: see ``HTTPDecoderTypes``.
+        _ = HTTPDecoderTypes.ready
     }
 
     private var client: HTTPClient {
