@@ -115,6 +115,17 @@ public final class LongPollHub: Sendable {
     private let dedupClock: @Sendable () -> Timetoken
     /// How long and how many publishes are remembered.
     package let deduplication: PublishDedupConfiguration
+    /// Embedded store: the `highest_timetoken` the store durably holds from the cursor lease
+    /// (``renewCursorLease()``). Nothing this hub numbers or hands out as a cursor follows the
+    /// clock past it, so a restarted server, whose sequencer starts above it, never numbers an
+    /// event at or below a cursor a subscriber already holds, even if its clock went back.
+    /// `Int64.max` in a cluster (the shared log's sequencer row is the lease there).
+    private let leaseCeiling: Atomic<Int64>
+
+    /// How far ahead of the clock the embedded store's `highest_timetoken` is kept (the cursor
+    /// lease): 5 s of timetokens. A server restarted sooner than that after it stopped issues
+    /// timetokens up to this far ahead of its clock until the clock passes them.
+    package static let cursorLease: Int64 = 50_000_000
 
     /// Creates a hub whose timetokens start above the store's highest timetoken.
     public convenience init(store: MessageStore, metrics: ServerMetrics, logger: Logger,
@@ -140,10 +151,25 @@ public final class LongPollHub: Sendable {
         self.dedupClock = dedupClock
         self.deduplication = deduplication
         // In a cluster the cursor starts at the log's horizon and only follows the log.
-        let core = if let shared {
-            DeliveryHub(floor: shared.startHorizon, now: .zero, configuration: configuration)
+        let core: DeliveryHub
+        if let shared {
+            core = DeliveryHub(floor: shared.startHorizon, now: .zero, configuration: configuration)
+            leaseCeiling = Atomic(Int64.max)
         } else {
-            DeliveryHub(floor: try store.highestTimetoken(), now: clock(), configuration: configuration)
+            // The previous run's lease is in `highest_timetoken`: start above it, and take a
+            // lease of this run's own before the first cursor goes out. A store that cannot
+            // write now holds the cursor at the start until it can (``CursorLeaseService``).
+            let start = max(try store.highestTimetoken(), clock())
+            var ceiling = Self.leaseEnd(from: start)
+            do {
+                try store.reserveTimetokens(through: ceiling)
+            } catch {
+                logger.error("the store could not take the cursor lease; the cursor stays where it starts until it can",
+                             metadata: ["error": "\(error)"])
+                ceiling = start
+            }
+            core = DeliveryHub(floor: start, now: start, configuration: configuration)
+            leaseCeiling = Atomic(ceiling.storageValue)
         }
         self.state = Mutex(State(core: core))
         var index = PublishDedupIndex<CheckedContinuation<DedupWake, Never>>(configuration: deduplication)
@@ -161,6 +187,44 @@ public final class LongPollHub: Sendable {
         self.dedup = Mutex(index)
     }
 
+    /// The end of a cursor lease taken at `now`.
+    private static func leaseEnd(from now: Timetoken) -> Timetoken {
+        Timetoken(UInt64(now.storageValue.addingReportingOverflow(cursorLease).overflow ? Int64.max : now.storageValue + cursorLease))
+    }
+
+    /// The clock for numbering events and moving the idle cursor: the clock, but never past the
+    /// lease the store holds (``leaseCeiling``). The lease is renewed well before the clock
+    /// reaches it; only a store that cannot write for half a lease holds the idle cursor back
+    /// (events are then numbered one above the other, as with a clock that stands still).
+    private func sequencingNow() -> Timetoken {
+        let now = clock()
+        let ceiling = leaseCeiling.load(ordering: .acquiring)
+        return now.storageValue <= ceiling ? now : Timetoken(UInt64(ceiling))
+    }
+
+    /// Embedded store: when less than half of the cursor lease is left, writes a new one —
+    /// `highest_timetoken` raised to the clock plus ``cursorLease`` — and lets the cursor follow
+    /// the clock up to it. The server calls it every second (``CursorLeaseService``); a cluster
+    /// has nothing to renew. Returns whether it wrote.
+    @discardableResult
+    package func renewCursorLease() async throws -> Bool {
+        guard shared == nil else { return false }
+        let now = clock()
+        let ceiling = leaseCeiling.load(ordering: .acquiring)
+        guard now.storageValue > ceiling - Self.cursorLease / 2 else { return false }
+        let end = Self.leaseEnd(from: now)
+        try await store.reserveTimetokens(through: end)
+        // One renewer at a time (the server's lease service); the max guards a test's extra call.
+        var current = leaseCeiling.load(ordering: .relaxed)
+        while current < end.storageValue {
+            let (exchanged, found) = leaseCeiling.compareExchange(expected: current, desired: end.storageValue,
+                                                                  ordering: .acquiringAndReleasing)
+            if exchanged { break }
+            current = found
+        }
+        return true
+    }
+
     private static func horizon(_ now: Timetoken, _ configuration: PublishDedupConfiguration) -> Timetoken {
         Timetoken(now.rawValue - min(now.rawValue, configuration.windowUnits))
     }
@@ -173,7 +237,7 @@ public final class LongPollHub: Sendable {
     /// The current visible cursor (what `/time/0` and handshakes return).
     public var currentCursor: Timetoken {
         if shared != nil { return state.withLock { $0.core.visibleThrough } }
-        let now = clock()
+        let now = sequencingNow()
         return state.withLock { $0.core.advance(now: now) }
     }
 
@@ -229,7 +293,7 @@ public final class LongPollHub: Sendable {
             return HubPublishResult(timetoken: original, isRepeat: true)
         }
         if let shared { return try await publish(through: shared, makeEnvelope, stored: stored, key: key) }
-        let now = clock()
+        let now = sequencingNow()
         let probe = makeEnvelope(.zero)
         let channelKey = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
         let timetoken = state.withLock { $0.core.reserve(channelKey, now: now) }
@@ -408,7 +472,7 @@ public final class LongPollHub: Sendable {
         write: (Timetoken, any MessageActionStoring) async throws -> (deliver: Bool, outcome: Outcome)
     ) async throws -> (timetoken: Timetoken, outcome: Outcome) {
         if let shared { return try await shared.appendAfterWrite(makeEnvelope, write: write) }
-        let now = clock()
+        let now = sequencingNow()
         let probe = makeEnvelope(.zero)
         let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
         let timetoken = state.withLock { $0.core.reserve(key, now: now) }
@@ -445,7 +509,7 @@ public final class LongPollHub: Sendable {
             }
             return currentCursor
         }
-        let now = clock()
+        let now = sequencingNow()
         let probe = makeEnvelope(.zero)
         let key = ChannelKey(subscribeKey: probe.subscribeKey, channel: probe.channel)
         let timetoken = state.withLock { $0.core.reserve(key, now: now) }

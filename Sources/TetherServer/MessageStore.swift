@@ -358,6 +358,25 @@ public final class MessageStore: Sendable {
         }
     }
 
+    /// Raises the stored `highest_timetoken` to at least `timetoken`, in a transaction of its own
+    /// (durable as every record write: `synchronous=FULL` with `durability full`). A restarted
+    /// server's sequencer starts above it: the cursor lease of ``LongPollHub``.
+    public func reserveTimetokens(through timetoken: Timetoken) throws {
+        try pool.write { db in try Self.raiseHighestTimetoken(db, to: timetoken) }
+    }
+
+    /// ``reserveTimetokens(through:)`` without blocking the caller's thread.
+    public func reserveTimetokens(through timetoken: Timetoken) async throws {
+        try await pool.write { db in try Self.raiseHighestTimetoken(db, to: timetoken) }
+    }
+
+    private static func raiseHighestTimetoken(_ db: Database, to timetoken: Timetoken) throws {
+        try db.execute(sql: """
+            INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
+            ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
+            """, arguments: [timetoken.storageValue])
+    }
+
     /// Appends a message and returns once it is durable.
     ///
     /// - Throws: ``StoreError`` with code `queueFull` (nothing queued), `timedOut` (withdrawn

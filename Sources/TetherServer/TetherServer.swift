@@ -315,14 +315,17 @@ public struct TetherServer: Sendable {
         let group = ServiceGroup(configuration: .init(
             // Graceful shutdown stops services in reverse order: upkeep, then the HTTP server
             // (in-flight heartbeats and leaves finish), then presence (its last changes are
-            // written), then the store writer, which closes the file. WebSocket sessions hear of it
-            // first: each gets its drain notice and close before the long-polls are answered.
+            // written), then the cursor lease or the shared log, then the store writer, which
+            // closes the file. WebSocket sessions hear of it first: each gets its drain notice
+            // and close before the long-polls are answered.
             services: [
                 .init(service: StoreWriterService(store: state.store), successTerminationBehavior: .gracefullyShutdownGroup),
-            ] + (state.hub.shared.map { [.init(service: SharedLogService(log: $0, hub: state.hub, access: state.access,
-                                                                         presence: state.presence),
-                                                successTerminationBehavior: .gracefullyShutdownGroup)] } ?? []) + [
-
+                // The cluster's log, or the embedded store's cursor lease.
+                ServiceGroupConfiguration.ServiceConfiguration(
+                    service: state.hub.shared.map {
+                        SharedLogService(log: $0, hub: state.hub, access: state.access, presence: state.presence) as any Service
+                    } ?? CursorLeaseService(hub: state.hub, logger: logger),
+                    successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: PushDispatcherService(push: state.push), successTerminationBehavior: .gracefullyShutdownGroup),
                 // Stops right after the HTTP server: the hot path's answers still running finish
@@ -416,6 +419,37 @@ struct StoreWriterService: Service {
             store.finish()
         }
         try store.close()
+    }
+}
+
+/// Embedded store: renews the hub's cursor lease every second (``LongPollHub/renewCursorLease()``),
+/// a write every 2.5 s. Stops just before the store: cursors handed out while the server drains
+/// stay under the last lease.
+struct CursorLeaseService: Service {
+    let hub: LongPollHub
+    let logger: Logger
+
+    func run() async throws {
+        var failing = false
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            do {
+                try await hub.renewCursorLease()
+                if failing { logger.notice("the store takes the cursor lease again") }
+                failing = false
+            } catch {
+                // Logged once per failure streak; until it ends the cursor stays at the last lease.
+                if !failing {
+                    logger.error("the store could not take the cursor lease; the cursor stops following the clock until it can",
+                                 metadata: ["error": "\(error)"])
+                }
+                failing = true
+            }
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(1)) }
+            } catch {
+                break
+            }
+        }
     }
 }
 

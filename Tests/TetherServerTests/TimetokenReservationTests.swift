@@ -1,12 +1,15 @@
 import Foundation
 import Logging
+import Synchronization
 import Testing
-import TetherProtocol
+@_spi(Benchmarks) import TetherProtocol
 @testable import TetherServer
 
 /// The store's `highest_timetoken` (the sequencer's floor after a restart) is written a second
 /// ahead of the message batches, and only by a batch that passes it: it always covers every
-/// stored timetoken, while a busy store rewrites that row about once a second.
+/// stored timetoken, while a busy store rewrites that row about once a second. The hub's cursor
+/// lease keeps it ahead of every cursor and unstored event too, so a restart whose clock went
+/// back never numbers an event below a cursor a subscriber holds.
 @Suite struct TimetokenReservationTests {
     private static let ahead = MessageStore.timetokenReservation
 
@@ -68,6 +71,65 @@ import TetherProtocol
             try await store.append(Self.message(150 + Self.ahead))
             #expect(try store.highestTimetoken().rawValue == UInt64(150 + 2 * Self.ahead))
         }
+        try store.close()
+    }
+
+    /// A clock the test sets, as the hub's timetoken clock.
+    private final class SetClock: Sendable {
+        let now: Mutex<Timetoken>
+        init(_ start: Timetoken) { now = Mutex(start) }
+        func advance(seconds: Double) { now.withLock { $0 = Timetoken(UInt64(Double($0.rawValue) + seconds * 10_000_000)) } }
+        func set(_ value: Timetoken) { now.withLock { $0 = value } }
+        var read: @Sendable () -> Timetoken { { self.now.withLock { $0 } } }
+    }
+
+    private static func hub(_ store: MessageStore, _ clock: SetClock) throws -> LongPollHub {
+        var logger = Logger(label: "lease-test")
+        logger.logLevel = .critical
+        return try LongPollHub(store: store, metrics: ServerMetrics(), logger: logger, clock: clock.read)
+    }
+
+    private static func signal(_ hub: LongPollHub) -> Timetoken {
+        hub.publishEphemeral { SubscribeEnvelope(timetoken: $0, subscribeKey: "k", channel: "c", payload: "\"s\"") }
+    }
+
+    @Test func aRestartWhoseClockWentBackNeverNumbersBelowACursorHandedOutBefore() async throws {
+        let directory = Self.temporaryDirectory()
+        let start = Timetoken(unixSeconds: 1_800_000_000)
+        let clock = SetClock(start)
+        var handedOut: [Timetoken] = []
+        do {
+            let store = try Self.openStore(directory)
+            let hub = try Self.hub(store, clock)
+            // Taken at start: the store holds a lease ahead of the clock before any cursor goes out.
+            #expect(try store.highestTimetoken().storageValue >= start.storageValue + LongPollHub.cursorLease)
+            clock.advance(seconds: 2)
+            handedOut.append(hub.currentCursor)
+            #expect(handedOut.last == clock.read())
+            // Half the lease left: renewed, and the cursor follows the clock under it.
+            clock.advance(seconds: 1)
+            #expect(try await hub.renewCursorLease())
+            #expect(try await hub.renewCursorLease() == false)  // more than half is left: no write
+            clock.advance(seconds: 4)
+            handedOut.append(hub.currentCursor)
+            handedOut.append(Self.signal(hub))  // an unstored event: its timetoken reaches subscribers too
+            #expect(handedOut.allSatisfy { $0.storageValue <= (try? store.highestTimetoken().storageValue) ?? 0 })
+            // A store that cannot renew (here: nobody calls it) holds the cursor at the lease.
+            clock.advance(seconds: 60)
+            let held = hub.currentCursor
+            #expect(held < clock.read())
+            #expect(held.storageValue <= (try store.highestTimetoken()).storageValue)
+            handedOut.append(held)
+            try store.close()
+        }
+        // The next run starts an hour earlier by its clock (a clock stepped back, an RTC behind
+        // before NTP): every timetoken it gives is above every cursor the first run handed out.
+        clock.set(Timetoken(unixSeconds: 1_800_000_000 - 3600))
+        let store = try Self.openStore(directory)
+        let hub = try Self.hub(store, clock)
+        let highest = try #require(handedOut.max())
+        #expect(hub.currentCursor >= highest)
+        #expect(Self.signal(hub) > highest)
         try store.close()
     }
 }
