@@ -4,6 +4,7 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import Synchronization
+import Tether
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -88,6 +89,7 @@ struct BenchSoak: AsyncParsableCommand {
         var configuration = HTTPClient.Configuration()
         configuration.connectionPool = .init(idleTimeout: .seconds(30), concurrentHTTP1ConnectionsPerHostSoftLimit: 1024)
         configuration.timeout = .init(connect: .seconds(5), read: .seconds(30))
+        _ = HTTPDecoderTypes.ready  // before the client's first connections (``HTTPDecoderTypes``)
         let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
         let load = SoakLoad(base: base, client: client)
         let deadline = ContinuousClock.now + .seconds(seconds)

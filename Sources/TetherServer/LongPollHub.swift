@@ -123,9 +123,13 @@ public final class LongPollHub: Sendable {
     private let leaseCeiling: Atomic<Int64>
 
     /// How far ahead of the clock the embedded store's `highest_timetoken` is kept (the cursor
-    /// lease): 5 s of timetokens. A server restarted sooner than that after it stopped issues
-    /// timetokens up to this far ahead of its clock until the clock passes them.
-    package static let cursorLease: Int64 = 50_000_000
+    /// lease): 10 s of timetokens. A server that crashed and restarted sooner than that issues
+    /// timetokens up to this far ahead of its clock until the clock passes them (a graceful stop
+    /// settles the lease to the last cursor, ``settleCursorLease()``).
+    package static let cursorLease: Int64 = 100_000_000
+    /// How much of the lease is used before it is renewed: 2.5 s, so the store writes the row
+    /// every 2.5 s and the lease runs out only when no renewal lands for 7.5 s.
+    package static let cursorLeaseRenewal: Int64 = 25_000_000
 
     /// Creates a hub whose timetokens start above the store's highest timetoken.
     public convenience init(store: MessageStore, metrics: ServerMetrics, logger: Logger,
@@ -157,17 +161,11 @@ public final class LongPollHub: Sendable {
             leaseCeiling = Atomic(Int64.max)
         } else {
             // The previous run's lease is in `highest_timetoken`: start above it, and take a
-            // lease of this run's own before the first cursor goes out. A store that cannot
-            // write now holds the cursor at the start until it can (``CursorLeaseService``).
+            // lease of this run's own before the first cursor goes out. A store that cannot take
+            // it cannot store anything either: the server does not start (``StoreOpenError``).
             let start = max(try store.highestTimetoken(), clock())
-            var ceiling = Self.leaseEnd(from: start)
-            do {
-                try store.reserveTimetokens(through: ceiling)
-            } catch {
-                logger.error("the store could not take the cursor lease; the cursor stays where it starts until it can",
-                             metadata: ["error": "\(error)"])
-                ceiling = start
-            }
+            let ceiling = Self.leaseEnd(from: start)
+            try store.reserveTimetokens(through: ceiling)
             core = DeliveryHub(floor: start, now: start, configuration: configuration)
             leaseCeiling = Atomic(ceiling.storageValue)
         }
@@ -194,24 +192,27 @@ public final class LongPollHub: Sendable {
 
     /// The clock for numbering events and moving the idle cursor: the clock, but never past the
     /// lease the store holds (``leaseCeiling``). The lease is renewed well before the clock
-    /// reaches it; only a store that cannot write for half a lease holds the idle cursor back
-    /// (events are then numbered one above the other, as with a clock that stands still).
+    /// reaches it; only a store that cannot write for 7.5 s holds the idle cursor back (events
+    /// are then numbered one above the other, as with a clock that stands still).
     private func sequencingNow() -> Timetoken {
         let now = clock()
         let ceiling = leaseCeiling.load(ordering: .acquiring)
         return now.storageValue <= ceiling ? now : Timetoken(UInt64(ceiling))
     }
 
-    /// Embedded store: when less than half of the cursor lease is left, writes a new one —
-    /// `highest_timetoken` raised to the clock plus ``cursorLease`` — and lets the cursor follow
+    /// Embedded store: once ``cursorLeaseRenewal`` of the cursor lease is used, writes a new one
+    /// — `highest_timetoken` raised to the clock plus ``cursorLease`` — and lets the cursor follow
     /// the clock up to it. The server calls it every second (``CursorLeaseService``); a cluster
     /// has nothing to renew. Returns whether it wrote.
     @discardableResult
     package func renewCursorLease() async throws -> Bool {
         guard shared == nil else { return false }
-        let now = clock()
+        // From the clock, or from the last timetoken numbered when that is ahead of it (a
+        // restart whose clock went back starts above the previous lease, and events numbered one
+        // above the other there must stay under the lease too).
+        let now = max(clock(), state.withLock { $0.core.lastNumbered })
         let ceiling = leaseCeiling.load(ordering: .acquiring)
-        guard now.storageValue > ceiling - Self.cursorLease / 2 else { return false }
+        guard now.storageValue > ceiling - (Self.cursorLease - Self.cursorLeaseRenewal) else { return false }
         let end = Self.leaseEnd(from: now)
         try await store.reserveTimetokens(through: end)
         // One renewer at a time (the server's lease service); the max guards a test's extra call.
@@ -222,6 +223,23 @@ public final class LongPollHub: Sendable {
             if exchanged { break }
             current = found
         }
+        return true
+    }
+
+    /// Embedded store, at a graceful stop, once nothing can number an event any more: lowers
+    /// `highest_timetoken` from the lease to the visible cursor — at or above every timetoken
+    /// and cursor this run handed out, and every stored one — so a server restarted at once
+    /// starts at its clock, not up to a lease ahead of it. Does nothing while a reservation is
+    /// still being written (it could commit above the visible cursor). Returns whether it wrote.
+    @discardableResult
+    package func settleCursorLease() throws -> Bool {
+        guard shared == nil else { return false }
+        // Held from here: the idle cursor no longer follows the clock (nothing numbers events
+        // any more: every service that could has stopped).
+        leaseCeiling.store(0, ordering: .releasing)
+        let visible: Timetoken? = state.withLock { $0.core.hasReservationInFlight ? nil : $0.core.visibleThrough }
+        guard let visible else { return false }
+        try store.settleTimetokens(at: visible)
         return true
     }
 
@@ -456,7 +474,8 @@ public final class LongPollHub: Sendable {
 
     /// Commits a reserved event into its window and wakes the long-polls it reaches.
     private func commit(_ event: BufferedEvent) {
-        let woken = state.withLock { $0.core.commit(event, now: clock()) }
+        let now = sequencingNow()  // the clock events are numbered by also ages the windows
+        let woken = state.withLock { $0.core.commit(event, now: now) }
         wake(woken, reason: .event)
     }
 
@@ -763,7 +782,7 @@ public final class LongPollHub: Sendable {
     /// Drops expired in-memory events and empty windows; returns what the windows hold after it.
     @discardableResult
     public func sweep() -> (bytes: Int, windows: Int) {
-        let now = clock()
+        let now = sequencingNow()
         return state.withLock { s in
             s.core.sweep(now: now)
             return (s.core.bufferedBytes, s.core.bufferedChannelCount)

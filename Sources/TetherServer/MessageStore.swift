@@ -370,6 +370,17 @@ public final class MessageStore: Sendable {
         try await pool.write { db in try Self.raiseHighestTimetoken(db, to: timetoken) }
     }
 
+    /// Lowers the stored `highest_timetoken` to `timetoken` if it is above it: a graceful stop
+    /// settling the cursor lease to the last cursor (``LongPollHub/settleCursorLease()``). The
+    /// caller vouches that nothing was numbered or stored above `timetoken`.
+    public func settleTimetokens(at timetoken: Timetoken) throws {
+        try pool.write { db in
+            try db.execute(sql: "UPDATE server_state SET value = ? WHERE key = 'highest_timetoken' AND value > ?",
+                           arguments: [timetoken.storageValue, timetoken.storageValue])
+        }
+        reservedHighest.store(0, ordering: .relaxed)  // the next batch writes its reservation again
+    }
+
     private static func raiseHighestTimetoken(_ db: Database, to timetoken: Timetoken) throws {
         try db.execute(sql: """
             INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)

@@ -8,6 +8,7 @@ import NIOHTTPTypes
 import NIOHTTPTypesHTTP1
 import NIOWebSocket
 import Synchronization
+import TetherProtocol
 
 /// The server's HTTP/1 connections (and, with the WebSocket endpoint on, their upgrades to a
 /// session). A new connection gets the request reader (``HotRequestReader``), NIO's HTTP/1
@@ -80,32 +81,46 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     /// encoder and decoder, and the hot path, in that order. Its first receive buffer is sized for a request
     /// line and its headers (512 bytes, growing as reads fill it) instead of NIO's 2 KiB: the
     /// last receive buffer is kept for the next read, so every idle connection holds one.
+    ///
+    /// The process's first connection is prepared alone (``FirstUseGate``): Swift's runtime can
+    /// crash when two event loops build the same generic NIO handler types for the first time at
+    /// once (``HTTPDecoderTypes``).
     func setup(channel: any Channel, logger: Logger) -> EventLoopFuture<Value> {
         channel.eventLoop.makeCompletedFuture {
-            try channel.syncOptions?.setOption(ChannelOptions.recvAllocator,
-                                               value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
-            let pipeline = channel.pipeline.syncOperations
-            // NIO's upgradable pipeline gives a decoder that passes on what follows an upgrade
-            // request and an encoder that knows which responses answer `HEAD`. Its upgrade
-            // handler — here one with no upgraders — goes at once: with the WebSocket endpoint
-            // on, the real one is added when a request reaches it (``openHummingbird(on:)``).
-            var configuration = NIOUpgradableHTTPServerPipelineConfiguration<Void>(
-                upgradeConfiguration: .init(upgraders: [], notUpgradingCompletionHandler: { $0.eventLoop.makeSucceededVoidFuture() }))
-            configuration.enablePipelining = false
-            configuration.enableErrorHandling = false
-            configuration.enableResponseHeaderValidation = false  // HTTPTypes validates them
-            configuration.decoderConfiguration = decoderLimits
-            _ = try pipeline.configureUpgradableHTTPServerPipeline(configuration: configuration)
-            try pipeline.removeHandler(context: pipeline.context(handlerType: NIOTypedHTTPServerUpgradeHandler<Void>.self), promise: nil)
-            let hot = hotPath(self)
-            try pipeline.addHandler(hot)
-            // In front of NIO's encoder and decoder (after TLS, if any), the reader takes plain
-            // hot requests from the bytes until the first request it does not take, which it
-            // hands to the decoder with the rest; it writes their answers as bytes.
-            let encoder = try pipeline.handler(type: HTTPResponseEncoder.self)
-            try pipeline.addHandler(HotRequestReader(hotPath: hot), position: .before(encoder))
-            return Value(channel: channel)
+            try Self.firstSetup.run { try prepare(channel) }
         }
+    }
+
+    /// Serializes the process's first connection setups (``setup(channel:logger:)``).
+    private static let firstSetup = FirstUseGate()
+    /// Serializes the process's first builds of Hummingbird's side (``openHummingbird(on:)``).
+    private static let firstOpening = FirstUseGate()
+
+    /// The body of ``setup(channel:logger:)``, on the connection's event loop.
+    private func prepare(_ channel: any Channel) throws -> Value {
+        try channel.syncOptions?.setOption(ChannelOptions.recvAllocator,
+                                           value: AdaptiveRecvByteBufferAllocator(minimum: 64, initial: 512, maximum: 65536))
+        let pipeline = channel.pipeline.syncOperations
+        // NIO's upgradable pipeline gives a decoder that passes on what follows an upgrade
+        // request and an encoder that knows which responses answer `HEAD`. Its upgrade
+        // handler — here one with no upgraders — goes at once: with the WebSocket endpoint
+        // on, the real one is added when a request reaches it (``openHummingbird(on:)``).
+        var configuration = NIOUpgradableHTTPServerPipelineConfiguration<Void>(
+            upgradeConfiguration: .init(upgraders: [], notUpgradingCompletionHandler: { $0.eventLoop.makeSucceededVoidFuture() }))
+        configuration.enablePipelining = false
+        configuration.enableErrorHandling = false
+        configuration.enableResponseHeaderValidation = false  // HTTPTypes validates them
+        configuration.decoderConfiguration = decoderLimits
+        _ = try pipeline.configureUpgradableHTTPServerPipeline(configuration: configuration)
+        try pipeline.removeHandler(context: pipeline.context(handlerType: NIOTypedHTTPServerUpgradeHandler<Void>.self), promise: nil)
+        let hot = hotPath(self)
+        try pipeline.addHandler(hot)
+        // In front of NIO's encoder and decoder (after TLS, if any), the reader takes plain
+        // hot requests from the bytes until the first request it does not take, which it
+        // hands to the decoder with the rest; it writes their answers as bytes.
+        let encoder = try pipeline.handler(type: HTTPResponseEncoder.self)
+        try pipeline.addHandler(HotRequestReader(hotPath: hot), position: .before(encoder))
+        return Value(channel: channel)
     }
 
     /// Nothing: a connection has no task of its own. What it needs beyond the hot path starts
@@ -119,11 +134,14 @@ final class TetherHTTPChannel: ServerChildChannel, HTTPChannelHandler, Hummingbi
     /// the connection's event loop, before the first request passed on goes on.
     func openHummingbird(on channel: any Channel) {
         do {
-            if let webSocket {
-                try openUpgrade(on: channel, endpoint: webSocket)
-            } else {
-                let http1 = try addHTTP1Handlers(to: channel)
-                tasks.startLoop(executor: nil, channel: channel) { [self] in await handleHTTP(asyncChannel: http1, logger: logger) }
+            // The process's first one alone, as ``setup(channel:logger:)``.
+            try Self.firstOpening.run { () throws -> Void in
+                if let webSocket {
+                    try openUpgrade(on: channel, endpoint: webSocket)
+                } else {
+                    let http1 = try addHTTP1Handlers(to: channel)
+                    tasks.startLoop(executor: nil, channel: channel) { [self] in await handleHTTP(asyncChannel: http1, logger: logger) }
+                }
             }
             sides.opened()
         } catch {

@@ -422,9 +422,10 @@ struct StoreWriterService: Service {
     }
 }
 
-/// Embedded store: renews the hub's cursor lease every second (``LongPollHub/renewCursorLease()``),
-/// a write every 2.5 s. Stops just before the store: cursors handed out while the server drains
-/// stay under the last lease.
+/// Embedded store: renews the hub's cursor lease (``LongPollHub/renewCursorLease()``, checked
+/// every second, a write every 2.5 s). Stops just before the store, when every service that
+/// numbers events has stopped, and settles the lease to the last cursor
+/// (``LongPollHub/settleCursorLease()``), so a server restarted at once starts at its clock.
 struct CursorLeaseService: Service {
     let hub: LongPollHub
     let logger: Logger
@@ -449,6 +450,14 @@ struct CursorLeaseService: Service {
             } catch {
                 break
             }
+        }
+        // Cancelled rather than stopped gracefully: others may still number events; the lease stays.
+        guard Task.isShuttingDownGracefully, !Task.isCancelled else { return }
+        do {
+            try hub.settleCursorLease()
+        } catch {
+            logger.warning("the cursor lease was not settled; a server restarted within 10 s starts up to 10 s ahead of its clock",
+                           metadata: ["error": "\(error)"])
         }
     }
 }

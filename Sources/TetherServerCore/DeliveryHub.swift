@@ -227,6 +227,12 @@ public struct DeliveryHub: Sendable {
         return sequencer.last
     }
 
+    /// The last timetoken numbered (reserved, or reached by the idle cursor).
+    public var lastNumbered: Timetoken { sequencer.last }
+
+    /// Whether an event's timetoken is reserved and neither committed nor abandoned yet.
+    public var hasReservationInFlight: Bool { !inFlight.isEmpty }
+
     /// Moves the sequencer up to `now` when nothing is in flight, so an idle server's cursor
     /// (handshakes, `/time/0`) follows the clock. Every later reservation is above it.
     public mutating func advance(now: Timetoken) -> Timetoken {

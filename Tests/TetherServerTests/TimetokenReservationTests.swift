@@ -132,4 +132,39 @@ import Testing
         #expect(Self.signal(hub) > highest)
         try store.close()
     }
+
+    @Test func aGracefulStopSettlesTheLeaseSoARestartStartsAtItsClock() async throws {
+        let directory = Self.temporaryDirectory()
+        let start = Timetoken(unixSeconds: 1_800_000_000)
+        let clock = SetClock(start)
+        let last: Timetoken
+        do {
+            let store = try Self.openStore(directory)
+            let hub = try Self.hub(store, clock)
+            clock.advance(seconds: 1)
+            _ = hub.currentCursor
+            last = Self.signal(hub)
+            #expect(try store.highestTimetoken().storageValue == start.storageValue + LongPollHub.cursorLease)
+            #expect(try hub.settleCursorLease())
+            // Settled to the last cursor: at or above everything handed out, no lease ahead.
+            #expect(try store.highestTimetoken() == last)
+            #expect(hub.currentCursor == last)  // held there from now on
+            try store.close()
+        }
+        // Restarted a second later: it starts at its clock, not at the lease's end.
+        clock.advance(seconds: 1)
+        do {
+            let store = try Self.openStore(directory)
+            let hub = try Self.hub(store, clock)
+            #expect(hub.currentCursor == clock.read())
+            try store.close()
+        }
+        // Restarted with its clock an hour behind: still above the last cursor.
+        clock.set(Timetoken(unixSeconds: 1_800_000_000 - 3600))
+        let store = try Self.openStore(directory)
+        let hub = try Self.hub(store, clock)
+        #expect(hub.currentCursor >= last)
+        #expect(Self.signal(hub) > last)
+        try store.close()
+    }
 }

@@ -6,6 +6,7 @@ import NIOSSL
 import NIOWebSocket
 import Synchronization
 import TetherClientCore
+import TetherProtocol
 
 /// The client's WebSocket connector on SwiftNIO: the HTTP/1.1 upgrade (TLS when the URL is
 /// `wss://`), then text frames in and out. A refused upgrade keeps the server's status and
@@ -18,6 +19,10 @@ package final class NIOWebSocketConnector: WebSocketConnector {
     /// Received messages a socket may hold before the session reads them; past it the socket is
     /// closed (the session resumes from its cursor), so a stalled reader cannot grow memory.
     private let inboundLimit: Int
+    /// Serializes the process's first connection pipelines: Swift's runtime can crash when two
+    /// event loops build the same generic NIO handler types for the first time at once
+    /// (``HTTPDecoderTypes``, ``FirstUseGate``).
+    static let firstPipeline = FirstUseGate()
 
     /// Creates a connector with its own event-loop thread.
     package init(trustedCertificateAuthoritiesPEM: [UInt8]?, maxFrameBytes: Int = 4 << 20, inboundLimit: Int = 4096) throws {
@@ -63,37 +68,40 @@ package final class NIOWebSocketConnector: WebSocketConnector {
                 .connectTimeout(connectTimeout)
                 .connect(host: host, port: port) { channel in
                     channel.eventLoop.makeCompletedFuture { () throws -> EventLoopFuture<Upgrade> in
-                        let upgrader = NIOTypedWebSocketClientUpgrader<Upgrade>(maxFrameSize: maxFrameBytes) { channel, _ in
-                            channel.eventLoop.makeCompletedFuture {
-                                let link = NIOWebSocketLink(channel: channel, inboundLimit: inboundLimit)
-                                try channel.pipeline.syncOperations.addHandler(
-                                    NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1024,
-                                                                maxAccumulatedFrameSize: maxFrameBytes))
-                                try channel.pipeline.syncOperations.addHandler(link.handler)
-                                return Upgrade.upgraded(link)
-                            }
-                        }
-                        var headers = HTTPHeaders()
-                        headers.add(name: "Host", value: hostHeader)
-                        headers.add(name: "Sec-WebSocket-Protocol", value: subprotocol)
-                        headers.add(name: "User-Agent", value: "Tether-Swift/0.1")
-                        let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: path, headers: headers)
-                        let configuration = NIOTypedHTTPClientUpgradeConfiguration<Upgrade>(
-                            upgradeRequestHead: head, upgraders: [upgrader],
-                            notUpgradingCompletionHandler: { channel in
+                        // The process's first pipeline is built alone (``FirstUseGate``).
+                        try NIOWebSocketConnector.firstPipeline.run { () throws -> EventLoopFuture<Upgrade> in
+                            let upgrader = NIOTypedWebSocketClientUpgrader<Upgrade>(maxFrameSize: maxFrameBytes) { channel, _ in
                                 channel.eventLoop.makeCompletedFuture {
-                                    // The refused upgrade's response is forwarded down the pipeline next.
-                                    let catcher = ResponseHeadCatcher(promise: channel.eventLoop.makePromise())
-                                    try channel.pipeline.syncOperations.addHandler(catcher)
-                                    return Upgrade.notUpgraded(catcher.promise.futureResult)
+                                    let link = NIOWebSocketLink(channel: channel, inboundLimit: inboundLimit)
+                                    try channel.pipeline.syncOperations.addHandler(
+                                        NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 0, maxAccumulatedFrameCount: 1024,
+                                                                    maxAccumulatedFrameSize: maxFrameBytes))
+                                    try channel.pipeline.syncOperations.addHandler(link.handler)
+                                    return Upgrade.upgraded(link)
                                 }
-                            })
-                        if let sslContext {
-                            try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: sslContext, serverHostname: host),
-                                                                           position: .first)
+                            }
+                            var headers = HTTPHeaders()
+                            headers.add(name: "Host", value: hostHeader)
+                            headers.add(name: "Sec-WebSocket-Protocol", value: subprotocol)
+                            headers.add(name: "User-Agent", value: "Tether-Swift/0.1")
+                            let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: path, headers: headers)
+                            let configuration = NIOTypedHTTPClientUpgradeConfiguration<Upgrade>(
+                                upgradeRequestHead: head, upgraders: [upgrader],
+                                notUpgradingCompletionHandler: { channel in
+                                    channel.eventLoop.makeCompletedFuture {
+                                        // The refused upgrade's response is forwarded down the pipeline next.
+                                        let catcher = ResponseHeadCatcher(promise: channel.eventLoop.makePromise())
+                                        try channel.pipeline.syncOperations.addHandler(catcher)
+                                        return Upgrade.notUpgraded(catcher.promise.futureResult)
+                                    }
+                                })
+                            if let sslContext {
+                                try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: sslContext, serverHostname: host),
+                                                                               position: .first)
+                            }
+                            return try channel.pipeline.syncOperations.configureUpgradableHTTPClientPipeline(
+                                configuration: NIOUpgradableHTTPClientPipelineConfiguration(upgradeConfiguration: configuration))
                         }
-                        return try channel.pipeline.syncOperations.configureUpgradableHTTPClientPipeline(
-                            configuration: NIOUpgradableHTTPClientPipelineConfiguration(upgradeConfiguration: configuration))
                     }
                 }
             // Connected: a failure from here on is a connection the far end (or a proxy) closed or
