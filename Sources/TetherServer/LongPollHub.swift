@@ -127,8 +127,9 @@ public final class LongPollHub: Sendable {
     /// timetokens up to this far ahead of its clock until the clock passes them (a graceful stop
     /// settles the lease to the last cursor, ``settleCursorLease()``).
     package static let cursorLease: Int64 = 100_000_000
-    /// How much of the lease is used before it is renewed: 2.5 s, so the store writes the row
-    /// every 2.5 s and the lease runs out only when no renewal lands for 7.5 s.
+    /// How much of the lease is used before it is renewed: 2.5 s. Checked every second, so the
+    /// store writes the row about every 3 s, and the lease runs out only when no renewal lands
+    /// for 7.5 s.
     package static let cursorLeaseRenewal: Int64 = 25_000_000
 
     /// Creates a hub whose timetokens start above the store's highest timetoken.
@@ -234,8 +235,9 @@ public final class LongPollHub: Sendable {
     @discardableResult
     package func settleCursorLease() throws -> Bool {
         guard shared == nil else { return false }
-        // Held from here: the idle cursor no longer follows the clock (nothing numbers events
-        // any more: every service that could has stopped).
+        // Held from here, settled or not: the idle cursor no longer follows the clock (nothing
+        // numbers events any more: every service that could has stopped). Not settled, the lease
+        // stays in the store, which is safe.
         leaseCeiling.store(0, ordering: .releasing)
         let visible: Timetoken? = state.withLock { $0.core.hasReservationInFlight ? nil : $0.core.visibleThrough }
         guard let visible else { return false }
