@@ -77,8 +77,10 @@ package final class OutboxJournal {
     private let path: String
     private let limits: Limits
     private var descriptor: Int32
-    /// The live messages, in id order of acceptance, with where each was left.
-    private var live: [OutboxMessage.ID: OutboxMachine.Restored] = [:]
+    /// The live messages, with where each was left and its place in the outbox.
+    private var live: [OutboxMessage.ID: Live] = [:]
+    /// The place the next acceptance or resend takes.
+    private var nextPosition: UInt64 = 0
     private var liveBytes = 0
     private var fileBytes = 0
     private var nextIDValue: UInt64 = 1
@@ -108,9 +110,19 @@ package final class OutboxJournal {
 
     // MARK: Reading
 
-    /// The messages to give the outbox at launch (``OutboxMachine/restore(_:now:)``), in id order.
+    /// A live message and its place in the outbox: the order of the records that last put it in
+    /// line (its acceptance, or its latest resend), so a message resent before a relaunch is still
+    /// behind the ones it was resent after.
+    private struct Live {
+        var entry: OutboxMachine.Restored
+        var position: UInt64
+    }
+
+    /// The messages to give the outbox at launch (``OutboxMachine/restore(_:now:)``), in outbox
+    /// order: acceptance order, except that a resent message comes after every message accepted
+    /// or resent before its resend (as it did in the outbox that resent it).
     package var restored: [OutboxMachine.Restored] {
-        live.values.sorted { $0.message.id < $1.message.id }
+        live.values.sorted { $0.position < $1.position }.map(\.entry)
     }
 
     /// The id for the next accepted message: above every id the journal has ever recorded.
@@ -144,7 +156,7 @@ package final class OutboxJournal {
     /// Other changes (sending, pending while retrying) are not journalled: at the next launch the
     /// message is pending, which is what it is.
     package func record(_ id: OutboxMessage.ID, changedTo state: OutboxMessageState) throws(OutboxJournalError) {
-        guard let entry = live[id] else { return }
+        guard let entry = live[id]?.entry else { return }
         switch state {
         case .sent, .cancelled:
             try append(.removed(id))
@@ -161,7 +173,8 @@ package final class OutboxJournal {
     }
 
     /// Rewrites the file with the live messages only (the watermark first, then each message's
-    /// acceptance and, for failed ones, its failure), atomically.
+    /// acceptance, in outbox order, and, for failed ones, its failure), atomically. The order of
+    /// the acceptances is what keeps a resent message's place across the rewrite.
     package func compact() throws(OutboxJournalError) {
         var records: [Record] = [.watermark(nextID)]
         for entry in restored {
@@ -237,19 +250,27 @@ package final class OutboxJournal {
     private func apply(_ record: Record) {
         switch record {
         case .accepted(let message):
-            if let old = live[message.id] { liveBytes -= Self.frame(Self.encode(.accepted(old.message))).count }
-            live[message.id] = OutboxMachine.Restored(message, .pending)
+            if let old = live[message.id] { liveBytes -= Self.frame(Self.encode(.accepted(old.entry.message))).count }
+            live[message.id] = Live(entry: OutboxMachine.Restored(message, .pending), position: takePosition())
             liveBytes += Self.frame(Self.encode(record)).count
             nextIDValue = max(nextIDValue, message.id.rawValue &+ 1)
         case .failed(let id, let category):
-            live[id]?.state = .failed(category)
+            live[id]?.entry.state = .failed(category)
         case .requeued(let id):
-            live[id]?.state = .pending
+            // A resend joins the back of the outbox (``OutboxMachine/resend(_:now:)``).
+            guard live[id] != nil else { return }
+            live[id]?.entry.state = .pending
+            live[id]?.position = takePosition()
         case .removed(let id):
-            if let old = live.removeValue(forKey: id) { liveBytes -= Self.frame(Self.encode(.accepted(old.message))).count }
+            if let old = live.removeValue(forKey: id) { liveBytes -= Self.frame(Self.encode(.accepted(old.entry.message))).count }
         case .watermark(let id):
             nextIDValue = max(nextIDValue, id.rawValue)
         }
+    }
+
+    private func takePosition() -> UInt64 {
+        defer { nextPosition += 1 }
+        return nextPosition
     }
 
     private func syncDirectory() {

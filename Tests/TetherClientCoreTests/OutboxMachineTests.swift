@@ -532,12 +532,13 @@ struct OutboxBoundsTests {
 
 @Suite("OutboxMachine: restore from the journal")
 struct OutboxRestoreTests {
-    @Test("pending messages are sent in id order per channel; failed ones stay failed; bounds do not drop them")
+    @Test("pending messages are sent in the order restored per channel; failed ones stay failed; bounds do not drop them")
     func restore() {
         var h = OutboxHarness(.init(maximumMessages: 2, retry: OutboxHarness.noJitter))
+        // The journal's order: 3 was resent after 1 was accepted, so it is behind 1.
         let restored: [OutboxMachine.Restored] = [
-            .init(OutboxHarness.message(3), .pending), .init(OutboxHarness.message(1), .pending),
-            .init(OutboxHarness.message(2, channel: "b"), .failed(.accessDenied)),
+            .init(OutboxHarness.message(1), .pending), .init(OutboxHarness.message(2, channel: "b"), .failed(.accessDenied)),
+            .init(OutboxHarness.message(3), .pending),
         ]
         h.record(h.machine.restore(restored, now: h.now))
         #expect(h.machine.count == 3, "accepted once, never dropped")
@@ -547,5 +548,19 @@ struct OutboxRestoreTests {
         #expect(h.publish(4)?.code == .full)
         h.succeed(1)
         #expect(h.sentIDs == [1, 3])
+    }
+
+    @Test("the order restored wins over ids: a message resent before a relaunch stays behind later ones")
+    func restoreKeepsTheJournalsOrder() {
+        var h = OutboxHarness(.init(retry: OutboxHarness.noJitter))
+        let restored: [OutboxMachine.Restored] = [
+            .init(OutboxHarness.message(2), .pending), .init(OutboxHarness.message(3), .pending), .init(OutboxHarness.message(1), .pending),
+        ]
+        h.record(h.machine.restore(restored, now: h.now))
+        #expect(h.sentIDs == [2])
+        h.succeed(2)
+        h.succeed(3)
+        #expect(h.sentIDs == [2, 3, 1])
+        #expect(h.machine.entries.map(\.message.id.rawValue) == [1])
     }
 }

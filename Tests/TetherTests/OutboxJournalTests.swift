@@ -68,8 +68,9 @@ struct OutboxJournalTests {
             try journal.record(.init(9), changedTo: .sent(Timetoken(1)))  // unknown: ignored
         }
         let reopened = try OutboxJournal(path: dir.journal)
+        // 4 was resent after 5 was accepted: it is behind 5, as it was in the outbox.
         #expect(reopened.restored == [
-            .init(Self.message(3), .failed(.accessDenied)), .init(Self.message(4), .pending), .init(Self.message(5), .pending),
+            .init(Self.message(3), .failed(.accessDenied)), .init(Self.message(5), .pending), .init(Self.message(4), .pending),
         ])
         #expect(reopened.recovery.records == 5 + 5, "five acceptances; two removals, two failures, one requeue")
         #expect(reopened.nextID == .init(6), "ids of sent messages are never reused")
@@ -175,6 +176,54 @@ struct OutboxJournalTests {
     @Test("an unreadable path is a clear error")
     func unopenable() {
         #expect(throws: OutboxJournalError.self) { try OutboxJournal(path: "/nonexistent-dir-\(UUID().uuidString)/outbox") }
+    }
+
+    @Test("a message resent before a relaunch is sent behind the messages it was resent after, through a compaction too",
+          arguments: [false, true])
+    func resendThenRelaunch(compacting: Bool) throws {
+        let dir = try TemporaryDirectory()
+        func run(_ journal: OutboxJournal, _ actions: [OutboxMachine.Action], sends: inout [UInt64]) throws {
+            for action in actions {
+                switch action {
+                case .send(let m, _): sends.append(m.id.rawValue)
+                case .changed(let id, let state): try journal.record(id, changedTo: state)
+                case .schedule, .cancelTimer: break
+                }
+            }
+        }
+        // First launch: 1 fails (access denied), 2 and 3 wait behind the link, 1 is resent: the
+        // outbox's order on channel "a" is now 2, 3, 1. The process dies before any is sent.
+        do {
+            let journal = try OutboxJournal(path: dir.journal)
+            var machine = OutboxMachine(link: .online)
+            var sends: [UInt64] = []
+            try journal.append(.accepted(Self.message(1)))
+            guard case .accepted(let first) = machine.enqueue(Self.message(1), now: .zero) else { Issue.record("refused"); return }
+            try run(journal, first, sends: &sends)
+            try run(journal, machine.sendFailed(.init(1), OutboxSendFailure(category: .accessDenied, statusCode: 403), now: .zero,
+                                                randomness: 0), sends: &sends)
+            try run(journal, machine.linkChanged(.offline, now: .zero), sends: &sends)
+            for n: UInt64 in [2, 3] {
+                try journal.append(.accepted(Self.message(n)))
+                guard case .accepted(let actions) = machine.enqueue(Self.message(n), now: .zero) else { Issue.record("refused"); return }
+                try run(journal, actions, sends: &sends)
+            }
+            guard case .accepted(let resent) = machine.resend(.init(1), now: .zero) else { Issue.record("not resent"); return }
+            try run(journal, resent, sends: &sends)
+            #expect(sends == [1], "offline: nothing more was sent")
+            #expect(machine.entries.map(\.message.id.rawValue) == [2, 3, 1])
+            if compacting { try journal.compact() }
+        }
+        // Second launch: the same order.
+        let journal = try OutboxJournal(path: dir.journal)
+        #expect(journal.restored.map(\.message.id.rawValue) == [2, 3, 1])
+        var machine = OutboxMachine(link: .online)
+        var sends: [UInt64] = []
+        try run(journal, machine.restore(journal.restored, now: .zero), sends: &sends)
+        for n: UInt64 in [2, 3] {
+            try run(journal, machine.sendSucceeded(.init(n), timetoken: Timetoken(n), now: .zero), sends: &sends)
+        }
+        #expect(sends == [2, 3, 1])
     }
 
     @Test("killed with messages pending: the next launch sends each exactly once, in order, with its request id")

@@ -239,12 +239,14 @@ package struct OutboxMachine: Sendable {
         return .accepted([.changed(message.id, .pending)] + pump())
     }
 
-    /// Messages recovered from the journal at launch, in any order (they are queued by id).
-    /// They are taken whatever the bounds say: they were accepted once, and are never dropped
-    /// (a smaller bound only refuses new messages until the outbox drains). Ids already held are
-    /// ignored. No state-change events: the app lists the outbox after a restore.
+    /// Messages recovered from the journal at launch, in outbox order (the journal's
+    /// `OutboxJournal.restored`: acceptance order, a resent message after those it was resent
+    /// behind); each channel's messages are sent in that order. They are taken whatever the
+    /// bounds say: they were accepted once, and are never dropped (a smaller bound only refuses
+    /// new messages until the outbox drains). Ids already held are ignored. No state-change
+    /// events: the app lists the outbox after a restore.
     package mutating func restore(_ restored: [Restored], now: Duration) -> [Action] {
-        for item in restored.sorted(by: { $0.message.id < $1.message.id }) where records[item.message.id] == nil {
+        for item in restored where records[item.message.id] == nil {
             switch item.state {
             case .pending: insert(item.message, phase: .ready(nil))
             case .failed(let category): insert(item.message, phase: .failed(category))
