@@ -29,6 +29,8 @@ final class WebSocketTestClient: Sendable {
     /// Events received and not yet taken (a buffer, so a timed-out wait loses nothing).
     private let inbox = EventBuffer()
     private let task: Task<Void, Never>
+    /// Holds the reader before each message while paused (``pauseReading()``).
+    private let gate = ReadGate()
 
     /// Connects to `server`'s `/v2/ws`. `reads: false` makes a client that never reads (a slow
     /// consumer).
@@ -37,6 +39,7 @@ final class WebSocketTestClient: Sendable {
         let (commands, commandContinuation) = AsyncStream.makeStream(of: Command.self)
         self.commands = commandContinuation
         let inbox = self.inbox
+        let gate = self.gate
         let eventContinuation = Inbox(push: { event in inbox.events.withLock { $0.append(event) } })
         let url = baseURL.replacingOccurrences(of: "https://", with: "wss://").replacingOccurrences(of: "http://", with: "ws://")
             + WebSocketProtocol.path
@@ -53,6 +56,7 @@ final class WebSocketTestClient: Sendable {
                     if reads {
                         group.addTask {
                             for try await message in inbound.messages(maxSize: 1 << 24) {
+                                await gate.pass()
                                 guard case .text(let text) = message, case .object(let object)? = try? JSONValue(parsing: text) else { continue }
                                 eventContinuation.yield(.frame(object))
                             }
@@ -89,6 +93,12 @@ final class WebSocketTestClient: Sendable {
         case .unknown(let value): Int(value)
         }
     }
+
+    /// Stops reading: what the server sends stays in the socket's buffers (a slow consumer from
+    /// now on), until ``resumeReading()``.
+    func pauseReading() { gate.pause() }
+    /// Reads again, starting with what the socket kept meanwhile.
+    func resumeReading() { gate.resume() }
 
     func send(_ text: String) { commands.yield(.send(text)) }
     func send(_ object: JSONValue) { commands.yield(.send(object.jsonText)) }
@@ -147,6 +157,33 @@ final class WebSocketTestClient: Sendable {
     }
 }
 
+
+/// Pauses a reader between messages.
+private final class ReadGate: Sendable {
+    private let state = Mutex<(paused: Bool, waiting: [CheckedContinuation<Void, Never>])>((false, []))
+
+    func pause() { state.withLock { $0.paused = true } }
+
+    func resume() {
+        let waiting = state.withLock { s in
+            s.paused = false
+            defer { s.waiting = [] }
+            return s.waiting
+        }
+        for waiter in waiting { waiter.resume() }
+    }
+
+    /// Returns at once unless paused; otherwise when resumed.
+    func pass() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let paused = state.withLock { s in
+                if s.paused { s.waiting.append(continuation) }
+                return s.paused
+            }
+            if !paused { continuation.resume() }
+        }
+    }
+}
 
 /// Events received and not yet taken.
 private final class EventBuffer: Sendable {

@@ -345,7 +345,7 @@ import TetherTestingServer
         client.drop()
         _ = await client.closeCode()
         #expect(await eventually { server.server.webSocketCounts.kept == 1 })
-        let again = WebSocketTestClient(baseURL: server.baseURL)
+        let again = WebSocketTestClient(baseURL: server.baseURL, maxFrameSize: 16 << 20)  // replay pages of 30 KB messages
         again.send(Self.hello(resume: (token, nil)))
         #expect(await again.frame()?["resumed"] == .bool(true))
         #expect(actions(await watcher.drain(within: 0.5)) == [])
@@ -544,6 +544,60 @@ import TetherTestingServer
         }
         #expect(server.server.webSocketCounts.kept == 1)
         #expect(server.server.webSocketCounts.connections == 0)
+        await client.close()
+        await server.stop()
+    }
+
+    /// A frame dropped for a slow consumer (the one that overflowed the buffer, and those held
+    /// when the socket closed) is not skipped by a client that resumes without a cursor of its
+    /// own: the session's cursor is set back to the last frame that reached the socket, so what
+    /// the first socket received and what the resume replays make up everything published.
+    @Test func aResumeWithoutACursorAfterASlowConsumerSkipsNothing() async throws {
+        let server = try await Self.start(webSocket: .init(outboundBufferFrames: 4, outboundBufferBytes: 64 * 1024))
+        let rest = TestServer(inProcess: server)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        let token = try #require(await client.frame()?["resumeToken"]?.stringValue)
+        client.send(Self.subscribe(["flood"]))
+        #expect(await client.frame(ofType: "subscribed") != nil)
+        client.pauseReading()
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        let filler = String(repeating: "y", count: 30_000)
+        var published: Set<String> = []
+        var round = 0
+        // Stored publishes, until the socket's buffers fill and the outbound buffer overflows.
+        while server.server.webSocketCounts.kept == 0, round < 100 {
+            let prefix = "\(round)-"
+            let timetokens = try await withThrowingTaskGroup(of: String.self) { group in
+                for index in 0..<20 {
+                    group.addTask { String(try await rest.publish("flood", "\"\(prefix)\(index)-\(filler)\"").rawValue) }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            published.formUnion(timetokens)
+            round += 1
+        }
+        #expect(server.server.webSocketCounts.kept == 1)
+        // What reached the first socket, read now.
+        client.resumeReading()
+        var received: [String] = []
+        while let event = await client.next(), case .frame(let frame) = event {
+            guard frame.type == "messages" else { continue }
+            received += (frame["m"]?.arrayValue ?? []).compactMap { $0["p"]?["t"]?.stringValue }
+        }
+        #expect(received.count < published.count, "the slow consumer missed messages")
+        // A resume without a cursor replays the rest.
+        let again = WebSocketTestClient(baseURL: server.baseURL, maxFrameSize: 16 << 20)  // replay pages of 30 KB messages
+        again.send(Self.hello(resume: (token, nil)))
+        #expect(await again.frame()?["resumed"] == .bool(true))
+        let replay = await Self.envelopes(again, count: published.count - received.count).map(\.tt)
+        #expect(Set(received).isDisjoint(with: replay))
+        let all = published.sorted { UInt64($0)! < UInt64($1)! }
+        let missing = all.enumerated().filter { !Set(received).union(replay).contains($0.element) }.map(\.offset)
+        #expect(Set(received).union(replay) == published,
+                "received \(received.count), replayed \(replay.count) of \(all.count); missing at \(missing); replay starts at \(replay.first.flatMap { all.firstIndex(of: $0) } ?? -1)")
+        #expect(received + replay == (received + replay).sorted { UInt64($0)! < UInt64($1)! })
+        await again.close()
         await client.close()
         await server.stop()
     }

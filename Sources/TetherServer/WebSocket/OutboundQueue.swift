@@ -1,6 +1,7 @@
 import NIOCore
 import NIOWebSocket
 import Synchronization
+import TetherProtocol
 import TetherServerCore
 
 /// The frames one WebSocket session sends, written to its channel on the channel's event loop
@@ -11,8 +12,26 @@ import TetherServerCore
 /// sent before it; the connection closes when the client answers it, or 2 s after it went out.
 /// No task waits here: an idle session's queue is this object and its empty buffer.
 final class OutboundQueue: Sendable {
+    /// A frame held for the channel, and for a delivery (`messages`) frame the cursor its
+    /// messages follow.
+    private struct Held: Sendable {
+        var text: String
+        var after: Timetoken?
+    }
+
     private struct State: Sendable {
-        var buffer: OutboundBuffer<String>
+        var buffer: OutboundBuffer<Held>
+        /// The cursor after which the oldest delivery frame that never reached the socket
+        /// starts (dropped: the buffer overflowed, the connection was closing, or the queue
+        /// finished with it held; or its write failed, the channel closing before it was
+        /// written); `nil` while every delivery frame did.
+        var undeliveredAfter: Timetoken?
+
+        /// A delivery frame (`after` non-nil) did not reach the socket.
+        mutating func missed(_ after: Timetoken?) {
+            guard let after else { return }
+            undeliveredAfter = min(undeliveredAfter ?? after, after)
+        }
         var close: (code: UInt16, reason: String)?
         /// The close frame answers the client's: the connection closes once it is written.
         var closeAnswers = false
@@ -42,21 +61,31 @@ final class OutboundQueue: Sendable {
     /// slow consumer). Frames after a close or finish are dropped (`true`). Written at once when
     /// called on the connection's event loop with the channel writable and nothing held;
     /// otherwise held and written by a pump on the loop.
+    ///
+    /// `after`: for a delivery frame, the cursor its messages follow. A delivery frame that never
+    /// reaches the socket is remembered (``undeliveredAfter``), so the session's cursor can be
+    /// set back to before it when the connection ends.
     @discardableResult
-    func send(_ text: String) -> Bool {
+    func send(_ text: String, after: Timetoken? = nil) -> Bool {
         let onLoop = channel.eventLoop.inEventLoop
         enum Next { case write, pump, schedule, none, overflow }
         let next = state.withLock { s -> Next in
-            guard !s.finished, s.close == nil else { return .none }
+            guard !s.finished, s.close == nil else {
+                s.missed(after)
+                return .none
+            }
             if onLoop, s.attached, !s.pumping, s.buffer.isEmpty, channel.isWritable { return .write }
-            guard s.buffer.push(text, bytes: text.utf8.count) == .queued else { return .overflow }
+            guard s.buffer.push(Held(text: text, after: after), bytes: text.utf8.count) == .queued else {
+                s.missed(after)
+                return .overflow
+            }
             if s.pumping || !s.attached { return .none }
             s.pumping = true
             return onLoop ? .pump : .schedule
         }
         switch next {
         case .write:
-            channel.writeAndFlush(Self.textFrame(text), promise: nil)
+            channel.writeAndFlush(Self.textFrame(text), promise: watch(after))
         case .pump:
             writePending()
         case .schedule:
@@ -114,9 +143,14 @@ final class OutboundQueue: Sendable {
     func finish() {
         state.withLock { s in
             s.finished = true
-            s.buffer = OutboundBuffer(maxFrames: s.buffer.maxFrames, maxBytes: s.buffer.maxBytes)
+            while let held = s.buffer.pop() { s.missed(held.after) }
         }
     }
+
+    /// The cursor after which the oldest delivery frame that never reached the socket starts, if
+    /// one did not: a client that resumes without a cursor of its own is sent everything after it
+    /// again (``WebSocketConnection/socketClosed(then:)``).
+    var undeliveredAfter: Timetoken? { state.withLock { $0.undeliveredAfter } }
 
     /// Whether the close frame was sent (or the queue finished): the client's close then ends
     /// the connection.
@@ -132,13 +166,13 @@ final class OutboundQueue: Sendable {
         var closing = false
         var answered: EventLoopPromise<Void>?
         while true {
-            enum Step { case text(String), close(UInt16, String, answers: Bool), stop }
+            enum Step { case text(String, after: Timetoken?), close(UInt16, String, answers: Bool), stop }
             let step = state.withLock { s -> Step in
                 if s.finished || !channel.isWritable {
                     s.pumping = false
                     return .stop
                 }
-                if let text = s.buffer.pop() { return .text(text) }
+                if let held = s.buffer.pop() { return .text(held.text, after: held.after) }
                 if let close = s.close {
                     s.finished = true
                     s.pumping = false
@@ -148,8 +182,8 @@ final class OutboundQueue: Sendable {
                 return .stop
             }
             switch step {
-            case .text(let text):
-                channel.write(Self.textFrame(text), promise: nil)
+            case .text(let text, let after):
+                channel.write(Self.textFrame(text), promise: watch(after))
                 wrote = true
                 continue
             case .close(let code, let reason, let answers):
@@ -174,6 +208,16 @@ final class OutboundQueue: Sendable {
             answered?.futureResult.whenComplete { _ in channel.close(promise: nil) }
             channel.eventLoop.scheduleTask(in: Self.closeTimeout) { channel.close(promise: nil) }
         }
+    }
+
+    /// For a delivery frame, a promise that remembers it (``State/missed(_:)``) if its write fails:
+    /// the channel closed before the frame reached the socket (NIO fails the writes it still
+    /// held). `nil` for other frames.
+    private func watch(_ after: Timetoken?) -> EventLoopPromise<Void>? {
+        guard let after else { return nil }
+        let promise = channel.eventLoop.makePromise(of: Void.self)
+        promise.futureResult.whenFailure { _ in self.state.withLock { $0.missed(after) } }
+        return promise
     }
 
     private static func textFrame(_ text: String) -> WebSocketFrame {

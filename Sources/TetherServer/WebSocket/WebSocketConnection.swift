@@ -77,9 +77,21 @@ final class WebSocketConnection: Sendable {
         queue.finish()
         Task(executorPreference: executor) {
             await self.endDeliveries()
+            self.forgetUndelivered()
             await self.sessions.disconnected(self.id)
             then()
         }
+    }
+
+    /// The session's cursor moved with each delivery frame as it was sent; a frame that never
+    /// reached the socket (dropped for a slow consumer, or held when the socket closed) sets it
+    /// back to before that frame, so a client that resumes without a cursor of its own is sent
+    /// it again instead of skipping it. (What reached the socket but not the client is only sent
+    /// again to a client that resumes with its cursor: the protocol's rule.) Only while this
+    /// connection carries the session, after its deliveries ended.
+    private func forgetUndelivered() {
+        guard let after = queue.undeliveredAfter, let session else { return }
+        sessions.update(session, on: id) { $0.cursor = min($0.cursor, after) }
     }
 
     /// A message the client sent: a text frame, or a binary one (not part of the protocol).
@@ -107,8 +119,8 @@ final class WebSocketConnection: Sendable {
     /// Sends a frame (``OutboundQueue``): written at once on the connection's event loop while
     /// the channel is writable, otherwise held; a full buffer closes the socket as a slow
     /// consumer (session kept).
-    private func send(_ text: String) {
-        guard !queue.send(text) else { return }
+    private func send(_ text: String, after: Timetoken? = nil) {
+        guard !queue.send(text, after: after) else { return }
         state.logger.debug("WebSocket closed: slow consumer (outbound buffer full)")
         // The buffer is stuck behind unread data: the close frame goes straight to the channel,
         // behind that data, and the socket is closed.
@@ -656,7 +668,8 @@ final class WebSocketConnection: Sendable {
         state.console?.sessionDelivered(uuid: round.uuid, page: page)
         if page.envelopes.isEmpty && page.gaps.isEmpty && !endsReplay { return true }
         send(WebSocketServerFrame.messages(cursor: page.cursor, envelopes: page.envelopes,
-                                           gaps: page.gaps.map { ($0.channel, $0.from, $0.through) }))
+                                           gaps: page.gaps.map { ($0.channel, $0.from, $0.through) }),
+             after: round.after)
         return true
     }
 
