@@ -179,7 +179,9 @@ public struct Outbox: Sendable {
 
     /// Removes a pending or failed message unsent. Throws ``OutboxError/Code/inFlight`` when it
     /// is being sent (the server may already have it), ``OutboxError/Code/unknownMessage`` when it
-    /// is not in the outbox (already sent or cancelled).
+    /// is not in the outbox (already sent or cancelled), ``OutboxError/Code/journal`` when a
+    /// durable outbox could not write the cancel to its journal (the message then stays, rather
+    /// than coming back at the next launch).
     public func cancel(_ id: OutboxMessageID) async throws(OutboxError) {
         client.startOutboxIfNeeded()
         try await client.outboxDriver.cancel(id)

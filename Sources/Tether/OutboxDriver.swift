@@ -192,10 +192,23 @@ actor OutboxDriver {
 
     func cancel(_ id: OutboxMessageID) throws(OutboxError) {
         try open()
-        switch machine.cancel(id, now: clock.now()) {
-        case .accepted(let actions): perform(actions)
+        var next = machine
+        switch next.cancel(id, now: clock.now()) {
+        case .accepted(let actions):
+            // Journalled before it takes effect: a cancel the journal did not keep would be undone
+            // at the next launch, which would send the message the app cancelled.
+            do { try journal?.record(id, changedTo: .cancelled) } catch {
+                throw OutboxError(.journal, "the cancel could not be written to the outbox journal (\(error)); the message stays in the outbox")
+            }
+            machine = next
+            perform(actions)
         case .refused(let error): throw error
         }
+    }
+
+    /// Tests: while `errno` is set, every write to the journal fails with it (a full disk).
+    func failJournalWrites(_ errno: Int32?) {
+        journal?.writeFailure = errno
     }
 
     func result(of id: OutboxMessageID) async throws(TetherError) -> PublishResult {

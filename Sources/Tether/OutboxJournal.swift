@@ -86,6 +86,8 @@ package final class OutboxJournal {
     private var nextIDValue: UInt64 = 1
     /// What recovery found.
     package private(set) var recovery: Recovery
+    /// Tests: while set, every write fails with this `errno` (a full disk, an I/O error).
+    package var writeFailure: Int32?
 
     /// Opens (or creates) the journal at `path` and recovers its live messages.
     package init(path: String, limits: Limits = Limits()) throws(OutboxJournalError) {
@@ -187,26 +189,22 @@ package final class OutboxJournal {
         var bytes: [UInt8] = []
         for record in records { bytes += Self.frame(Self.encode(record)) }
         let temporary = path + ".compact"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        // Opened for appending, and kept: once renamed, this descriptor is the journal's, so no
+        // reopen can fail after the rename and leave appends going to the replaced file.
+        let fd = open(temporary, O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw OutboxJournalError(.io, "cannot create \(temporary)", errno: errno) }
-        do {
+        do throws(OutboxJournalError) {
             try writeAll(bytes, to: fd)
+            guard fsync(fd) == 0 else { throw OutboxJournalError(.io, "cannot fsync \(temporary)", errno: errno) }
+            guard rename(temporary, path) == 0 else { throw OutboxJournalError(.io, "cannot replace the outbox journal", errno: errno) }
         } catch {
             close(fd)
+            unlink(temporary)
             throw error
         }
-        guard fsync(fd) == 0 else {
-            let code = errno
-            close(fd)
-            throw OutboxJournalError(.io, "cannot fsync \(temporary)", errno: code)
-        }
-        close(fd)
-        guard rename(temporary, path) == 0 else { throw OutboxJournalError(.io, "cannot replace the outbox journal", errno: errno) }
         syncDirectory()
-        let reopened = open(path, O_RDWR | O_APPEND | O_CLOEXEC)
-        guard reopened >= 0 else { throw OutboxJournalError(.io, "cannot reopen the outbox journal", errno: errno) }
         close(descriptor)
-        descriptor = reopened
+        descriptor = fd
         fileBytes = bytes.count
     }
 
@@ -282,6 +280,7 @@ package final class OutboxJournal {
     }
 
     private func writeAll(_ bytes: [UInt8], to fd: Int32) throws(OutboxJournalError) {
+        if let writeFailure { throw OutboxJournalError(.io, "cannot write the outbox journal", errno: writeFailure) }
         var written = 0
         while written < bytes.count {
             let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + written, $0.count - written) }

@@ -173,6 +173,27 @@ struct OutboxJournalTests {
         #expect(journal.restored.map(\.message.id) == [.init(1)])
     }
 
+    @Test("a compaction that fails leaves the journal as it was; after one, appends go to the new file")
+    func compactionFailureAndAfter() throws {
+        let dir = try TemporaryDirectory()
+        do {
+            let journal = try OutboxJournal(path: dir.journal)
+            for n in 1...3 { try journal.append(.accepted(Self.message(UInt64(n)))) }
+            try journal.record(.init(2), changedTo: .sent(Timetoken(2)))
+            journal.writeFailure = ENOSPC
+            #expect(throws: OutboxJournalError.self) { try journal.compact() }
+            #expect(!FileManager.default.fileExists(atPath: dir.journal + ".compact"), "the partial file is removed")
+            journal.writeFailure = nil
+            try journal.append(.accepted(Self.message(4)))
+            try journal.compact()
+            try journal.append(.accepted(Self.message(5)))
+            try journal.record(.init(1), changedTo: .cancelled)
+        }
+        let reopened = try OutboxJournal(path: dir.journal)
+        #expect(reopened.restored.map(\.message.id) == [.init(3), .init(4), .init(5)])
+        #expect(reopened.nextID == .init(6))
+    }
+
     @Test("an unreadable path is a clear error")
     func unopenable() {
         #expect(throws: OutboxJournalError.self) { try OutboxJournal(path: "/nonexistent-dir-\(UUID().uuidString)/outbox") }

@@ -408,6 +408,45 @@ struct OutboxStepTests {
         await third.shutdown()
     }
 
+    /// A cancel the journal cannot keep is refused: otherwise the next launch would restore the
+    /// message and send what the app cancelled.
+    @Test func aCancelTheJournalCannotKeepIsRefusedAndTheMessageStays() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-outbox-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("outbox.journal").path
+        let monitor = SteppedNetworkMonitor()
+        let (first, firstTransport, _) = try makeOutboxClient(monitor: monitor) { $0.outbox.journalPath = path }
+        try await first.outbox.open()
+        await monitor.send(.down)
+        let kept = try await first.outbox.enqueue(channel: "a", message: "kept")
+        let cancelled = try await first.outbox.enqueue(channel: "b", message: "cancelled")
+        await first.outboxDriver.failJournalWrites(ENOSPC)
+        do {
+            try await first.outbox.cancel(kept.id)
+            Issue.record("a cancel the journal did not keep was made")
+        } catch {
+            #expect(error.code == .journal)
+            #expect(error.message.contains("stays in the outbox"))
+        }
+        #expect(try await first.outbox.messages.map(\.id) == [kept.id, cancelled.id])
+        await first.outboxDriver.failJournalWrites(nil)
+        try await first.outbox.cancel(cancelled.id)
+        await first.shutdown()
+        #expect(firstTransport.requests.isEmpty)
+
+        // The next launch has the message whose cancel was refused, as the app was told, and sends
+        // it; the cancel that was kept sticks.
+        let (second, transport, _) = try makeOutboxClient { $0.outbox.journalPath = path }
+        #expect(try await second.outbox.messages.map(\.id) == [kept.id])
+        let exchange = try #require(await transport.next(path: "/publish"))
+        #expect(exchange.path.hasSuffix("/0/a/0/%22kept%22"))
+        exchange.respond(json: #"[1,"Sent","17000000000000300"]"#)
+        _ = try await second.outbox.result(of: kept.id)
+        #expect(transport.requests.allSatisfy { !$0.url.contains("cancelled") }, "the cancelled message was never sent")
+        await second.shutdown()
+    }
+
     @Test func aJournalThatCannotBeOpenedRefusesWithAClearError() async throws {
         let (client, _, _) = try makeOutboxClient { $0.outbox.journalPath = "/nonexistent-\(UUID().uuidString)/outbox.journal" }
         do {

@@ -151,7 +151,8 @@ public struct OutboxError: Error, Sendable, Hashable, CustomStringConvertible {
         /// The outbox is shut down (the client was shut down): nothing more is accepted.
         public static let shutDown = Code(description: "shutDown")
         /// The durable journal could not be opened or written (permissions, a full disk): the
-        /// message was not accepted, because it could not be kept.
+        /// message was not accepted, because it could not be kept; or a cancel was not made,
+        /// because the journal could not keep it.
         public static let journal = Code(description: "journal")
         /// Only a failed message can be resent.
         public static let notFailed = Code(description: "notFailed")
