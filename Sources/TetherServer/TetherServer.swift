@@ -423,9 +423,10 @@ struct StoreWriterService: Service {
 }
 
 /// Embedded store: renews the hub's cursor lease (``LongPollHub/renewCursorLease()``, checked
-/// every second, renewed once 2.5 s of it is used: a write about every 3 s). Stops just before the store, when every service that
-/// numbers events has stopped, and settles the lease to the last cursor
-/// (``LongPollHub/settleCursorLease()``), so a server restarted at once starts at its clock.
+/// every second, renewed once 2.5 s of it is used: a write about every 3 s). Stops just before
+/// the store, when every service that numbers events has stopped, and settles the lease to the
+/// last cursor (``LongPollHub/settleCursorLease()``), so a server restarted at once starts at
+/// its clock.
 struct CursorLeaseService: Service {
     let hub: LongPollHub
     let logger: Logger
