@@ -237,6 +237,13 @@ public struct TetherServer: Sendable {
         webSockets.read { table in table.session(forToken: token).flatMap { table.payload(of: $0) }?.cursor.rawValue }
     }
 
+    /// For the WebSocket session with resume token `token`: the cursor after which its socket's
+    /// oldest delivery frame not known to be written starts (raw timetoken), and the frames its
+    /// socket holds; `nil` when no socket carries it (tests).
+    package func webSocketOutbound(token: String) -> (undelivered: UInt64?, held: Int)? {
+        webSockets.outbound(forToken: token).map { ($0.undelivered?.rawValue, $0.held) }
+    }
+
     /// WebSocket upgrades accepted since the server started (tests).
     package var webSocketUpgradesAccepted: Int { webSockets.acceptedCount }
 

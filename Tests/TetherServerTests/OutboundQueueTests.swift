@@ -3,6 +3,7 @@ import NIOCore
 import NIOEmbedded
 import NIOWebSocket
 import Testing
+import TetherProtocol
 @testable import TetherServer
 
 /// A WebSocket session's frames go to its channel at once while the channel is writable and
@@ -47,6 +48,44 @@ import Testing
         queue.pump()
         #expect(try Self.written(channel) == ["e"], "the channel's writability change writes what is held")
         _ = try channel.finish()
+    }
+
+    /// A delivery frame counts as undelivered until its write succeeds: held, dropped, failed or
+    /// discarded ones keep the oldest such frame's `after`.
+    @Test func deliveryFramesCountAsUndeliveredUntilWritten() throws {
+        let channel = EmbeddedChannel()
+        let queue = OutboundQueue(channel: channel, maxFrames: 2, maxBytes: 1024)
+        queue.attach()
+        #expect(queue.send("a", after: Timetoken(10)))
+        #expect(queue.send("notice"))  // not a delivery frame
+        #expect(queue.send("b", after: Timetoken(20)))
+        #expect(try Self.written(channel) == ["a", "notice", "b"])
+        #expect(queue.undeliveredAfter == nil, "written: confirmed")
+
+        channel.isWritable = false
+        #expect(queue.send("c", after: Timetoken(30)))
+        #expect(queue.send("d", after: Timetoken(40)))
+        #expect(queue.undeliveredAfter == Timetoken(30), "held: the oldest held frame's")
+        #expect(!queue.send("e", after: Timetoken(50)), "overflow")
+        #expect(queue.undeliveredAfter == Timetoken(30))
+
+        channel.isWritable = true
+        queue.pump()
+        #expect(try Self.written(channel) == ["c", "d"])
+        #expect(queue.undeliveredAfter == Timetoken(50), "the dropped frame stays")
+
+        let other = EmbeddedChannel()
+        let held = OutboundQueue(channel: other, maxFrames: 4, maxBytes: 1024)
+        held.attach()
+        other.isWritable = false
+        #expect(held.send("f", after: Timetoken(60)))
+        #expect(held.send("g", after: Timetoken(70)))
+        held.finish()
+        #expect(held.undeliveredAfter == Timetoken(60), "discarded with the queue: still undelivered")
+        #expect(held.send("h", after: Timetoken(55)))
+        #expect(held.undeliveredAfter == Timetoken(55), "dropped after the finish")
+        _ = try channel.finish()
+        _ = try other.finish()
     }
 
     @Test func aFullBufferIsASlowConsumer() throws {

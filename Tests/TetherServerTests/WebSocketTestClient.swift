@@ -151,6 +151,7 @@ final class WebSocketTestClient: Sendable {
     }
 
     func close() async {
+        gate.resume()  // a paused reader would otherwise hold the connection's task
         commands.finish()
         task.cancel()
         _ = await task.value

@@ -602,6 +602,53 @@ import TetherTestingServer
         await server.stop()
     }
 
+    /// A resume without a cursor that takes the session over from a socket that is still open
+    /// but not reading (half-dead) starts before the frames that socket has not written, held
+    /// or being written, instead of after them.
+    @Test func aResumeWithoutACursorThatTakesOverAStuckSocketSkipsNothingItHeld() async throws {
+        let server = try await Self.start(webSocket: .init(outboundBufferFrames: 100_000, outboundBufferBytes: 512 << 20))
+        let rest = TestServer(inProcess: server)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        let token = try #require(await client.frame()?["resumeToken"]?.stringValue)
+        client.send(Self.subscribe(["stuck"]))
+        #expect(await client.frame(ofType: "subscribed") != nil)
+        client.pauseReading()
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        let filler = String(repeating: "z", count: 30_000)
+        var published: [UInt64] = []
+        var round = 0
+        // Until the socket's buffers are full and the server holds frames for it.
+        while (server.server.webSocketOutbound(token: token)?.held ?? 0) == 0, round < 100 {
+            let prefix = "\(round)-"
+            published += try await withThrowingTaskGroup(of: UInt64.self) { group in
+                for index in 0..<20 {
+                    group.addTask { try await rest.publish("stuck", "\"\(prefix)\(index)-\(filler)\"").rawValue }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            round += 1
+        }
+        published.sort()
+        let last = try #require(published.last)
+        // Every publish reached the session's deliveries: its cursor is the last one's.
+        #expect(await eventually { server.server.webSocketSessionCursor(token: token) == last })
+        let outbound = try #require(server.server.webSocketOutbound(token: token))
+        #expect(outbound.held > 0)
+        let undelivered = try #require(outbound.undelivered)
+        #expect(undelivered < last, "the session's cursor is past frames its socket never wrote")
+
+        let again = WebSocketTestClient(baseURL: server.baseURL, maxFrameSize: 16 << 20)
+        again.send(Self.hello(resume: (token, nil)))
+        #expect(await again.frame()?["resumed"] == .bool(true))
+        let expected = published.filter { $0 > undelivered }
+        let replay = await Self.envelopes(again, count: expected.count).compactMap { UInt64($0.tt) }
+        #expect(replay == expected, "replayed \(replay.count) of the \(expected.count) not written to the first socket")
+        await again.close()
+        await client.close()
+        await server.stop()
+    }
+
     @Test func shutdownDrainsEverySession() async throws {
         let server = try await Self.start(webSocket: .init(drainReconnectAfterMilliseconds: 2_000, drainJitterMilliseconds: 3_000))
         let (client, _, _) = try await Self.session(server)

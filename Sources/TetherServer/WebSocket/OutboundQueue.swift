@@ -21,16 +21,47 @@ final class OutboundQueue: Sendable {
 
     private struct State: Sendable {
         var buffer: OutboundBuffer<Held>
-        /// The cursor after which the oldest delivery frame that never reached the socket
-        /// starts (dropped: the buffer overflowed, the connection was closing, or the queue
-        /// finished with it held; or its write failed, the channel closing before it was
-        /// written); `nil` while every delivery frame did.
-        var undeliveredAfter: Timetoken?
+        /// The `after` of each delivery frame written or held whose write has not succeeded yet,
+        /// oldest first from `unconfirmedHead` (writes complete in order, so a success is the
+        /// first one's).
+        var unconfirmed: [Timetoken] = []
+        var unconfirmedHead = 0
+        /// The oldest `after` of a delivery frame that was dropped (the buffer overflowed, the
+        /// connection was closing) or whose write failed.
+        var missed: Timetoken?
 
-        /// A delivery frame (`after` non-nil) did not reach the socket.
-        mutating func missed(_ after: Timetoken?) {
+        /// A delivery frame (`after` non-nil) will not reach the socket.
+        mutating func miss(_ after: Timetoken?) {
             guard let after else { return }
-            undeliveredAfter = min(undeliveredAfter ?? after, after)
+            missed = min(missed ?? after, after)
+        }
+
+        /// A delivery frame (`after` non-nil) was written or held.
+        mutating func expect(_ after: Timetoken?) {
+            guard let after else { return }
+            unconfirmed.append(after)
+        }
+
+        /// The oldest unconfirmed delivery frame's write succeeded.
+        mutating func confirm() {
+            guard unconfirmedHead < unconfirmed.count else { return }
+            unconfirmedHead += 1
+            if unconfirmedHead == unconfirmed.count {
+                unconfirmed.removeAll(keepingCapacity: true)
+                unconfirmedHead = 0
+            } else if unconfirmedHead >= 64, unconfirmedHead * 2 >= unconfirmed.count {
+                unconfirmed.removeFirst(unconfirmedHead)
+                unconfirmedHead = 0
+            }
+        }
+
+        /// See ``OutboundQueue/undeliveredAfter``.
+        var undeliveredAfter: Timetoken? {
+            let oldest = unconfirmedHead < unconfirmed.count ? unconfirmed[unconfirmedHead] : nil
+            switch (oldest, missed) {
+            case let (a?, b?): return min(a, b)
+            case let (a, b): return a ?? b
+            }
         }
         var close: (code: UInt16, reason: String)?
         /// The close frame answers the client's: the connection closes once it is written.
@@ -62,23 +93,27 @@ final class OutboundQueue: Sendable {
     /// called on the connection's event loop with the channel writable and nothing held;
     /// otherwise held and written by a pump on the loop.
     ///
-    /// `after`: for a delivery frame, the cursor its messages follow. A delivery frame that never
-    /// reaches the socket is remembered (``undeliveredAfter``), so the session's cursor can be
-    /// set back to before it when the connection ends.
+    /// `after`: for a delivery frame, the cursor its messages follow. Until the frame's write to
+    /// the socket succeeds it counts in ``undeliveredAfter``, so the session's cursor can be set
+    /// back to before it when the connection ends or is taken over.
     @discardableResult
     func send(_ text: String, after: Timetoken? = nil) -> Bool {
         let onLoop = channel.eventLoop.inEventLoop
         enum Next { case write, pump, schedule, none, overflow }
         let next = state.withLock { s -> Next in
             guard !s.finished, s.close == nil else {
-                s.missed(after)
+                s.miss(after)
                 return .none
             }
-            if onLoop, s.attached, !s.pumping, s.buffer.isEmpty, channel.isWritable { return .write }
+            if onLoop, s.attached, !s.pumping, s.buffer.isEmpty, channel.isWritable {
+                s.expect(after)
+                return .write
+            }
             guard s.buffer.push(Held(text: text, after: after), bytes: text.utf8.count) == .queued else {
-                s.missed(after)
+                s.miss(after)
                 return .overflow
             }
+            s.expect(after)
             if s.pumping || !s.attached { return .none }
             s.pumping = true
             return onLoop ? .pump : .schedule
@@ -143,13 +178,16 @@ final class OutboundQueue: Sendable {
     func finish() {
         state.withLock { s in
             s.finished = true
-            while let held = s.buffer.pop() { s.missed(held.after) }
+            // Held delivery frames stay unconfirmed: ``undeliveredAfter`` counts them.
+            s.buffer = OutboundBuffer(maxFrames: s.buffer.maxFrames, maxBytes: s.buffer.maxBytes)
         }
     }
 
-    /// The cursor after which the oldest delivery frame that never reached the socket starts, if
-    /// one did not: a client that resumes without a cursor of its own is sent everything after it
-    /// again (``WebSocketConnection/socketClosed(then:)``).
+    /// The cursor after which the oldest delivery frame not known to have reached the socket
+    /// starts — held, being written, dropped, or failed — if there is one. A client that resumes
+    /// without a cursor of its own is sent everything after it again, whether it resumes after
+    /// this socket closed (``WebSocketConnection/socketClosed(then:)``) or takes the session
+    /// over while it is open (``WebSocketSessions/resume(_:token:belongs:)``).
     var undeliveredAfter: Timetoken? { state.withLock { $0.undeliveredAfter } }
 
     /// Whether the close frame was sent (or the queue finished): the client's close then ends
@@ -210,13 +248,20 @@ final class OutboundQueue: Sendable {
         }
     }
 
-    /// For a delivery frame, a promise that remembers it (``State/missed(_:)``) if its write fails:
-    /// the channel closed before the frame reached the socket (NIO fails the writes it still
-    /// held). `nil` for other frames.
+    /// For a delivery frame, a promise that confirms it once written to the socket, or remembers
+    /// it if its write fails (the channel closed before the frame was written: NIO fails the
+    /// writes it still held). `nil` for other frames.
     private func watch(_ after: Timetoken?) -> EventLoopPromise<Void>? {
         guard let after else { return nil }
         let promise = channel.eventLoop.makePromise(of: Void.self)
-        promise.futureResult.whenFailure { _ in self.state.withLock { $0.missed(after) } }
+        promise.futureResult.whenComplete { result in
+            self.state.withLock { s in
+                switch result {
+                case .success: s.confirm()
+                case .failure: s.miss(after)
+                }
+            }
+        }
         return promise
     }
 

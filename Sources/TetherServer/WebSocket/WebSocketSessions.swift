@@ -112,6 +112,18 @@ final class WebSocketSessions: Sendable {
         return id
     }
 
+    /// For the session with resume token `token`, its connection's ``OutboundQueue/undeliveredAfter``
+    /// and held frames; `nil` when no connection carries it (tests).
+    func outbound(forToken token: String) -> (undelivered: Timetoken?, held: Int)? {
+        locked.withLock { s in
+            guard let id = s.table.session(forToken: token),
+                  let connection = s.table.sessions(where: { _ in true }).first(where: { $0.id == id })?.connection,
+                  let queue = s.handles[connection]?.queue
+            else { return nil }
+            return (queue.undeliveredAfter, queue.held)
+        }
+    }
+
     /// Whether graceful shutdown started (deliveries stop: the hub answers at once from then on).
     var isDraining: Bool { locked.withLock { $0.table.isDraining } }
 
@@ -132,12 +144,21 @@ final class WebSocketSessions: Sendable {
             guard let id = s.table.session(forToken: token), let state = s.table.payload(of: id), belongs(state) else {
                 return (.unknown, nil)
             }
-            let result = s.table.resume(connection, token: token, now: now)
+            var result = s.table.resume(connection, token: token, now: now)
             if case .resumed(let id, let state, _) = result {
                 console?.sessionResumed(uuid: state.uuid, session: "s-\(id)", address: s.handles[connection]?.address ?? "unknown")
             }
-            if case .resumed(_, _, let previous?) = result { return (result, s.handles[previous]) }
-            return (result, nil)
+            guard case .resumed(let id, var state, let previous?) = result else { return (result, nil) }
+            // Taken over while the previous socket is open: what it has not written yet (held,
+            // being written) is delivered again from here, not skipped by a resume without a
+            // cursor. Under the lock, so no delivery of the previous connection moves the cursor
+            // in between (its updates are refused from here on).
+            if let undelivered = s.handles[previous]?.queue.undeliveredAfter, undelivered < state.cursor {
+                state.cursor = undelivered
+                s.table.update(id, payload: state, bytes: state.estimatedBytes)
+                result = .resumed(id, state, previous: previous)
+            }
+            return (result, s.handles[previous])
         }
         previous?.queue.close(code: WebSocketCloseCode.takenOver, reason: "session resumed elsewhere")
         return result
