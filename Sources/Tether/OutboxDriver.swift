@@ -169,7 +169,9 @@ actor OutboxDriver {
         let id = try enqueue(draft).id
         let outcome = await wait(for: id)
         if !Task.isCancelled, case .failure = outcome, case .failed? = machine.entry(id)?.state {
-            _ = try? cancel(id)
+            // Removed even if the journal cannot record it: a failed message comes back failed at
+            // the next launch, never sent, and the caller owns it now.
+            _ = try? cancel(id, unjournalledIfFailed: true)
             settled[id] = outcome  // a late `result(of:)` sees the failure, not the removal
         }
         return try outcome.get()
@@ -190,15 +192,23 @@ actor OutboxDriver {
         }
     }
 
-    func cancel(_ id: OutboxMessageID) throws(OutboxError) {
+    /// `unjournalledIfFailed`: a failed message is removed even when the journal cannot record
+    /// it (it comes back failed at the next launch, not sent); otherwise such a cancel is refused.
+    func cancel(_ id: OutboxMessageID, unjournalledIfFailed: Bool = false) throws(OutboxError) {
         try open()
         var next = machine
+        let wasFailed: Bool
+        if case .failed? = machine.entry(id)?.state { wasFailed = true } else { wasFailed = false }
         switch next.cancel(id, now: clock.now()) {
         case .accepted(let actions):
             // Journalled before it takes effect: a cancel the journal did not keep would be undone
             // at the next launch, which would send the message the app cancelled.
             do { try journal?.record(id, changedTo: .cancelled) } catch {
-                throw OutboxError(.journal, "the cancel could not be written to the outbox journal (\(error)); the message stays in the outbox")
+                guard unjournalledIfFailed && wasFailed else {
+                    throw OutboxError(.journal, "the cancel could not be written to the outbox journal (\(error)); the message stays in the outbox")
+                }
+                logger.warning("outbox journal write failed; the failed message comes back failed at the next launch",
+                               metadata: ["message": "\(id)", "error": "\(error)"])
             }
             machine = next
             perform(actions)

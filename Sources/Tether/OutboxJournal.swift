@@ -86,8 +86,12 @@ package final class OutboxJournal {
     private var nextIDValue: UInt64 = 1
     /// What recovery found.
     package private(set) var recovery: Recovery
-    /// Tests: while set, every write fails with this `errno` (a full disk, an I/O error).
+    /// Tests: while set, every write stops half-way and fails with this `errno` (a disk that
+    /// fills up in the middle of a record).
     package var writeFailure: Int32?
+    /// Set when a failed append could not be taken back out of the file: every later append
+    /// fails with it, since what follows a torn record would be lost at the next launch.
+    private var broken: OutboxJournalError?
 
     /// Opens (or creates) the journal at `path` and recovers its live messages.
     package init(path: String, limits: Limits = Limits()) throws(OutboxJournalError) {
@@ -142,8 +146,20 @@ package final class OutboxJournal {
             throw OutboxJournalError(.recordTooLarge,
                                      "a journal record of \(body.count) bytes exceeds the limit of \(limits.maximumRecordBytes)")
         }
-        try writeAll(Self.frame(body), to: descriptor)
-        guard fsync(descriptor) == 0 else { throw OutboxJournalError(.io, "cannot fsync the outbox journal", errno: errno) }
+        if let broken { throw broken }
+        do throws(OutboxJournalError) {
+            try writeAll(Self.frame(body), to: descriptor)
+            guard fsync(descriptor) == 0 else { throw OutboxJournalError(.io, "cannot fsync the outbox journal", errno: errno) }
+        } catch {
+            // Nothing of a record that failed may stay: a torn one would end the log at the next
+            // launch (and every record after it with it), and a whole one whose sync failed
+            // could still reach the disk and take effect although its caller was told it failed.
+            if ftruncate(descriptor, off_t(fileBytes)) != 0 || fsync(descriptor) != 0 {
+                broken = OutboxJournalError(.io, "the outbox journal could not be cut back after a failed write; it takes no more records until reopened",
+                                            errno: errno)
+            }
+            throw error
+        }
         fileBytes += 8 + body.count
         apply(record)
         if fileBytes >= limits.compactionThreshold && fileBytes - liveBytes > liveBytes {
@@ -280,16 +296,18 @@ package final class OutboxJournal {
     }
 
     private func writeAll(_ bytes: [UInt8], to fd: Int32) throws(OutboxJournalError) {
-        if let writeFailure { throw OutboxJournalError(.io, "cannot write the outbox journal", errno: writeFailure) }
+        var limit = bytes.count
+        if writeFailure != nil { limit = bytes.count / 2 }
         var written = 0
-        while written < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + written, $0.count - written) }
+        while written < limit {
+            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + written, limit - written) }
             if n < 0 {
                 if errno == EINTR { continue }
                 throw OutboxJournalError(.io, "cannot write the outbox journal", errno: errno)
             }
             written += n
         }
+        if let writeFailure { throw OutboxJournalError(.io, "cannot write the outbox journal", errno: writeFailure) }
     }
 
     // MARK: Encoding

@@ -188,10 +188,30 @@ struct OutboxJournalTests {
             try journal.compact()
             try journal.append(.accepted(Self.message(5)))
             try journal.record(.init(1), changedTo: .cancelled)
+            #expect(journal.sizeInBytes == (try fileSize(dir.journal)))
         }
         let reopened = try OutboxJournal(path: dir.journal)
         #expect(reopened.restored.map(\.message.id) == [.init(3), .init(4), .init(5)])
         #expect(reopened.nextID == .init(6))
+    }
+
+    @Test("an append that fails half-way leaves nothing of itself: later records are kept at the next launch")
+    func failedAppendIsCutBack() throws {
+        let dir = try TemporaryDirectory()
+        do {
+            let journal = try OutboxJournal(path: dir.journal)
+            try journal.append(.accepted(Self.message(1)))
+            let before = try fileSize(dir.journal)
+            journal.writeFailure = ENOSPC
+            #expect(throws: OutboxJournalError.self) { try journal.append(.accepted(Self.message(2))) }
+            #expect(try fileSize(dir.journal) == before, "the torn half is cut off at once")
+            journal.writeFailure = nil
+            try journal.append(.accepted(Self.message(3)))
+            #expect(journal.sizeInBytes == (try fileSize(dir.journal)))
+        }
+        let reopened = try OutboxJournal(path: dir.journal)
+        #expect(reopened.restored.map(\.message.id) == [.init(1), .init(3)])
+        #expect(reopened.recovery.discardedBytes == 0)
     }
 
     @Test("an unreadable path is a clear error")

@@ -447,6 +447,31 @@ struct OutboxStepTests {
         await second.shutdown()
     }
 
+    /// `publish` removes a message that failed once it returns the failure (the caller owns it),
+    /// even when the journal cannot record the removal: it comes back failed, never sent.
+    @Test func aFailedMessageLeavesTheOutboxWhenItsRemovalCannotBeJournalled() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-outbox-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("outbox.journal").path
+        let (first, transport, _) = try makeOutboxClient { $0.outbox.journalPath = path }
+        let refused = try await first.outbox.enqueue(channel: "x", message: "refused")
+        try #require(await transport.next(path: "/publish")).respond(status: 403, json: #"{"status":403,"error":true}"#)
+        _ = await failure { try await first.outbox.result(of: refused.id) }
+        await first.outboxDriver.failJournalWrites(ENOSPC)
+        try await first.outboxDriver.cancel(refused.id, unjournalledIfFailed: true)
+        #expect(try await first.outbox.messages.isEmpty)
+        await first.outboxDriver.failJournalWrites(nil)
+        await first.shutdown()
+
+        let (second, secondTransport, _) = try makeOutboxClient { $0.outbox.journalPath = path }
+        let left = try await second.outbox.messages
+        #expect(left.map(\.id) == [refused.id])
+        #expect(left.first?.state == .failed(.accessDenied))
+        await second.shutdown()
+        #expect(secondTransport.requests.isEmpty, "a failed message is never sent again by itself")
+    }
+
     @Test func aJournalThatCannotBeOpenedRefusesWithAClearError() async throws {
         let (client, _, _) = try makeOutboxClient { $0.outbox.journalPath = "/nonexistent-\(UUID().uuidString)/outbox.journal" }
         do {
