@@ -358,10 +358,9 @@ struct OutboxStepTests {
     // MARK: Durable outbox (a real journal file)
 
     @Test func messagesAcceptedBeforeTheClientWentAwayAreSentByTheNextOneWithTheirRequestIds() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-outbox-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let path = directory.appendingPathComponent("outbox.journal").path
+        let directory = try OutboxJournalTests.TemporaryDirectory()
+        defer { withExtendedLifetime(directory) {} }  // removed when the test ends, not before
+        let path = directory.journal
 
         let monitor = SteppedNetworkMonitor()
         let (first, firstTransport, _) = try makeOutboxClient(monitor: monitor) { $0.outbox.journalPath = path }
@@ -411,10 +410,9 @@ struct OutboxStepTests {
     /// A cancel the journal cannot keep is refused: otherwise the next launch would restore the
     /// message and send what the app cancelled.
     @Test func aCancelTheJournalCannotKeepIsRefusedAndTheMessageStays() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-outbox-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let path = directory.appendingPathComponent("outbox.journal").path
+        let directory = try OutboxJournalTests.TemporaryDirectory()
+        defer { withExtendedLifetime(directory) {} }  // removed when the test ends, not before
+        let path = directory.journal
         let monitor = SteppedNetworkMonitor()
         let (first, firstTransport, _) = try makeOutboxClient(monitor: monitor) { $0.outbox.journalPath = path }
         try await first.outbox.open()
@@ -450,10 +448,9 @@ struct OutboxStepTests {
     /// `publish` removes a message that failed once it returns the failure (the caller owns it),
     /// even when the journal cannot record the removal: it comes back failed, never sent.
     @Test func aFailedMessageLeavesTheOutboxWhenItsRemovalCannotBeJournalled() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-outbox-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let path = directory.appendingPathComponent("outbox.journal").path
+        let directory = try OutboxJournalTests.TemporaryDirectory()
+        defer { withExtendedLifetime(directory) {} }  // removed when the test ends, not before
+        let path = directory.journal
         let (first, transport, _) = try makeOutboxClient { $0.outbox.journalPath = path }
         let refused = try await first.outbox.enqueue(channel: "x", message: "refused")
         try #require(await transport.next(path: "/publish")).respond(status: 403, json: #"{"status":403,"error":true}"#)
