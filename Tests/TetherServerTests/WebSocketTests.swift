@@ -548,6 +548,37 @@ import TetherTestingServer
         await server.stop()
     }
 
+    /// A session on `channel` whose client has stopped reading, and its resume token.
+    static func pausedSession(_ server: InProcessServer, channel: String) async throws -> (WebSocketTestClient, token: String) {
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(hello())
+        let token = try #require(await client.frame()?["resumeToken"]?.stringValue)
+        client.send(subscribe([channel]))
+        #expect(await client.frame(ofType: "subscribed") != nil)
+        client.pauseReading()
+        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
+        return (client, token)
+    }
+
+    /// Stored publishes of ~30 KB to `channel`, 20 at a time, until `done` (at most 100 rounds);
+    /// their timetokens, in no particular order.
+    static func flood(_ rest: TestServer, channel: String, until done: () -> Bool) async throws -> [UInt64] {
+        let filler = String(repeating: "y", count: 30_000)
+        var published: [UInt64] = []
+        var round = 0
+        while !done(), round < 100 {
+            let prefix = "\(round)-"
+            published += try await withThrowingTaskGroup(of: UInt64.self) { group in
+                for index in 0..<20 {
+                    group.addTask { try await rest.publish(channel, "\"\(prefix)\(index)-\(filler)\"").rawValue }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            round += 1
+        }
+        return published
+    }
+
     /// A frame dropped for a slow consumer (the one that overflowed the buffer, and those held
     /// when the socket closed) is not skipped by a client that resumes without a cursor of its
     /// own: the session's cursor is set back to the last frame that reached the socket, so what
@@ -555,28 +586,9 @@ import TetherTestingServer
     @Test func aResumeWithoutACursorAfterASlowConsumerSkipsNothing() async throws {
         let server = try await Self.start(webSocket: .init(outboundBufferFrames: 4, outboundBufferBytes: 64 * 1024))
         let rest = TestServer(inProcess: server)
-        let client = WebSocketTestClient(baseURL: server.baseURL)
-        client.send(Self.hello())
-        let token = try #require(await client.frame()?["resumeToken"]?.stringValue)
-        client.send(Self.subscribe(["flood"]))
-        #expect(await client.frame(ofType: "subscribed") != nil)
-        client.pauseReading()
-        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
-        let filler = String(repeating: "y", count: 30_000)
-        var published: Set<String> = []
-        var round = 0
-        // Stored publishes, until the socket's buffers fill and the outbound buffer overflows.
-        while server.server.webSocketCounts.kept == 0, round < 100 {
-            let prefix = "\(round)-"
-            let timetokens = try await withThrowingTaskGroup(of: String.self) { group in
-                for index in 0..<20 {
-                    group.addTask { String(try await rest.publish("flood", "\"\(prefix)\(index)-\(filler)\"").rawValue) }
-                }
-                return try await group.reduce(into: []) { $0.append($1) }
-            }
-            published.formUnion(timetokens)
-            round += 1
-        }
+        let (client, token) = try await Self.pausedSession(server, channel: "flood")
+        // Until the socket's buffers fill and the outbound buffer overflows.
+        let published = Set(try await Self.flood(rest, channel: "flood") { server.server.webSocketCounts.kept > 0 }.map(String.init))
         #expect(server.server.webSocketCounts.kept == 1)
         // What reached the first socket, read now.
         client.resumeReading()
@@ -608,27 +620,9 @@ import TetherTestingServer
     @Test func aResumeWithoutACursorThatTakesOverAStuckSocketSkipsNothingItHeld() async throws {
         let server = try await Self.start(webSocket: .init(outboundBufferFrames: 100_000, outboundBufferBytes: 512 << 20))
         let rest = TestServer(inProcess: server)
-        let client = WebSocketTestClient(baseURL: server.baseURL)
-        client.send(Self.hello())
-        let token = try #require(await client.frame()?["resumeToken"]?.stringValue)
-        client.send(Self.subscribe(["stuck"]))
-        #expect(await client.frame(ofType: "subscribed") != nil)
-        client.pauseReading()
-        #expect(await eventually { server.server.state.hub.waitingCount == 1 })
-        let filler = String(repeating: "z", count: 30_000)
-        var published: [UInt64] = []
-        var round = 0
+        let (client, token) = try await Self.pausedSession(server, channel: "stuck")
         // Until the socket's buffers are full and the server holds frames for it.
-        while (server.server.webSocketOutbound(token: token)?.held ?? 0) == 0, round < 100 {
-            let prefix = "\(round)-"
-            published += try await withThrowingTaskGroup(of: UInt64.self) { group in
-                for index in 0..<20 {
-                    group.addTask { try await rest.publish("stuck", "\"\(prefix)\(index)-\(filler)\"").rawValue }
-                }
-                return try await group.reduce(into: []) { $0.append($1) }
-            }
-            round += 1
-        }
+        var published = try await Self.flood(rest, channel: "stuck") { (server.server.webSocketOutbound(token: token)?.held ?? 0) > 0 }
         published.sort()
         let last = try #require(published.last)
         // Every publish reached the session's deliveries: its cursor is the last one's.
