@@ -118,6 +118,12 @@ actor OutboxDriver {
     /// pending in it goes at the next launch), ``run(client:)`` ends.
     func shutdown() {
         phase = .shutDown
+        // A last chance for what the journal could not write while the app ran (a disk that was
+        // full): otherwise the next launch sees those messages as they were before.
+        do { try journal?.catchUp() } catch {
+            logger.warning("outbox journal is behind and could not be rewritten; the next launch sees the messages as last written",
+                           metadata: ["error": "\(error)"])
+        }
         journal = nil
         waiters.failAll(TetherError(Status(category: .cancelled, operation: .publish,
                                            serverMessage: "the client was shut down; the message stays in the outbox")))
@@ -169,8 +175,9 @@ actor OutboxDriver {
         let id = try enqueue(draft).id
         let outcome = await wait(for: id)
         if !Task.isCancelled, case .failure = outcome, case .failed? = machine.entry(id)?.state {
-            // Removed even if the journal cannot record it: a failed message comes back failed at
-            // the next launch, never sent, and the caller owns it now.
+            // Removed even if the journal cannot record it now: the journal writes the removal
+            // with its next record (at worst the message comes back failed, never sent), and the
+            // caller owns the failure now.
             _ = try? cancel(id, unjournalledIfFailed: true)
             settled[id] = outcome  // a late `result(of:)` sees the failure, not the removal
         }
@@ -193,7 +200,8 @@ actor OutboxDriver {
     }
 
     /// `unjournalledIfFailed`: a failed message is removed even when the journal cannot record
-    /// it (it comes back failed at the next launch, not sent); otherwise such a cancel is refused.
+    /// it now (the journal writes it with its next record; at worst the message comes back failed
+    /// at the next launch, never sent); otherwise such a cancel is refused.
     func cancel(_ id: OutboxMessageID, unjournalledIfFailed: Bool = false) throws(OutboxError) {
         try open()
         var next = machine
@@ -203,11 +211,12 @@ actor OutboxDriver {
         case .accepted(let actions):
             // Journalled before it takes effect: a cancel the journal did not keep would be undone
             // at the next launch, which would send the message the app cancelled.
-            do { try journal?.record(id, changedTo: .cancelled) } catch {
-                guard unjournalledIfFailed && wasFailed else {
+            let regardless = unjournalledIfFailed && wasFailed
+            do { try journal?.record(id, changedTo: .cancelled, ifUnwritten: regardless ? .kept : .dropped) } catch {
+                guard regardless else {
                     throw OutboxError(.journal, "the cancel could not be written to the outbox journal (\(error)); the message stays in the outbox")
                 }
-                logger.warning("outbox journal write failed; the failed message comes back failed at the next launch",
+                logger.warning("outbox journal write failed; the removal of the failed message is written with the next record",
                                metadata: ["message": "\(id)", "error": "\(error)"])
             }
             machine = next
@@ -323,10 +332,13 @@ actor OutboxDriver {
 
     /// Journals a change, settles waiters, and describes it for the app.
     private func changed(_ id: OutboxMessageID, _ state: OutboxMessageState) -> OutboxChange? {
-        do { try journal?.record(id, changedTo: state) } catch {
-            // The next launch sends the message again with its request id: the server's dedup
-            // window answers that repeat with the original timetoken.
-            logger.warning("outbox journal write failed", metadata: ["message": "\(id)", "error": "\(error)"])
+        do { try journal?.record(id, changedTo: state, ifUnwritten: .kept) } catch {
+            // The change has happened: the journal keeps it and writes it with its next record.
+            // If nothing can be written before the app ends, the next launch sees the message as
+            // it was (a sent one goes again with its request id, which the server's dedup window
+            // answers with the original timetoken).
+            logger.warning("outbox journal write failed; the change is written with the next record",
+                           metadata: ["message": "\(id)", "error": "\(error)"])
         }
         guard let header = headers[id] else { return nil }
         let failure: StatusCategory?

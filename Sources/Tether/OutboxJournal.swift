@@ -31,9 +31,11 @@ import TetherProtocol
 ///   half of the file, and the file is at least ``Limits/compactionThreshold`` bytes, the log is
 ///   rewritten with the live messages only.
 ///
-/// A settle that could not be written (a full disk) means the message is sent again at the next
-/// launch with its original request id: the server's dedup window answers that repeat with the
-/// original timetoken. A record damaged in the middle of the file (disk corruption, not a torn
+/// A settle that could not be written (a full disk) is kept in memory and written by the next
+/// record that can be written, which first rewrites the file whole (``catchUp()``). Only when
+/// nothing can be written again before the app ends does the next launch see the message as it
+/// was: a sent one is sent again with its original request id (the server's dedup window answers
+/// that repeat with the original timetoken), a failed one comes back pending. A record damaged in the middle of the file (disk corruption, not a torn
 /// write) ends the log there: the records after it are lost, which is reported in ``recovery``.
 ///
 /// Not `Sendable`: one owner (the outbox shell's actor) appends and compacts.
@@ -89,9 +91,13 @@ package final class OutboxJournal {
     /// Tests: while set, every write stops half-way and fails with this `errno` (a disk that
     /// fills up in the middle of a record).
     package var writeFailure: Int32?
-    /// Set when a failed append could not be taken back out of the file: every later append
-    /// fails with it, since what follows a torn record would be lost at the next launch.
+    /// Set when a failed append could not be taken back out of the file: nothing more is appended
+    /// to it, since what follows a torn record would be lost at the next launch. The next write
+    /// rewrites the file whole instead (``compact()``, which clears it).
     private var broken: OutboxJournalError?
+    /// Set when a change that had already happened could not be written (``Unwritten/kept``): the
+    /// file no longer says what the live messages are. The next write rewrites it whole first.
+    private var behind = false
 
     /// Opens (or creates) the journal at `path` and recovers its live messages.
     package init(path: String, limits: Limits = Limits()) throws(OutboxJournalError) {
@@ -146,7 +152,7 @@ package final class OutboxJournal {
             throw OutboxJournalError(.recordTooLarge,
                                      "a journal record of \(body.count) bytes exceeds the limit of \(limits.maximumRecordBytes)")
         }
-        if let broken { throw broken }
+        try catchUp()
         do throws(OutboxJournalError) {
             try writeAll(Self.frame(body), to: descriptor)
             guard fsync(descriptor) == 0 else { throw OutboxJournalError(.io, "cannot fsync the outbox journal", errno: errno) }
@@ -155,7 +161,7 @@ package final class OutboxJournal {
             // launch (and every record after it with it), and a whole one whose sync failed
             // could still reach the disk and take effect although its caller was told it failed.
             if ftruncate(descriptor, off_t(fileBytes)) != 0 || fsync(descriptor) != 0 {
-                broken = OutboxJournalError(.io, "the outbox journal could not be cut back after a failed write; it takes no more records until reopened",
+                broken = OutboxJournalError(.io, "the outbox journal could not be cut back after a failed write; nothing more is appended until it is rewritten whole",
                                             errno: errno)
             }
             throw error
@@ -169,24 +175,58 @@ package final class OutboxJournal {
         }
     }
 
+    /// What ``record(_:changedTo:ifUnwritten:)`` does with a change it could not write.
+    package enum Unwritten: Sendable {
+        /// Leaves the journal as it was: the change is refused (a cancel the app asked for).
+        case dropped
+        /// Keeps the change in the journal's own picture of the live messages and writes it with
+        /// the next record that can be written, by rewriting the file whole (``compact()``): for a
+        /// change that has already happened (a send's outcome), which the file must catch up with
+        /// before the next launch reads it.
+        case kept
+    }
+
     /// Records a state change the outbox reported (``OutboxMachine/Action/changed(_:_:)``):
     /// sent or cancelled → removed; failed → failed; pending after failed (a resend) → requeued.
     /// Other changes (sending, pending while retrying) are not journalled: at the next launch the
-    /// message is pending, which is what it is.
-    package func record(_ id: OutboxMessage.ID, changedTo state: OutboxMessageState) throws(OutboxJournalError) {
+    /// message is pending, which is what it is. Throws when the change could not be written;
+    /// `ifUnwritten` says whether the journal still counts it.
+    package func record(_ id: OutboxMessage.ID, changedTo state: OutboxMessageState,
+                        ifUnwritten: Unwritten = .dropped) throws(OutboxJournalError) {
         guard let entry = live[id]?.entry else { return }
+        let record: Record
         switch state {
         case .sent, .cancelled:
-            try append(.removed(id))
+            record = .removed(id)
         case .failed(let category):
-            try append(.failed(id, category))
+            record = .failed(id, category)
         case .pending:
-            switch entry.state {
-            case .failed: try append(.requeued(id))
-            case .pending: break
-            }
+            guard case .failed = entry.state else { return }
+            record = .requeued(id)
         case .sending:
-            break
+            return
+        }
+        do { try append(record) } catch {
+            if case .kept = ifUnwritten {
+                apply(record)
+                behind = true
+            }
+            throw error
+        }
+    }
+
+    /// Whether the file is behind the live messages (a change was kept unwritten, or a failed
+    /// write could not be cut back) and is rewritten whole at the next write or ``catchUp()``.
+    package var isBehind: Bool { behind || broken != nil }
+
+    /// Rewrites the file whole when it is behind (``isBehind``); nothing otherwise. Every append
+    /// does this first; the outbox shell also tries it when it closes.
+    package func catchUp() throws(OutboxJournalError) {
+        guard isBehind else { return }
+        do { try compact() } catch {
+            // The cause the appends report is the first one: a file that could not be cut back.
+            if let broken { throw broken }
+            throw error
         }
     }
 
@@ -219,9 +259,12 @@ package final class OutboxJournal {
             throw error
         }
         syncDirectory()
-        close(descriptor)
+        if descriptor >= 0 { close(descriptor) }
         descriptor = fd
         fileBytes = bytes.count
+        // The new file holds exactly the live messages: nothing is behind, nothing is torn.
+        behind = false
+        broken = nil
     }
 
     // MARK: Recovery

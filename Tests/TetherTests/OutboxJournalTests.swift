@@ -214,6 +214,55 @@ struct OutboxJournalTests {
         #expect(reopened.recovery.discardedBytes == 0)
     }
 
+    @Test("a change that already happened but could not be written is written by the next record that can be, the file rewritten whole")
+    func unwrittenChangesCatchUp() throws {
+        let dir = try TemporaryDirectory()
+        do {
+            let journal = try OutboxJournal(path: dir.journal)
+            for n in 1...4 { try journal.append(.accepted(Self.message(UInt64(n)))) }
+            journal.writeFailure = ENOSPC
+            // 1 failed and 2 was sent: both have happened. 3's cancel is refused (dropped).
+            #expect(throws: OutboxJournalError.self) {
+                try journal.record(.init(1), changedTo: .failed(.accessDenied), ifUnwritten: .kept)
+            }
+            #expect(throws: OutboxJournalError.self) { try journal.record(.init(2), changedTo: .sent(Timetoken(2)), ifUnwritten: .kept) }
+            #expect(throws: OutboxJournalError.self) { try journal.record(.init(3), changedTo: .cancelled) }
+            #expect(journal.isBehind)
+            // Still full: the rewrite fails too, the acceptance is refused, nothing is left behind.
+            #expect(throws: OutboxJournalError.self) { try journal.append(.accepted(Self.message(5))) }
+            #expect(!FileManager.default.fileExists(atPath: dir.journal + ".compact"))
+            #expect(journal.isBehind)
+            journal.writeFailure = nil
+            try journal.append(.accepted(Self.message(6)))
+            #expect(!journal.isBehind)
+            #expect(journal.sizeInBytes == (try fileSize(dir.journal)))
+        }
+        let reopened = try OutboxJournal(path: dir.journal)
+        #expect(reopened.restored.map(\.message.id) == [.init(1), .init(3), .init(4), .init(6)])
+        #expect(reopened.restored.first?.state == .failed(.accessDenied))
+        #expect(reopened.nextID == .init(7))
+        #expect(reopened.recovery.discardedBytes == 0)
+    }
+
+    @Test("catchUp rewrites a journal that is behind, and does nothing to one that is not")
+    func catchUpAlone() throws {
+        let dir = try TemporaryDirectory()
+        do {
+            let journal = try OutboxJournal(path: dir.journal)
+            for n in 1...2 { try journal.append(.accepted(Self.message(UInt64(n)))) }
+            let before = try fileSize(dir.journal)
+            try journal.catchUp()
+            #expect(try fileSize(dir.journal) == before, "not behind: not rewritten")
+            journal.writeFailure = ENOSPC
+            #expect(throws: OutboxJournalError.self) { try journal.record(.init(1), changedTo: .sent(Timetoken(1)), ifUnwritten: .kept) }
+            #expect(throws: OutboxJournalError.self) { try journal.catchUp() }
+            journal.writeFailure = nil
+            try journal.catchUp()
+            #expect(!journal.isBehind)
+        }
+        #expect(try OutboxJournal(path: dir.journal).restored.map(\.message.id) == [.init(2)])
+    }
+
     @Test("an unreadable path is a clear error")
     func unopenable() {
         #expect(throws: OutboxJournalError.self) { try OutboxJournal(path: "/nonexistent-dir-\(UUID().uuidString)/outbox") }

@@ -446,8 +446,11 @@ struct OutboxStepTests {
     }
 
     /// `publish` removes a message that failed once it returns the failure (the caller owns it),
-    /// even when the journal cannot record the removal: it comes back failed, never sent.
-    @Test func aFailedMessageLeavesTheOutboxWhenItsRemovalCannotBeJournalled() async throws {
+    /// even when the journal cannot record the removal: the journal writes it with its next record
+    /// (here, at shutdown), and if the disk never comes back the message comes back failed, never
+    /// sent.
+    @Test(arguments: [true, false])
+    func aFailedMessageLeavesTheOutboxWhenItsRemovalCannotBeJournalled(diskComesBack: Bool) async throws {
         let directory = try OutboxJournalTests.TemporaryDirectory()
         defer { withExtendedLifetime(directory) {} }  // removed when the test ends, not before
         let path = directory.journal
@@ -458,15 +461,50 @@ struct OutboxStepTests {
         await first.outboxDriver.failJournalWrites(ENOSPC)
         try await first.outboxDriver.cancel(refused.id, unjournalledIfFailed: true)
         #expect(try await first.outbox.messages.isEmpty)
-        await first.outboxDriver.failJournalWrites(nil)
+        if diskComesBack { await first.outboxDriver.failJournalWrites(nil) }
         await first.shutdown()
 
         let (second, secondTransport, _) = try makeOutboxClient { $0.outbox.journalPath = path }
         let left = try await second.outbox.messages
-        #expect(left.map(\.id) == [refused.id])
-        #expect(left.first?.state == .failed(.accessDenied))
+        if diskComesBack {
+            #expect(left.isEmpty, "the removal was written when the journal could write again")
+        } else {
+            #expect(left.map(\.id) == [refused.id])
+            #expect(left.first?.state == .failed(.accessDenied))
+        }
         await second.shutdown()
         #expect(secondTransport.requests.isEmpty, "a failed message is never sent again by itself")
+    }
+
+    /// A failure the journal could not record while `publish` waited (a full disk) is not undone
+    /// at the next launch: once the journal can write again it catches up, so the message whose
+    /// failure `publish` returned is not sent by the next launch.
+    @Test func aFailureTheJournalCouldNotRecordIsNotSentAtTheNextLaunch() async throws {
+        let directory = try OutboxJournalTests.TemporaryDirectory()
+        defer { withExtendedLifetime(directory) {} }  // removed when the test ends, not before
+        let path = directory.journal
+        let monitor = SteppedNetworkMonitor()
+        let (first, transport, _) = try makeOutboxClient(monitor: monitor) { $0.outbox.journalPath = path }
+        let publish = Task { try await first.publish(channel: "x", message: "refused") }
+        let exchange = try #require(await transport.next(path: "/publish"))
+        await first.outboxDriver.failJournalWrites(ENOSPC)   // the disk fills up while it is in flight
+        exchange.respond(status: 403, json: #"{"status":403,"error":true}"#)
+        #expect(await failure { try await publish.value }?.category == .accessDenied)
+        #expect(try await first.outbox.messages.isEmpty)
+        await first.outboxDriver.failJournalWrites(nil)
+        // The next message the app sends is written, and the journal catches up before it.
+        await monitor.send(.down)
+        let later = try await first.outbox.enqueue(channel: "y", message: "later")
+        await first.shutdown()
+
+        let (second, secondTransport, _) = try makeOutboxClient { $0.outbox.journalPath = path }
+        #expect(try await second.outbox.messages.map(\.id) == [later.id])
+        let resent = try #require(await secondTransport.next(path: "/publish"))
+        #expect(resent.path.hasSuffix("/0/y/0/%22later%22"))
+        resent.respond(json: #"[1,"Sent","17000000000000400"]"#)
+        _ = try await second.outbox.result(of: later.id)
+        await second.shutdown()
+        #expect(secondTransport.requests.allSatisfy { !$0.url.contains("refused") }, "the failed message was not sent again")
     }
 
     @Test func aJournalThatCannotBeOpenedRefusesWithAClearError() async throws {
