@@ -1,6 +1,7 @@
 public import Foundation
 import GRDB
 import Logging
+import TetherProtocol
 
 extension MessageStore {
     /// SQLite's quick check at start-up: every page of the file is read once, so damage is
@@ -91,7 +92,11 @@ public enum StoreRecovery {
     /// `tether.damaged-<UTC time>.sqlite`, then builds a fresh store at the original path with
     /// every row that can still be read, table by table: each table is read in key order until
     /// damage stops it, then backwards from its end, so only rows on damaged pages are lost.
-    /// The highest stored timetoken is carried over so timetokens keep increasing.
+    /// Timetokens keep increasing: the fresh store's `highest_timetoken` is at least the highest
+    /// stored timetoken, the salvaged row, and the damaged files' last write plus the cursor
+    /// lease (``LongPollHub/cursorLease``): the lease a server takes never runs further ahead of
+    /// the clock of its last write, so no cursor it handed out is above that, even when the row
+    /// itself was lost and the clock is now behind.
     ///
     /// If salvaging fails outright the fresh file is not created: the server then starts on an
     /// empty store, and the damaged copy is still there.
@@ -105,6 +110,7 @@ public enum StoreRecovery {
         formatter.dateFormat = "yyyyMMdd'T'HHmmss'Z'"
         let stamp = formatter.string(from: now)
         let aside = (directory as NSString).appendingPathComponent("tether.damaged-\(stamp).sqlite")
+        let lastWritten = lastWriteFloor(path: path)
         var moved: [StoreRecoveryReport.MovedFile] = []
         for suffix in ["", "-wal", "-shm"] where manager.fileExists(atPath: path + suffix) {
             try manager.moveItem(atPath: path + suffix, toPath: aside + suffix)
@@ -143,7 +149,14 @@ public enum StoreRecovery {
             unreadable = StoreOpenError(classifying: error, path: aside).reason
         }
         try fresh.write { db in
-            // Timetokens must keep increasing even if the record of the highest one was lost.
+            // Timetokens must keep increasing even if the record of the highest one was lost,
+            // and stay above every cursor the last server on the file handed out (its lease).
+            if let lastWritten {
+                try db.execute(sql: """
+                    INSERT INTO server_state (key, value) VALUES ('highest_timetoken', ?)
+                    ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
+                    """, arguments: [lastWritten])
+            }
             try db.execute(sql: """
                 INSERT INTO server_state (key, value) SELECT 'highest_timetoken', max(timetoken) FROM message WHERE true HAVING count(*) > 0
                 ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)
@@ -165,6 +178,21 @@ public enum StoreRecovery {
         }
         try manager.moveItem(atPath: freshPath, toPath: path)
         return StoreRecoveryReport(moved: moved, path: path, tables: tables, unreadable: unreadable)
+    }
+
+    /// The store's last write (the later modification time of the file and its WAL) plus the
+    /// cursor lease, as a stored timetoken; `nil` when neither time can be read.
+    static func lastWriteFloor(path: String) -> Int64? {
+        var latest: Date?
+        for suffix in ["", "-wal"] {
+            guard let date = (try? FileManager.default.attributesOfItem(atPath: path + suffix))?[.modificationDate] as? Date
+            else { continue }
+            latest = max(latest ?? date, date)
+        }
+        guard let latest, latest.timeIntervalSince1970 > 0 else { return nil }
+        let written = Timetoken(unixSeconds: latest.timeIntervalSince1970).storageValue
+        let (floor, overflow) = written.addingReportingOverflow(LongPollHub.cursorLease)
+        return overflow ? written : floor
     }
 
     /// Copies the readable rows of `table` (the columns both schemas have): forwards in key

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Logging
 import Synchronization
 import Testing
@@ -166,5 +167,31 @@ import Testing
         #expect(hub.currentCursor >= last)
         #expect(Self.signal(hub) > last)
         try store.close()
+    }
+
+    /// `tether store recover` on a file whose `highest_timetoken` row was lost: the fresh store
+    /// still starts above every cursor the last server could have handed out (its last write plus
+    /// the lease), not at the highest stored message, even though the clock is now behind.
+    @Test func aRecoveredStoreThatLostItsLeaseRowStartsAboveTheLastServersLease() async throws {
+        let directory = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = try Self.openStore(directory)
+        try await store.withWriterRunning { store in try await store.append(Self.message(100)) }
+        try store.close()
+        let path = MessageStore.databasePath(in: directory)
+        let raw = try DatabaseQueue(path: path)
+        try await raw.write { db in try db.execute(sql: "DELETE FROM server_state WHERE key = 'highest_timetoken'") }
+        try raw.close()
+        // The last server wrote an hour after the clock the recovery and the restart now read.
+        let lastWrite = Date().addingTimeInterval(3_600)
+        for suffix in ["", "-wal"] where FileManager.default.fileExists(atPath: path + suffix) {
+            try FileManager.default.setAttributes([.modificationDate: lastWrite], ofItemAtPath: path + suffix)
+        }
+        let report = try StoreRecovery.recover(directory: directory, now: Date())
+        #expect(report.tables.first { $0.name == "message" }?.kept == 1)
+        let recovered = try Self.openStore(directory)
+        let floor = Timetoken(unixSeconds: lastWrite.timeIntervalSince1970).storageValue + LongPollHub.cursorLease
+        #expect(try recovered.highestTimetoken().storageValue >= floor - 10_000)  // the file system's time resolution
+        try recovered.close()
     }
 }
