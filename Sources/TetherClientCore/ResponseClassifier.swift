@@ -48,7 +48,9 @@ package enum ClassifiedResponse: Sendable, Hashable {
 package enum ResponseClassifier {
     /// Classifies a response.
     package static func classify(statusCode: Int, body: [UInt8]) -> ClassifiedResponse {
-        let parsed = try? JSONValue(parsing: body)
+        // Up to the answer depth: a message a server stored before it limited stored values
+        // is read, rather than failing every read of its channel.
+        let parsed = try? JSONValue(parsing: body, maximumDepth: JSONText.maximumAnswerDepth)
         let bodyText = String(decoding: body.prefix(2048), as: UTF8.self)
         var effective = statusCode
         if (200..<300).contains(statusCode), let parsed, let embedded = embeddedErrorStatus(parsed) {

@@ -60,20 +60,22 @@ enum JSONTreeBuilder: JSONBuilder {
     }
 }
 
-/// The one JSON (RFC 8259) reader of the package, strict and with nesting bounded by
-/// ``JSONText/maximumDepth`` so hostile input (`[[[[…`) cannot exhaust the stack.
+/// The one JSON (RFC 8259) reader of the package, strict and with nesting bounded (by
+/// ``JSONText/maximumDepth``, or at most ``JSONText/maximumAnswerDepth`` when asked) so hostile
+/// input (`[[[[…`) cannot exhaust the stack.
 ///
 /// Inside strings, bytes that are not valid UTF-8 and `\u` escapes of unpaired surrogates are
 /// accepted; when strings are decoded they become U+FFFD.
 struct JSONScanner<Builder: JSONBuilder> {
     let bytes: [UInt8]
     var index = 0
-    /// The deepest nesting accepted (``JSONText/maximumDepth`` unless a caller asks for less).
+    /// The deepest nesting accepted (``JSONText/maximumDepth`` unless a caller asks for another,
+    /// never more than ``JSONText/maximumAnswerDepth``).
     let depthLimit: Int
 
     init(bytes: [UInt8], depthLimit: Int = JSONText.maximumDepth) {
         self.bytes = bytes
-        self.depthLimit = min(depthLimit, JSONText.maximumDepth)
+        self.depthLimit = min(depthLimit, JSONText.maximumAnswerDepth)
     }
 
     /// One value surrounded by optional whitespace, and nothing after it.

@@ -46,6 +46,14 @@ public enum JSONText {
     /// parsed alone but not inside its envelope would stop delivery on its subscription.
     package static let maximumValueDepth = 48
 
+    /// The deepest nesting the SDK reads in a server's answer (a REST body or a WebSocket frame):
+    /// ``maximumDepth`` plus the 16 levels an envelope may add. Servers before
+    /// ``maximumValueDepth`` stored values up to ``maximumDepth`` deep; an answer carrying one
+    /// (a subscribe, history or here-now answer) is read, so such a message reaches its channel's
+    /// subscribers instead of making every read of that answer fail. Whatever a server or SDK
+    /// reads from the other side's input stays at ``maximumDepth``.
+    package static let maximumAnswerDepth = maximumDepth + 16
+
     /// Validates `bytes` as one JSON value surrounded by optional whitespace, nested at most
     /// `maximumDepth` deep (never more than ``maximumDepth``).
     /// - Returns: the kind of the top-level value.

@@ -85,6 +85,13 @@ public enum JSONValue: Sendable, Hashable {
         try self.init(parsing: Array(text.utf8))
     }
 
+    /// Parses one JSON value nested at most `maximumDepth` deep (capped at
+    /// ``JSONText/maximumAnswerDepth``): the SDK reads servers' answers with that limit.
+    package init(parsing bytes: some Collection<UInt8>, maximumDepth: Int) throws(JSONText.Invalid) {
+        var scanner = JSONScanner<JSONTreeBuilder>(bytes: Array(bytes), depthLimit: maximumDepth)
+        self = try scanner.document()
+    }
+
     /// The member `key` of an object, or `nil` (also when this is not an object).
     public subscript(key: String) -> JSONValue? {
         if case .object(let members) = self { return members[key] }
@@ -122,7 +129,7 @@ public enum JSONValue: Sendable, Hashable {
     /// Appends the compact JSON text of this value (object members sorted by name) to `writer`.
     ///
     /// Recursion follows the value's nesting; values produced by the parser are at most
-    /// ``JSONText/maximumDepth`` deep.
+    /// ``JSONText/maximumAnswerDepth`` deep.
     package func write(to writer: inout JSONWriter) {
         switch self {
         case .null: writer.raw("null")

@@ -82,4 +82,40 @@ struct ResponseClassifierTests {
             #expect(names.contains(name), "missing \(name)")
         }
     }
+
+    /// A message a server stored before it limited stored values to 48 levels (it took up to 64)
+    /// is read inside its subscribe answer and its WebSocket frame: otherwise every read of its
+    /// channel fails, and the SDK retries the same answer for ever. Deeper than the answer limit
+    /// is still a malformed response.
+    @Test func anAnswerCarryingAValueStoredBeforeTheValueLimitIsRead() throws {
+        func nested(_ depth: Int) -> String { String(repeating: "[", count: depth) + String(repeating: "]", count: depth) }
+        func envelope(_ payload: String) -> String {
+            #"{"a":"1","f":0,"i":"p","p":{"t":"17000000000000000001","r":1},"k":"demo","c":"ch","d":"# + payload + "}"
+        }
+        let legacy = nested(JSONText.maximumDepth)
+        let answer = #"{"t":{"t":"17000000000000000001","r":1},"m":["# + envelope(legacy) + "]}"
+        guard case .success(let value) = ResponseClassifier.classify(statusCode: 200, body: Array(answer.utf8)) else {
+            Issue.record("a subscribe answer carrying a 64-deep message was not read")
+            return
+        }
+        #expect(value["m"]?[0]?["d"]?.nestingDepth == JSONText.maximumDepth)
+
+        let frame = #"{"type":"messages","t":{"t":"17000000000000000001","r":1},"m":["# + envelope(legacy) + "]}"
+        guard case .messages(let response, _) = try SessionFrame.read(frame) else {
+            Issue.record("not read as messages")
+            return
+        }
+        #expect(response.events.first?.payload.nestingDepth == JSONText.maximumDepth)
+
+        // Beyond the answer limit: refused, and bounded.
+        let tooDeep = #"{"t":{"t":"1","r":1},"m":["# + envelope(nested(JSONText.maximumAnswerDepth)) + "]}"
+        guard case .failure(let category, _) = ResponseClassifier.classify(statusCode: 200, body: Array(tooDeep.utf8)) else {
+            Issue.record("an answer deeper than the answer limit was read")
+            return
+        }
+        #expect(category == .malformedResponse)
+        #expect(throws: SessionFrame.Malformed.self) {
+            try SessionFrame.read(#"{"type":"messages","t":{"t":"1","r":1},"m":["# + envelope(nested(JSONText.maximumAnswerDepth)) + "]}")
+        }
+    }
 }

@@ -52,7 +52,9 @@ package enum SessionFrame {
     /// Reads one text message from the server.
     package static func read(_ text: String) throws(Malformed) -> Server {
         let value: JSONValue
-        do { value = try JSONValue(parsing: text) } catch { throw Malformed("not JSON: \(error)") }
+        do { value = try JSONValue(parsing: Array(text.utf8), maximumDepth: JSONText.maximumAnswerDepth) } catch {
+            throw Malformed("not JSON: \(error)")
+        }
         guard case .string(let type)? = value["type"] else { throw Malformed("a frame needs a string \"type\"") }
         func names(_ key: String, in object: JSONValue? = nil) -> [String] {
             ((object ?? value)[key]?.arrayValue ?? []).compactMap(\.stringValue)
