@@ -203,6 +203,9 @@ public struct DeliveryHub: Sendable {
     /// Per keyset: loss records folded when ``lossRecords`` overflowed (a conservative bound
     /// reported for any channel without a window or a record).
     private var foldedLoss: [String: Timetoken] = [:]
+    /// Per keyset: the highest timetoken any of its loss records was ever written with, so a
+    /// wildcard subscriber ahead of every loss skips looking through them.
+    private var lossRecordsThrough: [String: Timetoken] = [:]
     /// Waiting long-polls.
     private var waiters: [WaiterID: SubscriptionSpec] = [:]
     private var waitersByChannel: [ChannelKey: CompactSet<WaiterID>] = [:]
@@ -401,14 +404,32 @@ public struct DeliveryHub: Sendable {
         }
         for pattern in spec.wildcards {
             let prefix = WildcardPattern.prefix(of: pattern)
-            if after < startCursor {
+            // The matching channels without a window (none since the start, or dropped since)
+            // have no event above `unwindowedThrough` and cannot be listed: their stored
+            // messages are read by prefix up to there. A windowed channel's events in the same
+            // range come from both sources; `merge` keeps one of each timetoken.
+            if after < unwindowedThrough {
                 plan.storeRanges.append(StoreRange(subscribeKey: spec.subscribeKey, selector: .prefix(prefix),
-                                                   after: after, through: startCursor, match: pattern))
+                                                   after: after, through: unwindowedThrough, match: pattern))
             }
             let indexed = channelsByPrefix[ChannelKey(subscribeKey: spec.subscribeKey, channel: prefix)] ?? []
             for channel in indexed.sorted() where WildcardPattern.matches(pattern: pattern, channel: channel) {
                 if spec.channels.contains(channel) { continue }
-                addChannel(channel, match: pattern, storeFloor: max(after, startCursor))
+                addChannel(channel, match: pattern, storeFloor: max(after, unwindowedThrough))
+            }
+            // Their non-stored events that left memory with a dropped window are a gap, as for
+            // a named channel: each matching loss record, or the keyset's folded floor.
+            if after < (lossRecordsThrough[spec.subscribeKey] ?? .zero) {
+                var lostChannels: [(channel: String, through: Timetoken)] = []
+                for (key, lost) in lossRecords where key.subscribeKey == spec.subscribeKey && after < lost
+                    && keyBuffers[key.channel] == nil && !spec.channels.contains(key.channel)
+                    && WildcardPattern.matches(pattern: pattern, channel: key.channel) {
+                    lostChannels.append((key.channel, lost))
+                }
+                plan.windowGaps += lostChannels.sorted { $0.channel < $1.channel }
+            }
+            if let folded = foldedLoss[spec.subscribeKey], after < folded {
+                plan.windowGaps.append((pattern, folded))
             }
         }
         return plan
@@ -528,6 +549,7 @@ public struct DeliveryHub: Sendable {
                 lossRecords.removeAll()
             }
             lossRecords[key] = lost
+            lossRecordsThrough[key.subscribeKey] = max(lossRecordsThrough[key.subscribeKey] ?? .zero, lost)
         }
         return true
     }

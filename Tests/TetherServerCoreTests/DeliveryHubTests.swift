@@ -250,6 +250,51 @@ private func decodedTimetokens(_ page: [[UInt8]]) -> [String] {
         #expect(plan.bufferEvents.allSatisfy { $0.match == "a.*" })
     }
 
+    /// A wildcard subscriber behind windows that were dropped (emptied by age) still gets their
+    /// stored messages, read by prefix from the store, and is told of their non-stored events
+    /// that left memory, as a subscriber naming the channel is.
+    @Test func aWildcardSubscriberBehindDroppedWindowsReadsTheStoreAndIsToldOfTheRest() {
+        var hub = DeliveryHub(floor: .zero, now: now, configuration: .init(bufferCapacity: 100, bufferMaximumAgeSeconds: 60))
+        let start = hub.visibleThrough
+        let stored = put(&hub, "a.stored", stored: true)
+        let signal = put(&hub, "a.signal", stored: false)
+        put(&hub, "b.other", stored: false)
+        let later = Timetoken(now.rawValue + 61 * 10_000_000)
+        hub.sweep(now: later)
+        #expect(hub.bufferedChannelCount == 0)
+        let spec = SubscriptionSpec(subscribeKey: "k", names: ["a.*"])
+        let plan = hub.plan(spec, after: start, now: later)
+        let range = plan.storeRanges.first { $0.selector == .prefix("a.") }
+        #expect(range.map { $0.after == start && $0.through >= stored && $0.match == "a.*" } == true, "\(plan.storeRanges)")
+        #expect(plan.windowGaps.map(\.channel) == ["a.signal"])
+        #expect(plan.windowGaps.map(\.through) == [signal])
+        // A window opened again on a matching channel: its new event comes from memory, the old
+        // stored one still from the store.
+        let fresh = put(&hub, "a.stored", stored: true)
+        let again = hub.plan(spec, after: start, now: later)
+        #expect(again.bufferEvents.map(\.event.timetoken) == [fresh])
+        #expect(again.storeRanges.contains { $0.selector == .prefix("a.") && $0.through >= stored })
+        // Past all of it: nothing to read and nothing to report.
+        let past = hub.plan(spec, after: fresh, now: later)
+        #expect(past.storeRanges.isEmpty && past.windowGaps.isEmpty && past.bufferEvents.isEmpty)
+    }
+
+    /// Loss records folded at their cap are reported to a wildcard subscriber behind them, as the
+    /// keyset's conservative floor, under the pattern's name.
+    @Test func foldedLossRecordsAreAGapForAWildcardSubscriber() {
+        var hub = DeliveryHub(floor: .zero, now: now,
+                              configuration: .init(bufferCapacity: 100, bufferMaximumAgeSeconds: 60, maxLossRecords: 1))
+        let start = hub.visibleThrough
+        put(&hub, "a.one", stored: false)
+        let later = Timetoken(now.rawValue + 61 * 10_000_000)
+        hub.sweep(now: later)
+        let second = put(&hub, "z.two", stored: false)
+        hub.sweep(now: Timetoken(later.rawValue + 61 * 10_000_000))
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", names: ["a.*"]), after: start, now: later)
+        #expect(plan.windowGaps.contains { $0.channel == "a.*" })
+        #expect(plan.windowGaps.allSatisfy { $0.through <= second })
+    }
+
     @Test func presenceChannelsAreNeverReadFromTheStore() {
         var hub = DeliveryHub(floor: .zero, now: now)
         let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c-pnpres"]), after: Timetoken(5), now: now)
