@@ -158,6 +158,32 @@ struct SharedLogTests {
         }
     }
 
+    /// A control entry this node cannot read (one a newer node wrote) inside a full page of the
+    /// log is skipped, and the page still counts as full: the next read starts after it, and the
+    /// events behind it are delivered rather than stepped over.
+    @Test func anUnreadableEntryInAFullPageDoesNotSkipTheEventsAfterIt() async throws {
+        try await TestPostgres.withDatabase { url in
+            let log = try await TestPostgres.open(url)
+            let base = log.startHorizon.storageValue + 1_000
+            try await log.client.query("""
+                INSERT INTO tether_event (tt, sub_key, channel, kind, publisher, payload, meta, custom_type, seqn, stored, expires_at)
+                SELECT \(base) + g, 'k', 'c', 0, 'p', '"m' || g || '"', NULL, NULL, NULL, true, NULL FROM generate_series(1, 1001) g
+                """, logger: TestPostgres.logger)
+            try await log.client.query("""
+                UPDATE tether_event SET kind = \(SharedControlCoding.kind), payload = '{"op":"from-a-newer-node"}' WHERE tt = \(base + 500)
+                """, logger: TestPostgres.logger)
+            try await log.client.query("UPDATE tether_sequencer SET last_tt = GREATEST(last_tt, \(base + 1001)) WHERE id = 1",
+                                       logger: TestPostgres.logger)
+            let node = RunningLog(log)
+            #expect(await node.waitForDeliveries(1_000))
+            let timetokens = node.timetokens.map(\.rawValue)
+            #expect(timetokens.count == 1_000)
+            #expect(timetokens.last == UInt64(base + 1001), "the event after the full page was delivered")
+            #expect(!timetokens.contains(UInt64(base + 500)))
+            await node.stop()
+        }
+    }
+
     @Test func aRepeatedRequestIDOnAnotherNodeGetsTheOriginal() async throws {
         try await TestPostgres.withDatabase { url in
             let a = RunningLog(try await TestPostgres.open(url))

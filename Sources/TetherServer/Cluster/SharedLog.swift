@@ -459,7 +459,7 @@ package final class SharedLog: Sendable {
                 /// Reads and delivers everything up to the current horizon, page by page.
                 func drain() async throws {
                     while true {
-                        let (events, horizon) = try await self.read(after: cursor, limit: 1000)
+                        let (events, horizon, full) = try await self.read(after: cursor, limit: 1000)
                         if horizon > cursor || !events.isEmpty {
                             cursor = max(horizon, events.last?.timetoken.storageValue ?? cursor)
                             await deliver(events, Timetoken(UInt64(cursor)))
@@ -467,7 +467,7 @@ package final class SharedLog: Sendable {
                         if !events.isEmpty { lastEvent = .now }
                         self.metrics.recordSharedLogRead(
                             events: events.count, lagSeconds: Double(self.clock().storageValue - cursor) / 10_000_000)
-                        if events.count < 1000 { return }
+                        if !full { return }
                     }
                 }
                 for await _ in self.readerBell {
@@ -519,12 +519,14 @@ package final class SharedLog: Sendable {
         }
     }
 
-    /// Reads the sequencer value and the events above `after` up to it from one snapshot.
-    private func read(after: Int64, limit: Int) async throws -> ([SharedLogEntry], Int64) {
+    /// Reads the sequencer value and the events above `after` up to it from one snapshot: the
+    /// entries, the horizon they reach, and whether the page was full (`limit` rows, counting
+    /// rows that did not decode: the next page starts after the last row, never past rows unread).
+    private func read(after: Int64, limit: Int) async throws -> ([SharedLogEntry], Int64, Bool) {
         try await watchdog(.seconds(10), "shared log read") { [self] in try await readPage(after: after, limit: limit) }
     }
 
-    private func readPage(after: Int64, limit: Int) async throws -> ([SharedLogEntry], Int64) {
+    private func readPage(after: Int64, limit: Int) async throws -> ([SharedLogEntry], Int64, Bool) {
         let rows = try await client.query("""
             SELECT s.last_tt, e.tt, e.sub_key, e.channel, e.kind, e.publisher, e.payload, e.meta, e.custom_type, e.seqn, e.stored
             FROM tether_sequencer s LEFT JOIN LATERAL (
@@ -533,11 +535,16 @@ package final class SharedLog: Sendable {
             """, logger: logger)
         var horizon = after
         var events: [SharedLogEntry] = []
+        var rowsRead = 0
+        var lastRow: Int64?
         for try await (last, tt, subscribeKey, channel, kind, publisher, payload, meta, customType, sequence, stored)
             in rows.decode((Int64, Int64?, String?, String?, Int?, String?, String?, String?, String?, Int?, Bool?).self)
         {
             horizon = max(horizon, last)
-            guard let tt, let subscribeKey, let channel, let payload else { continue }
+            guard let tt else { continue }  // the LEFT JOIN's row for an empty page
+            rowsRead += 1
+            lastRow = max(lastRow ?? tt, tt)
+            guard let subscribeKey, let channel, let payload else { continue }
             if kind == SharedControlCoding.kind {
                 if let control = SharedControlCoding.decode(payload) {
                     events.append(.control(control, at: Timetoken(UInt64(tt))))
@@ -552,9 +559,12 @@ package final class SharedLog: Sendable {
                                              customMessageType: customType, sequence: sequence)
             events.append(.event(BufferedEvent(envelope: envelope, isStored: stored ?? false)))
         }
-        // A full page: the horizon is the last event read, not the sequencer.
-        if events.count >= limit, let last = events.last { horizon = last.timetoken.storageValue }
-        return (events, horizon)
+        // A full page: the horizon is the last row read, not the sequencer. Counted in rows, not
+        // in entries: a row that did not decode (a control entry from a newer node) must not
+        // make a full page look like the last one, which would move the horizon past rows unread.
+        let full = rowsRead >= limit
+        if full, let lastRow { horizon = lastRow }
+        return (events, horizon, full)
     }
 
     private func raiseSequencer(to now: Int64) async throws -> Int64 {
