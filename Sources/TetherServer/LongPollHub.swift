@@ -261,6 +261,25 @@ public final class LongPollHub: Sendable {
         return state.withLock { $0.core.advance(now: now) }
     }
 
+    /// Where a continuation from a client's `cursor` reads from: the cursor itself, unless it is
+    /// above every timetoken handed out. On one node that is the hub's cursor, and a cursor from
+    /// the future is treated as current rather than waited for. In a cluster another node may
+    /// have handed it out before this node's reader got there: a cursor at or below the shared
+    /// sequencer is kept (the read waits for this node to reach it; lowering it would deliver the
+    /// events in between a second time), and only one above the sequencer is lowered to it. If
+    /// the sequencer cannot be read, the cursor is lowered to this node's, as on one node.
+    package func readPoint(for cursor: Timetoken) async -> Timetoken {
+        let current = currentCursor
+        guard cursor > current, let shared else { return min(cursor, current) }
+        do {
+            return min(cursor, max(try await shared.sequencerValue(), current))
+        } catch {
+            logger.warning("the shared sequencer could not be read; a cursor ahead of this node is treated as current",
+                           metadata: ["error": "\(error)"])
+            return current
+        }
+    }
+
     /// Number of long-polls currently waiting.
     public var waitingCount: Int { state.withLock { $0.waiters.waitingCount } }
 

@@ -184,6 +184,34 @@ struct SharedLogTests {
         }
     }
 
+    /// A cursor another node handed out, above this node's own because this node's reader has
+    /// not got there yet, is kept: lowering it to this node's cursor would deliver the events in
+    /// between a second time. Only a cursor above the shared sequencer is lowered, to it.
+    @Test func aCursorAnotherNodeHandedOutIsKeptByANodeThatIsBehind() async throws {
+        try await TestPostgres.withDatabase { url in
+            let a = RunningLog(try await TestPostgres.open(url))
+            let behind = try await TestPostgres.open(url)  // its reader never runs: it stays behind
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-behind-\(UUID().uuidString)").path
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let store = try MessageStore(directory: directory, logger: TestPostgres.logger, metrics: ServerMetrics())
+            let hub = try LongPollHub(store: store, metrics: ServerMetrics(), logger: TestPostgres.logger, deduplication: .init(),
+                                      dedupClock: LongPollHub.systemNow, shared: behind)
+            let published = try await a.log.append(SharedEvent(envelope: Self.envelope("c", "\"m\""), isStored: true,
+                                                               retentionHours: nil, dedupKey: nil)).timetoken
+            #expect(await a.waitForDeliveries(1))
+            let own = hub.currentCursor
+            #expect(own < published)
+            #expect(await hub.readPoint(for: published) == published)
+            #expect(await hub.readPoint(for: own) == own)
+            let sequencer = try await behind.sequencerValue()
+            #expect(sequencer >= published)
+            #expect(await hub.readPoint(for: Timetoken(sequencer.rawValue + 10_000_000_000)) == sequencer)
+            try store.close()
+            behind.close()
+            await a.stop()
+        }
+    }
+
     @Test func aRepeatedRequestIDOnAnotherNodeGetsTheOriginal() async throws {
         try await TestPostgres.withDatabase { url in
             let a = RunningLog(try await TestPostgres.open(url))

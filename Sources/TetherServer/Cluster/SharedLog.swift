@@ -567,6 +567,15 @@ package final class SharedLog: Sendable {
         return (events, horizon, full)
     }
 
+    /// The shared sequencer: no node has numbered an event or handed out a cursor above it.
+    package func sequencerValue() async throws -> Timetoken {
+        try await watchdog(.seconds(2), "reading the sequencer") { [self] in
+            let value = try await client.query("SELECT last_tt FROM tether_sequencer WHERE id = 1", logger: logger)
+                .decode(Int64.self).first(where: { _ in true }) ?? 0
+            return Timetoken(UInt64(max(value, 0)))
+        }
+    }
+
     private func raiseSequencer(to now: Int64) async throws -> Int64 {
         try await watchdog(.seconds(10), "raising the sequencer") { [self] in
           try await client.query("UPDATE tether_sequencer SET last_tt = GREATEST(last_tt, \(now)) WHERE id = 1 RETURNING last_tt",

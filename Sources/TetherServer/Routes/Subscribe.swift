@@ -103,9 +103,17 @@ extension TetherResponder {
             return Reply.json(.ok, SubscribeResponseBody.encode(cursor: state.hub.currentCursor, region: 1, envelopes: []))
         }
         let spec = SubscriptionSpec(subscribeKey: keyset.subscribeKey, names: names, groups: groups)
-        // A cursor from the future is treated as current rather than waited for.
+        // A cursor from the future is treated as current rather than waited for; in a cluster,
+        // one another node handed out is kept (``LongPollHub/readPoint(for:)``).
         // (A run after a parked wait reads from where the first one did.)
-        let after = resumed?.after ?? min(options.cursor, state.hub.currentCursor)
+        let after: Timetoken
+        if let resumed {
+            after = resumed.after
+        } else if state.hub.shared == nil {
+            after = min(options.cursor, state.hub.currentCursor)
+        } else {
+            after = await state.hub.readPoint(for: options.cursor)
+        }
         let access = state.access
         let accessRequest = AccessRequest(channels: names, groups: groups, permission: .read, uuid: wire.query["uuid"])
         let auth = wire.query["auth"]

@@ -242,6 +242,10 @@ final class WebSocketConnection: Sendable {
         }
         let current = state.hub.currentCursor
         if let token = hello.resumeToken {
+            // Bounded as a long-poll's cursor is (``LongPollHub/readPoint(for:)``): lowered to the
+            // server's cursor when from the future, kept in a cluster when another node handed it out.
+            var resumePoint: Timetoken?
+            if let cursor = hello.resumeCursor { resumePoint = await state.hub.readPoint(for: cursor) }
             // A token is a bearer secret, but a session is only resumed by its own uuid on its keyset.
             let result = sessions.resume(id, token: token) { kept in
                 kept.keyset.subscribeKey == keyset.subscribeKey && kept.uuid == hello.uuid
@@ -253,8 +257,8 @@ final class WebSocketConnection: Sendable {
                     $0.markReplayEnd = true
                 }
                 let resumed = sessions.update(session) { s in
-                    if let cursor = hello.resumeCursor {
-                        if s.hasSubscribed { s.cursor = min(cursor, current) } else { s.resumedCursor = min(cursor, current) }
+                    if let resumePoint {
+                        if s.hasSubscribed { s.cursor = resumePoint } else { s.resumedCursor = resumePoint }
                     }
                     s.auth = hello.auth
                     if hello.publishKey != nil { s.publishKey = hello.publishKey }
@@ -363,6 +367,8 @@ final class WebSocketConnection: Sendable {
         let addedChannels = newChannels.filter { !deniedChannels.contains($0) }
         let addedGroups = newGroups.filter { !deniedGroups.contains($0) }
         let now = state.hub.currentCursor
+        var requested: Timetoken?
+        if let cursor = request.cursor { requested = await state.hub.readPoint(for: cursor) }
         guard let updated = sessions.update(session, { s in
             s.channels += addedChannels
             s.groups += addedGroups
@@ -370,7 +376,8 @@ final class WebSocketConnection: Sendable {
             s.states.merge(request.states) { _, new in new }
             if !s.hasSubscribed, !(addedChannels.isEmpty && addedGroups.isEmpty) {
                 s.hasSubscribed = true
-                s.cursor = min(request.cursor ?? s.resumedCursor ?? now, now)
+                // The resumed cursor was bounded when the session resumed.
+                s.cursor = requested ?? s.resumedCursor ?? now
                 s.resumedCursor = nil
             }
         }) else { return true }
