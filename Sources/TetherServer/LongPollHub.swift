@@ -614,9 +614,12 @@ public final class LongPollHub: Sendable {
             case .read(let plan):
                 if !checkedGaps, !plan.storeRanges.isEmpty {
                     checkedGaps = true
-                    gaps = try await messages.retentionGaps(
-                        subscribeKey: spec.subscribeKey, channels: spec.channels,
-                        prefixes: spec.wildcards.map(WildcardPattern.prefix(of:)), after: after)
+                    let prefixes = spec.wildcards.map(WildcardPattern.prefix(of:))
+                    gaps = try await messages.retentionGaps(subscribeKey: spec.subscribeKey, channels: spec.channels,
+                                                            prefixes: prefixes, after: after)
+                    if let shared {
+                        gaps = shared.addingUnseenEventGaps(to: gaps, channels: spec.channels, prefixes: prefixes, after: after)
+                    }
                     for (channel, through) in plan.windowGaps where !gaps.contains(where: { $0.channel == channel }) {
                         gaps.append(RetentionGap(channel: channel, from: after, through: through))
                     }

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import NIOCore
+import NIOHTTP1
 import PostgresNIO
 import TetherTesting
 import TetherTestingServer
@@ -608,6 +609,53 @@ struct ClusterServerTests {
             let (cursorOnA, messagesOnA, _) = try await onA
             #expect(messagesOnA.map { $0["d"] as? String } == ["from B"])
             #expect(cursorOnA >= second)
+        }
+    }
+
+    /// A node started after a signal and a `store=0` publish never had them in memory: a
+    /// subscriber arriving with a cursor from before it started gets them from the log (which
+    /// keeps them ten minutes), in order with the stored message between them, and no gap.
+    @Test func aNodeStartedLaterDeliversEventsHistoryDoesNotKeepFromBeforeItStarted() async throws {
+        try await TestPostgres.withDatabase { url in
+            let a = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 30), databaseURL: "\(url.unredacted)")
+            var cursor = try await a.handshake("news")
+            while cursor == .zero {  // a new database's sequencer starts at 0 and follows the clock once idle
+                try await Task.sleep(for: .milliseconds(50))
+                cursor = try await a.handshake("news")
+            }
+            let signal = try await a.get("/signal/demo/demo/0/news/0/%22signal%22?uuid=tester")
+            #expect(signal.status == 200, "\(signal.body)")
+            try await a.publish("news", "\"stored\"")
+            try await a.publish("news", "\"live only\"", query: "&store=0")
+            let b = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 30), databaseURL: "\(url.unredacted)")
+            let (_, messages, headers) = try await b.subscribe("news", tt: cursor)
+            #expect(messages.map { $0["d"] as? String } == ["signal", "stored", "live only"])
+            #expect(headers["X-Tether-Gap"].isEmpty, "\(headers["X-Tether-Gap"])")
+            await b.inProcess.stop()
+            await a.inProcess.stop()
+        }
+    }
+
+    /// Below the horizon a node started at, events history does not keep come from the log,
+    /// which prunes them: a cursor older than the log keeps them is told of a gap on every name
+    /// it subscribes to; a recent one is not.
+    @Test func aCursorOlderThanTheLogKeepsLiveEventsIsAGapOnANodeStartedSince() async throws {
+        try await TestPostgres.withDatabase { url in
+            var options = SharedLogOptions()
+            options.ephemeralSeconds = 120
+            let log = try await TestPostgres.open(url, options: options)
+            let now = log.clock()
+            let old = Timetoken(UInt64(now.storageValue - 180 * 10_000_000))
+            let gaps = log.addingUnseenEventGaps(to: [], channels: ["a", "a-pnpres"], prefixes: ["b."], after: old)
+            #expect(Set(gaps.map(\.channel)) == ["a", "b.*"])
+            #expect(gaps.allSatisfy { $0.from == old && $0.through > old && $0.through <= log.startHorizon })
+            // Merged with a retention gap on the same name: one gap, through the later of the two.
+            let merged = log.addingUnseenEventGaps(to: [RetentionGap(channel: "a", from: old, through: Timetoken(old.rawValue + 1))],
+                                                   channels: ["a"], prefixes: [], after: old)
+            #expect(merged.count == 1 && merged.first.map { $0.through > Timetoken(old.rawValue + 1) } == true)
+            let recent = Timetoken(UInt64(now.storageValue - 30 * 10_000_000))
+            #expect(log.addingUnseenEventGaps(to: [], channels: ["a"], prefixes: ["b."], after: recent).isEmpty)
+            log.close()
         }
     }
 

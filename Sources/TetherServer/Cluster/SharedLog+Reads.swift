@@ -27,23 +27,32 @@ extension SharedLog: MessageReading {
         return result
     }
 
+    /// Catch-up reads stored messages, and also, at or below ``startHorizon``, the events history
+    /// does not keep (signals, `store=0` publishes) that the log still holds
+    /// (``SharedLogOptions/ephemeralSeconds``): this node never had those in memory, so a
+    /// subscriber arriving with a cursor from before it started would miss them.
+    /// ``addingUnseenEventGaps(to:channels:prefixes:after:)`` reports the part the log may have
+    /// pruned already.
     package func read(_ range: StoreRange, limit: Int) async throws -> StoreRangeResult {
         let started = ContinuousClock.now
         let after = range.after.storageValue
         let through = range.through.storageValue
+        let unseen = startHorizon.storageValue
         let rows: [StoredMessage]
         switch range.selector {
         case .channel(let channel):
             rows = try await messages("""
                 SELECT \(unescaped: Self.columns) FROM tether_event
-                WHERE stored AND sub_key = \(range.subscribeKey) AND channel = \(channel) AND tt > \(after) AND tt <= \(through)
+                WHERE (stored OR (tt <= \(unseen) AND kind <> \(SharedControlCoding.kind)))
+                AND sub_key = \(range.subscribeKey) AND channel = \(channel) AND tt > \(after) AND tt <= \(through)
                 ORDER BY tt LIMIT \(limit)
                 """)
         case .prefix(let prefix):
             let upper = String(prefix.dropLast()) + "/"
             rows = try await messages("""
                 SELECT \(unescaped: Self.columns) FROM tether_event
-                WHERE stored AND sub_key = \(range.subscribeKey) AND channel > \(prefix) AND channel < \(upper)
+                WHERE (stored OR (tt <= \(unseen) AND kind <> \(SharedControlCoding.kind)))
+                AND sub_key = \(range.subscribeKey) AND channel > \(prefix) AND channel < \(upper)
                 AND channel NOT LIKE '%-pnpres' AND tt > \(after) AND tt <= \(through)
                 ORDER BY tt LIMIT \(limit)
                 """)
@@ -79,6 +88,30 @@ extension SharedLog: MessageReading {
             }
         } catch {
             throw Self.classify(error)
+        }
+        return gaps
+    }
+
+    /// Gaps in the events history does not keep (signals, `store=0` publishes), for a
+    /// subscription read from `after`, added to ``retentionGaps(subscribeKey:channels:prefixes:after:)``'s
+    /// (merged per name): below the horizon this node started at, such events were never in its
+    /// memory and come from the log (``read(_:limit:)``), which prunes them
+    /// ``SharedLogOptions/ephemeralSeconds`` after their timetoken. A cursor older than that (a
+    /// minute of clock skew between nodes allowed) may have missed some: a gap through the part
+    /// that may be gone, on every name of the subscription.
+    package func addingUnseenEventGaps(to gaps: [RetentionGap], channels: [String], prefixes: [String], after: Timetoken)
+        -> [RetentionGap]
+    {
+        let kept = clock().storageValue - Int64((options.ephemeralSeconds - 60) * 10_000_000)
+        let mayBeGone = Timetoken(UInt64(max(0, min(startHorizon.storageValue, kept))))
+        guard after < mayBeGone else { return gaps }
+        var gaps = gaps
+        for name in channels.filter({ !NameRules.isPresence($0) }) + prefixes.map({ $0 + "*" }) {
+            if let index = gaps.firstIndex(where: { $0.channel == name }) {
+                gaps[index].through = max(gaps[index].through, mayBeGone)
+            } else {
+                gaps.append(RetentionGap(channel: name, from: after, through: mayBeGone))
+            }
         }
         return gaps
     }
