@@ -35,8 +35,9 @@ import TetherProtocol
 /// record that can be written, which first rewrites the file whole (``catchUp()``). Only when
 /// nothing can be written again before the app ends does the next launch see the message as it
 /// was: a sent one is sent again with its original request id (the server's dedup window answers
-/// that repeat with the original timetoken), a failed one comes back pending. A record damaged in the middle of the file (disk corruption, not a torn
-/// write) ends the log there: the records after it are lost, which is reported in ``recovery``.
+/// that repeat with the original timetoken), a failed one comes back pending. A record damaged in
+/// the middle of the file (disk corruption, not a torn write) ends the log there: the records
+/// after it are lost, which is reported in ``recovery``.
 ///
 /// Not `Sendable`: one owner (the outbox shell's actor) appends and compacts.
 package final class OutboxJournal {
