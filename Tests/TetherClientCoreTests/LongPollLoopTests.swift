@@ -135,6 +135,30 @@ struct LongPollLoopTests {
         #expect(h.loop.cursor.timetoken == Timetoken(500))
     }
 
+    /// A backfill on every reconnect runs before the first poll. Its history (stored messages
+    /// only) is delivered as the catch-up polls reach each message, merged with what they bring,
+    /// so their signals, `store=0` messages and actions older than the newest backfilled message
+    /// are not dropped behind the watermark the history would have raised.
+    @Test func aBackfillOnEveryReconnectNeverHidesTheCatchUpsUnstoredEvents() {
+        var h = LoopHarness(from: 110)
+        let planner = CatchUpPlanner(channels: ["a"], resumedFrom: Timetoken(110), upTo: Timetoken(1000))
+        let (loop, actions) = LongPollLoop.backfilling(from: SubscribeMachine.Cursor(timetoken: Timetoken(110), region: 1), catchUp: planner,
+                                                       ranges: [BackfillRange(channel: "a", after: Timetoken(110), through: Timetoken(1000))],
+                                                       ids: &h.ids)
+        h.loop = loop
+        h.record(actions)
+        h.backfilled([event("a", 500), event("a", 300)])
+        #expect(h.delivered.isEmpty, "held until the polls reach it")
+        #expect(h.loop.stateName == "receiving")
+        // The first catch-up page: a signal at 200, the stored 300, a store=0 message at 350.
+        h.answer(400, [event("a", 200), event("a", 300), event("a", 350)])
+        #expect(h.delivered == [200, 300, 350])
+        // The next: a signal at 450 below the backfilled 500, then live messages.
+        h.answer(1000, [event("a", 450), event("a", 500), event("a", 600)])
+        #expect(h.delivered == [200, 300, 350, 450, 500, 600])
+        #expect(h.continuity.map(\.outcome) == [.recovered(count: 3)])
+    }
+
     @Test func noBackfillWhenThePolicySaysNever() {
         var h = LoopHarness(from: 110, .init(backfill: .never))
         h.answer(600, [event("a", 600)], gaps: [RetentionGap(channel: "a", from: Timetoken(110), through: Timetoken(400))])

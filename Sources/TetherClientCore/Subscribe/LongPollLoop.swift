@@ -31,6 +31,12 @@ package struct LongPollLoop: Sendable {
     /// Catch-up after a reconnect, until the loop is current (nil: nothing to catch up).
     private var catchUp: CatchUpPlanner?
     private var burst = Burst.quiet
+    /// History a backfill on every reconnect fetched before the first poll, not delivered yet:
+    /// merged into the catch-up polls' answers as they reach each event, in timetoken order.
+    /// Delivered at once, its stored messages would raise each channel's watermark above the
+    /// signals, `store=0` messages and actions the polls then bring (history holds none of them),
+    /// and those would be dropped as already delivered.
+    private var pendingHistory: [ReceivedEvent] = []
 
     private init(state: State, cursor: Cursor, catchUp: CatchUpPlanner?) {
         self.state = state
@@ -107,13 +113,18 @@ package struct LongPollLoop: Sendable {
         switch state {
         case .backfilling(let current, let held) where current == id:
             let sorted = events.sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
+            guard let held else {
+                // A backfill on every reconnect, before the first poll: held back, and delivered
+                // with the polls that reach each event (``accept(_:watermarks:settings:)``).
+                pendingHistory = Self.mergedOnce(pendingHistory, sorted)
+                catchUp?.recordBackfilled(sorted)
+                return poll(ids: &ids)
+            }
             // Merged with the held response in timetoken order: history holds stored messages
             // only, and delivering it first would raise each channel's watermark above the
             // held response's signals, `store=0` messages and actions, which would then be
             // dropped as already delivered. An event in both is delivered once.
-            let backfilled = Set(sorted.map { EventKey(channel: $0.channel, timetoken: $0.timetoken) })
-            let live = (held?.events ?? []).filter { !backfilled.contains(EventKey(channel: $0.channel, timetoken: $0.timetoken)) }
-            let merged = (sorted + live).sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
+            let merged = Self.mergedOnce(sorted, held.events)
             var actions: [ReceiveAction] = []
             let fresh = watermarks.fresh(merged)
             if !fresh.isEmpty {
@@ -122,9 +133,7 @@ package struct LongPollLoop: Sendable {
             }
             catchUp?.recordDelivered(fresh)
             catchUp?.recordBackfilled(sorted)
-            if let held {
-                actions += accept(held, watermarks: &watermarks, settings: settings)
-            }
+            actions += accept(held, watermarks: &watermarks, settings: settings)
             return actions + poll(ids: &ids)
         case .polling, .backfilling:
             return []
@@ -137,6 +146,15 @@ package struct LongPollLoop: Sendable {
         var timetoken: Timetoken
     }
 
+    /// `first` and `second` in timetoken order, an event in both once (history holds stored
+    /// messages, a subscribe answer every kind of event; both may carry the same message).
+    private static func mergedOnce(_ first: [ReceivedEvent], _ second: [ReceivedEvent]) -> [ReceivedEvent] {
+        guard !first.isEmpty else { return second }
+        let known = Set(first.map { EventKey(channel: $0.channel, timetoken: $0.timetoken) })
+        let others = second.filter { !known.contains(EventKey(channel: $0.channel, timetoken: $0.timetoken)) }
+        return (first + others).sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
+    }
+
     private mutating func poll(ids: inout SubscribeMachine.RequestIDs) -> [ReceiveAction] {
         let id = ids.next()
         state = .polling(id)
@@ -147,7 +165,15 @@ package struct LongPollLoop: Sendable {
     private mutating func accept(_ response: SubscribeResponse, watermarks: inout DeliveryWatermarks,
                                  settings: ReceiveSettings) -> [ReceiveAction] {
         var actions: [ReceiveAction] = []
-        let fresh = watermarks.fresh(response.events)
+        var events = response.events
+        if !pendingHistory.isEmpty {
+            // The backfilled history this answer has reached (every event at or below its cursor
+            // is in it), merged in order; later answers take the rest as they reach it.
+            let due = pendingHistory.prefix { $0.timetoken <= response.timetoken }
+            pendingHistory.removeFirst(due.count)
+            events = Self.mergedOnce(Array(due), events)
+        }
+        let fresh = watermarks.fresh(events)
         if !fresh.isEmpty {
             actions.append(.deliver(fresh))
             actions += Self.decryptionFailures(fresh)
