@@ -612,7 +612,8 @@ public final class LongPollHub: Sendable {
             }
             switch step {
             case .read(let plan):
-                if !checkedGaps, !plan.storeRanges.isEmpty {
+                // Also when only the windows report a loss (presence channels never read the store).
+                if !checkedGaps, !plan.storeRanges.isEmpty || !plan.windowGaps.isEmpty {
                     checkedGaps = true
                     let prefixes = spec.wildcards.map(WildcardPattern.prefix(of:))
                     gaps = try await messages.retentionGaps(subscribeKey: spec.subscribeKey, channels: spec.channels,

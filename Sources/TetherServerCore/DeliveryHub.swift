@@ -312,7 +312,10 @@ public struct DeliveryHub: Sendable {
                 shedWindows(now: now)
                 shedAt = windowCount < configuration.maxChannels ? nil : windowCount + max(1, configuration.maxChannels / 10)
             }
-            let buffer = ChannelBuffer(coverage: sequencer.last, unstoredEvictedThrough: lossRecords.removeValue(forKey: channel))
+            // The channel's loss record, or its keyset's folded floor when records overflowed:
+            // a subscriber behind it is still told of the gap once the channel has a window again.
+            let lost = lossRecords.removeValue(forKey: channel) ?? foldedLoss[channel.subscribeKey]
+            let buffer = ChannelBuffer(coverage: sequencer.last, unstoredEvictedThrough: lost)
             buffers[channel.subscribeKey, default: [:]][channel.channel] = buffer
             windowCount += 1
             for prefix in WildcardPattern.candidatePrefixes(of: channel.channel) {

@@ -295,6 +295,23 @@ private func decodedTimetokens(_ page: [[UInt8]]) -> [String] {
         #expect(plan.windowGaps.allSatisfy { $0.through <= second })
     }
 
+    /// A loss record folded into the keyset's floor still reaches a subscriber of that channel
+    /// after the channel gets a window again.
+    @Test func aFoldedLossRecordOutlivesTheChannelsNextWindow() {
+        var hub = DeliveryHub(floor: .zero, now: now,
+                              configuration: .init(bufferCapacity: 100, bufferMaximumAgeSeconds: 60, maxLossRecords: 1))
+        let start = hub.visibleThrough
+        let lost = put(&hub, "a", stored: false)
+        let later = Timetoken(now.rawValue + 61 * 10_000_000)
+        hub.sweep(now: later)
+        put(&hub, "b", stored: false)
+        hub.sweep(now: Timetoken(later.rawValue + 61 * 10_000_000))   // a's record is folded here
+        put(&hub, "a", stored: true)
+        let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["a"]), after: start, now: later)
+        #expect(plan.windowGaps.map(\.channel) == ["a"])
+        #expect(plan.windowGaps.allSatisfy { $0.through >= lost })
+    }
+
     @Test func presenceChannelsAreNeverReadFromTheStore() {
         var hub = DeliveryHub(floor: .zero, now: now)
         let plan = hub.plan(SubscriptionSpec(subscribeKey: "k", channels: ["c-pnpres"]), after: Timetoken(5), now: now)

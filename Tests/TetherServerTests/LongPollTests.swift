@@ -227,6 +227,23 @@ import TetherServer
         await second.stop()
     }
 
+    /// Presence channels are never read from the store: presence events that left the window are
+    /// still reported as a gap to a subscriber behind them.
+    @Test func presenceEventsThatLeftTheWindowAreReportedAsAGap() async throws {
+        var file = ConfigurationFile(subscribeTimeoutSeconds: 30)
+        file.window = .init(capacity: 2)
+        let server = try await TestServer.start(file: file)
+        let cursor = try await server.handshake("lobby-pnpres")
+        for uuid in ["u1", "u2", "u3"] {  // three joins: the first leaves the window of two
+            #expect(try await server.get("/v2/subscribe/demo/lobby/0?tt=0&uuid=\(uuid)").status == 200)
+        }
+        let (_, messages, headers) = try await server.subscribe("lobby-pnpres", tt: cursor, timeout: .seconds(5))
+        #expect(messages.count == 2, "\(messages)")
+        let gap = headers.first(name: "X-Tether-Gap") ?? ""
+        #expect(gap.hasPrefix("lobby-pnpres;from=\(cursor.rawValue);through="), "\(headers)")
+        await server.stop()
+    }
+
     @Test func aCursorOlderThanRetentionIsReportedAsAGap() async throws {
         let keyset = Keyset(name: "short", publishKey: "demo", subscribeKey: "demo", historyRetentionHours: 1)
         let server = try await TestServer.start(file: .init(keysets: [keyset], subscribeTimeoutSeconds: 30))
