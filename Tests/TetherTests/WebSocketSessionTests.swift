@@ -375,6 +375,32 @@ struct WebSocketSessionTests {
         await server.stop()
     }
 
+    /// A subscription made after `open()` starts when it is made, as over long-poll: what was
+    /// published between `open()` and `subscribe` is history, not a delivery. Before, the
+    /// subscription started at the welcome's cursor and replayed it.
+    @Test func aSubscriptionAfterOpenDeliversOnlyWhatIsPublishedAfterIt() async throws {
+        let server = try await InProcessServer.start()
+        let channel = unique("after-open")
+        let client = try makeClient(origin: server.origin) { $0.transport = .webSocket }
+        let publisher = try makeClient(origin: server.origin)
+        try await client.open()
+        _ = try await publisher.publish(channel: channel, message: "before")
+        let log = SessionLog()
+        let connected = Mutex(false)
+        let token = client.addStatusListener { if $0.category == .connected { connected.withLock { $0 = true } } }
+        let subscription = client.subscribe(to: [channel])[0]
+        subscription.onEvent { log.add($0.payload) }
+        // `connected` comes once the server took the subscription.
+        #expect(await eventually { connected.withLock { $0 } })
+        _ = try await publisher.publish(channel: channel, message: "after")
+        #expect(await log.waitForMessages(1))
+        #expect(log.payloads == ["after"])
+        token.cancel()
+        await client.shutdown()
+        await publisher.shutdown()
+        await server.stop()
+    }
+
     @Test func openWaitsForTheWelcomeAndPingMeasuresTheSocket() async throws {
         let server = try await InProcessServer.start()
         let client = try makeClient(origin: server.origin) { $0.transport = .webSocket }

@@ -131,6 +131,98 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
+    /// The filter expression goes with the first `subscribe`; when the server refused that one
+    /// (`rateLimited`) or it was lost with its socket, the resumed session holds the names'
+    /// absence *and* no filter, and the client must send the filter again with the names. Before,
+    /// the names went again with no filter, and the app received what its filter excludes.
+    @Test(arguments: [true, false])
+    func aResumedSessionGetsTheFilterWhenTheFirstSubscribeNeverApplied(refused: Bool) async throws {
+        let (client, socket, clock) = try makeSocketClient { $0.filterExpression = "region == 'eu'" }
+        var events = client.connectionEvents().makeAsyncIterator()
+        client.subscribe(to: ["a"])
+        let peer = try #require(await socket.nextAttempt()).accept()
+        _ = try frame(await peer.receive())
+        peer.send(server: welcome(token: "tok", resumed: false, cursor: 100))
+        let first = try frame(await peer.receive())
+        #expect(first["type"] == "subscribe" && first["filter"] == "region == 'eu'")
+        if refused {
+            peer.send(server: #"{"type":"error","code":"rateLimited","message":"slow down"}"#)
+        } else {
+            peer.close(server: nil)
+        }
+        #expect(await events.next() == .reconnectStarted)
+        _ = await clock.advanceToSleeper(within: .seconds(1) ... .seconds(2))
+        let second = try #require(await socket.nextAttempt()).accept()
+        let hello = try frame(await second.receive())
+        #expect(hello["resume"]?["token"] == "tok" && hello["resume"]?["cursor"] == "100")
+        second.send(server: welcome(token: "tok", resumed: true, cursor: 105, channels: []))
+        let again = try frame(await second.receive())
+        #expect(again["type"] == "subscribe" && again["channels"] == ["a"] && again["cursor"] == "100")
+        #expect(again["filter"] == "region == 'eu'", "the filter goes with the names again")
+        await client.shutdown()
+    }
+
+    /// A resumed session holding the names but another filter (or none) gets the client's
+    /// filter in a `subscribe` that adds no names.
+    @Test func aResumedSessionWithAnotherFilterGetsTheClientsFilter() async throws {
+        let (client, socket, clock) = try makeSocketClient { $0.filterExpression = "region == 'eu'" }
+        var events = client.connectionEvents().makeAsyncIterator()
+        client.subscribe(to: ["a"])
+        let peer = try await openSession(socket, token: "tok", cursor: 100)
+        peer.close(server: nil)
+        #expect(await events.next() == .reconnectStarted)
+        await clock.advanceToSleeper(after: .seconds(2))
+        let second = try #require(await socket.nextAttempt()).accept()
+        _ = try frame(await second.receive())
+        second.send(server: welcome(token: "tok", resumed: true, cursor: 105, channels: ["a"]))
+        let subscribe = try frame(await second.receive())
+        #expect(subscribe["type"] == "subscribe" && subscribe["channels"] == [] && subscribe["filter"] == "region == 'eu'")
+        await client.shutdown()
+    }
+
+    /// A socket opened by `open()` before the app subscribes is welcomed with the server's cursor
+    /// of that moment. The subscription must start when it is made, as a long-poll handshake's
+    /// does: without a cursor, at the server's. Before, it started at the welcome's cursor and
+    /// the server replayed everything published since `open()`.
+    @Test func aSubscriptionMadeAfterOpenStartsNowNotAtTheWelcome() async throws {
+        let (client, socket, _) = try makeSocketClient()
+        async let opened: Void = client.open()
+        let peer = try #require(await socket.nextAttempt()).accept()
+        _ = try frame(await peer.receive())
+        peer.send(server: welcome(token: "tok", resumed: false, cursor: 100))
+        try await opened
+        let subscription = client.subscribe(to: ["a"])[0]
+        var messages = subscription.messages.makeAsyncIterator()
+        let subscribe = try frame(await peer.receive())
+        #expect(subscribe["type"] == "subscribe" && subscribe["channels"] == ["a"])
+        #expect(subscribe["cursor"] == nil, "no cursor: the server starts the subscription now")
+        peer.send(server: #"{"type":"subscribed","channels":["a"],"groups":[],"cursor":"500"}"#)
+        peer.send(server: messagesFrame(cursor: 501, envelopes: [envelope("a", 501, #""after""#)]))
+        #expect(await messages.next()?.payload == "after")
+        #expect(client.currentTimetoken == Timetoken(501))
+        await client.shutdown()
+    }
+
+    /// With the SDK's pings off, a receive still answers empty after a long-poll's 280 s, before
+    /// the engine's 320 s watchdog. Before, the quiet answer came from the ping loop only, so
+    /// every 320 s of silence was a false outage (`unexpectedDisconnect`, then `reconnected`).
+    @Test func aQuietSubscriptionWithoutPingsIsNotAnOutage() async throws {
+        let (client, socket, clock) = try makeSocketClient { $0.webSocket.inactivityPing = .zero }
+        let subscription = client.subscribe(to: ["a"])[0]
+        var messages = subscription.messages.makeAsyncIterator()
+        let peer = try await openSession(socket, token: "t", cursor: 100)
+        await clock.advanceToSleeper(after: .seconds(280))
+        // The quiet answer reached the engine: its next receive's watchdog runs from 280 s.
+        await clock.waitForSleeper(until: clock.now.advanced(by: .seconds(320)))
+        // Past the watchdog of the receive that began at 0 s.
+        clock.advance(by: .seconds(50))
+        peer.send(server: messagesFrame(cursor: 101, envelopes: [envelope("a", 101, #""still here""#)]))
+        #expect(await messages.next()?.payload == "still here")
+        #expect(peer.closedByClient == nil, "the socket was kept")
+        #expect(client.connectionPhase == .open)
+        await client.shutdown()
+    }
+
     @Test func aDrainNoticeIsHonouredBeforeReconnecting() async throws {
         let (client, socket, clock) = try makeSocketClient()
         var events = client.connectionEvents().makeAsyncIterator()

@@ -59,6 +59,8 @@ final class WebSocketSession: Sendable {
         /// What the server's session is subscribed to.
         var serverChannels: [String] = []
         var serverGroups: [String] = []
+        /// The filter expression the server's session holds (nil: none), as far as the client knows.
+        var serverFilter: String?
         /// Whether the session has a subscription flowing (subscribed, or resumed).
         var subscribed = false
         /// The cursor deliveries continue from: the last `messages` frame handed out, or where
@@ -161,15 +163,25 @@ final class WebSocketSession: Sendable {
     {
         // A socket lost while no receive waited is reported, not reopened: checked where the
         // opening is decided, so a loss an instant before cannot be reopened silently.
-        var generation = try await open(resumeCursor: cursor ?? state.withLock { $0.expected }, reportingLoss: true)
+        let filter = filter.flatMap { $0.isEmpty ? nil : $0 }
+        let (opened, openedNow) = try await open(resumeCursor: cursor ?? state.withLock { $0.expected }, reportingLoss: true)
+        var generation = opened
         guard let cursor else {
             let (subscribed, expected, welcome) = state.withLock { ($0.subscribed, $0.expected, $0.welcomeCursor) }
-            if subscribed, case let added = try await reconcile(channels: channels, groups: groups, generation: generation),
+            if subscribed, case let added = try await reconcile(channels: channels, groups: groups, filter: filter, generation: generation),
                !(added.channels.isEmpty && added.groups.isEmpty) {
                 // The handshake succeeds only once the server took the names: a revoked grant
                 // fails it (as a long-poll handshake's 403 would) instead of reporting
                 // `reconnected` and failing the next poll.
-                try await awaitSubscribeAnswer(added: added, channels: channels, groups: groups, generation: generation)
+                _ = try await awaitSubscribeAnswer(added: added, channels: channels, groups: groups, generation: generation)
+            }
+            if !subscribed && !openedNow {
+                // The socket was opened before this handshake (`open()`, `connect()`): its
+                // welcome's cursor is as old as the socket, and starting there would replay what
+                // was published since. A handshake starts now, as a long-poll's does: the
+                // subscription is sent without a cursor and starts at the server's.
+                let start = try await subscribeNow(channels: channels, groups: groups, filter: filter, generation: generation)
+                return (SubscribeResponse(timetoken: start ?? welcome ?? Timetoken(0), region: 1, events: []), [])
             }
             // A resumed session's welcome carries the server's cursor: the engine catches up from
             // its own cursor to there (the replay ends with a frame at or past it), so the
@@ -181,16 +193,17 @@ final class WebSocketSession: Sendable {
         if subscribed && expected != cursor {
             // The engine asks from another point (a rewind, a switch of wire): resume from it.
             await drop(generation: generation)
-            generation = try await open(resumeCursor: cursor)
+            generation = try await open(resumeCursor: cursor).generation
         }
         if state.withLock({ $0.subscribed }) {
-            _ = try await reconcile(channels: channels, groups: groups, generation: generation)
+            _ = try await reconcile(channels: channels, groups: groups, filter: filter, generation: generation)
         } else {
             try await send(SessionFrame.subscribe(channels: channels, groups: groups, cursor: cursor, filter: filter), generation: generation)
             state.withLock { state in
                 state.subscribed = true
                 state.serverChannels = channels
                 state.serverGroups = groups
+                state.serverFilter = filter
                 state.expected = cursor
             }
         }
@@ -218,7 +231,7 @@ final class WebSocketSession: Sendable {
                 }
                 guard continues else {
                     await drop(generation: generation)
-                    generation = try await open(resumeCursor: cursor)
+                    generation = try await open(resumeCursor: cursor).generation
                     continue
                 }
                 return (response, gaps)
@@ -246,6 +259,24 @@ final class WebSocketSession: Sendable {
     /// subscription: ``TetherClient/open()``.
     func openSession() async throws(SessionFailure) {
         _ = try await open(resumeCursor: state.withLock { $0.expected })
+    }
+
+    /// Subscribes a session that has no subscription yet without a cursor, so the server starts
+    /// it at its current cursor, and returns that cursor (from `subscribed`; nil when the answer
+    /// carried none the client could use).
+    private func subscribeNow(channels: [String], groups: [String], filter: String?, generation: Int) async throws(SessionFailure)
+        -> Timetoken?
+    {
+        try await send(SessionFrame.subscribe(channels: channels, groups: groups, cursor: nil, filter: filter), generation: generation)
+        state.withLock { state in
+            state.subscribed = true
+            state.serverChannels = channels
+            state.serverGroups = groups
+            state.serverFilter = filter
+        }
+        let start = try await awaitSubscribeAnswer(added: (channels, groups), channels: channels, groups: groups, generation: generation)
+        if let start { state.withLock { if $0.generation == generation { $0.expected = start } } }
+        return start
     }
 
     /// The app removed names: the session stops delivering them (`unsubscribe` sends the leave).
@@ -342,14 +373,17 @@ final class WebSocketSession: Sendable {
 
     // MARK: - Opening
 
-    /// Opens (or resumes) the session unless a socket is open; returns the socket's generation.
+    /// Opens (or resumes) the session unless a socket is open; returns the socket's generation,
+    /// and whether this call opened it (false: it was open, or another caller opened it).
     /// One opening at a time: a caller that finds another opening in progress waits for it and
     /// uses its socket (the engine's receive and ``TetherClient/open()`` may race).
     ///
     /// With `reportingLoss`, a socket lost while no receive waited on it (``State/unnoticedLoss``)
     /// fails this call with the loss instead of being reopened, in the same step that would
     /// reopen it: the engine's retry policy and connection events run for it.
-    private func open(resumeCursor: Timetoken?, reportingLoss: Bool = false) async throws(SessionFailure) -> Int {
+    private func open(resumeCursor: Timetoken?, reportingLoss: Bool = false) async throws(SessionFailure)
+        -> (generation: Int, opened: Bool)
+    {
         while true {
             enum Gate { case open(Int), shutDown, busy, mine, lost(Int) }
             let gate = state.withLock { state -> Gate in
@@ -364,7 +398,7 @@ final class WebSocketSession: Sendable {
                 return .mine
             }
             switch gate {
-            case .open(let generation): return generation
+            case .open(let generation): return (generation, false)
             case .shutDown: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
             case .lost(let generation): throw closedFailure(generation: generation)
             case .busy:
@@ -386,7 +420,7 @@ final class WebSocketSession: Sendable {
                     return state.openWaiters
                 }
                 for waiter in waiters { waiter.resume() }
-                return try result.get()
+                return (try result.get(), true)
             }
         }
     }
@@ -456,11 +490,13 @@ final class WebSocketSession: Sendable {
                         state.subscribed = true
                         state.serverChannels = welcome.channels
                         state.serverGroups = welcome.groups
+                        state.serverFilter = welcome.filter
                         state.expected = resumeCursor
                     } else {
                         state.subscribed = false
                         state.serverChannels = []
                         state.serverGroups = []
+                        state.serverFilter = nil
                         state.deniedChannels = []
                         state.deniedGroups = []
                     }
@@ -482,29 +518,34 @@ final class WebSocketSession: Sendable {
         }
     }
 
-    /// Sends `subscribe` / `unsubscribe` for the difference between the wanted and the session's lists.
+    /// Sends `subscribe` / `unsubscribe` for the difference between the wanted and the session's
+    /// lists, and the filter expression when the session's differs (a resumed session whose
+    /// first `subscribe`, which carried it, was refused or lost with its socket).
     /// Returns the names a `subscribe` was sent for.
     @discardableResult
-    private func reconcile(channels: [String], groups: [String], generation: Int) async throws(SessionFailure)
+    private func reconcile(channels: [String], groups: [String], filter: String?, generation: Int) async throws(SessionFailure)
         -> (channels: [String], groups: [String])
     {
-        let (serverChannels, serverGroups, deniedChannels, deniedGroups) = state.withLock { state in
+        let (serverChannels, serverGroups, deniedChannels, deniedGroups, serverFilter) = state.withLock { state in
             // Names the app no longer wants are no longer "denied": subscribing to them later tries again.
             state.deniedChannels.formIntersection(channels)
             state.deniedGroups.formIntersection(groups)
-            return (state.serverChannels, state.serverGroups, state.deniedChannels, state.deniedGroups)
+            return (state.serverChannels, state.serverGroups, state.deniedChannels, state.deniedGroups, state.serverFilter)
         }
         let addedChannels = channels.filter { !serverChannels.contains($0) && !deniedChannels.contains($0) }
         let addedGroups = groups.filter { !serverGroups.contains($0) && !deniedGroups.contains($0) }
         let removedChannels = serverChannels.filter { !channels.contains($0) }
         let removedGroups = serverGroups.filter { !groups.contains($0) }
-        if !addedChannels.isEmpty || !addedGroups.isEmpty {
+        if !addedChannels.isEmpty || !addedGroups.isEmpty || serverFilter != filter {
             // With the cursor the client holds: a server ignores it on a session that has
             // subscribed before, and starts there on a resumed one that never did (its first
-            // subscribe refused or lost), instead of at its current cursor.
+            // subscribe refused or lost), instead of at its current cursor. The filter goes with
+            // every `subscribe` (`""` removes one the session should not have).
             let cursor = state.withLock { $0.expected }
-            try await send(SessionFrame.subscribe(channels: addedChannels, groups: addedGroups, cursor: cursor, filter: nil),
+            try await send(SessionFrame.subscribe(channels: addedChannels, groups: addedGroups, cursor: cursor,
+                                                  filter: serverFilter != filter ? filter ?? "" : filter),
                            generation: generation)
+            state.withLock { $0.serverFilter = filter }
         }
         if !removedChannels.isEmpty || !removedGroups.isEmpty {
             try await send(SessionFrame.unsubscribe(channels: removedChannels, groups: removedGroups), generation: generation)
@@ -519,8 +560,11 @@ final class WebSocketSession: Sendable {
     /// Waits for the server's answer to a `subscribe`: `subscribed` (the names it took), or an
     /// access-denied notice or error, handled as ``receive(channels:groups:cursor:filter:)``
     /// handles them. Deliveries that arrive first stay queued, in order, for the next receive.
+    /// Returns the cursor the `subscribed` answer carried.
+    @discardableResult
     private func awaitSubscribeAnswer(added: (channels: [String], groups: [String]), channels: [String], groups: [String],
-                                      generation: Int) async throws(SessionFailure) {
+                                      generation: Int) async throws(SessionFailure) -> Timetoken? {
+        var cursor: Timetoken?
         var held: [SessionFrame.Server] = []
         defer {
             if !held.isEmpty {
@@ -532,15 +576,18 @@ final class WebSocketSession: Sendable {
         while true {
             guard let frame = try await nextFrame(generation: generation) else { continue }
             switch frame {
-            case .subscribed(let subscribedChannels, let subscribedGroups, _):
+            case .subscribed(let subscribedChannels, let subscribedGroups, let at):
                 state.withLock { state in
                     state.serverChannels = subscribedChannels
                     state.serverGroups = subscribedGroups
                 }
+                cursor = at
                 // Names left out were refused: their notice follows.
-                if added.channels.allSatisfy(subscribedChannels.contains) && added.groups.allSatisfy(subscribedGroups.contains) { return }
+                if added.channels.allSatisfy(subscribedChannels.contains) && added.groups.allSatisfy(subscribedGroups.contains) {
+                    return cursor
+                }
             case .notice(.accessDenied(let deniedChannels, let deniedGroups, let message)):
-                if try denied(deniedChannels, deniedGroups, message: message, channels: channels, groups: groups) { return }
+                if try denied(deniedChannels, deniedGroups, message: message, channels: channels, groups: groups) { return cursor }
             case .error(let code, let message):
                 if let failure = Self.failure(errorCode: code, message: message, channels: channels, groups: groups) {
                     state.withLock { $0.subscribed = false }
@@ -813,24 +860,34 @@ final class WebSocketSession: Sendable {
 
     /// Pings after ``WebSocketOptions/inactivityPing`` without a frame; a socket still silent
     /// ``WebSocketOptions/pongTimeout`` after the ping is dead: it is closed, and the engine's
-    /// pending receive fails so the retry policy runs.
+    /// pending receive fails so the retry policy runs. Also answers a receive that has waited
+    /// ``quietAnswer`` empty — with the pings off too, or the engine's watchdog would take a
+    /// quiet subscription for an outage.
     private func watchLiveness(_ link: any WebSocketLink, generation: Int) async {
         let options = configuration.webSocket
-        guard options.inactivityPing > .zero else { return }
-        var wait = options.inactivityPing
+        let pinging = options.inactivityPing > .zero
+        var wait = pinging ? options.inactivityPing : quietAnswer
         while !Task.isCancelled {
             do { try await clock.sleep(wait) } catch { return }
             let now = clock.now()
-            let quiet = state.withLock { state -> Consumer? in
-                guard let since = state.receiveWaitingSince, now - since >= quietAnswer else { return nil }
+            let (quiet, waitingSince) = state.withLock { state -> (Consumer?, Duration?) in
+                guard let since = state.receiveWaitingSince else { return (nil, nil) }
+                guard now - since >= quietAnswer else { return (nil, since) }
                 state.quietDue = true
                 defer { state.consumer = nil }
-                return state.consumer
+                return (state.consumer, nil)
             }
             quiet?.continuation.resume()
+            // When the waiting receive's quiet answer is due, or a whole quiet answer from now (a
+            // receive that starts meanwhile waits at least that long).
+            let quietIn = waitingSince.map { max(.milliseconds(1), $0 + quietAnswer - now) } ?? quietAnswer
+            guard pinging else {
+                wait = quietIn
+                continue
+            }
             let silence = now - state.withLock { $0.lastFrameAt }
             if silence < options.inactivityPing {
-                wait = options.inactivityPing - silence
+                wait = min(options.inactivityPing - silence, quietIn)
                 continue
             }
             let id = state.withLock { state -> Int in
@@ -846,7 +903,7 @@ final class WebSocketSession: Sendable {
                 await link.close(code: WebSocketCloseCode.normal)
                 return
             }
-            wait = options.inactivityPing
+            wait = min(options.inactivityPing, quietAnswer)
         }
     }
 

@@ -16,6 +16,8 @@ package enum SessionFrame {
         /// The kept subscription, when resumed.
         package var channels: [String]
         package var groups: [String]
+        /// The kept subscription's filter expression, when resumed (nil: none).
+        package var filter: String? = nil
     }
 
     /// A server notice.
@@ -72,7 +74,8 @@ package enum SessionFrame {
                                     cursor: cursor, keepAliveSeconds: value["keepAliveSeconds"]?.intValue ?? 0,
                                     pingIntervalSeconds: value["pingIntervalSeconds"]?.intValue ?? 0,
                                     channels: subscription.map { names("channels", in: $0) } ?? [],
-                                    groups: subscription.map { names("groups", in: $0) } ?? []))
+                                    groups: subscription.map { names("groups", in: $0) } ?? [],
+                                    filter: subscription?["filter"]?.stringValue.flatMap { $0.isEmpty ? nil : $0 }))
         case "subscribed":
             guard let cursor = timetoken(value["cursor"]) else { throw Malformed("subscribed: cursor is required") }
             return .subscribed(channels: names("channels"), groups: names("groups"), cursor: cursor)
