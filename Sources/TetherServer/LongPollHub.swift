@@ -596,7 +596,6 @@ public final class LongPollHub: Sendable {
         let deadline = responseDeadline
         var after = after
         var gaps: [RetentionGap] = []
-        var checkedGaps = false
         // Set when the long-poll must answer now (timeout, shutdown): one last read, whose plan
         // gives a cursor consistent with what it read. (Answering with the hub's current cursor
         // instead could step over an event committed between the wake-up and the answer.)
@@ -612,22 +611,15 @@ public final class LongPollHub: Sendable {
             }
             switch step {
             case .read(let plan):
-                // Also when only the windows report a loss (presence channels never read the store).
-                if !checkedGaps, !plan.storeRanges.isEmpty || !plan.windowGaps.isEmpty {
-                    checkedGaps = true
-                    let prefixes = spec.wildcards.map(WildcardPattern.prefix(of:))
-                    gaps = try await messages.retentionGaps(subscribeKey: spec.subscribeKey, channels: spec.channels,
-                                                            prefixes: prefixes, after: after)
-                    if let shared {
-                        gaps = shared.addingUnseenEventGaps(to: gaps, channels: spec.channels, prefixes: prefixes, after: after)
-                    }
-                    for (channel, through) in plan.windowGaps where !gaps.contains(where: { $0.channel == channel }) {
-                        gaps.append(RetentionGap(channel: channel, from: after, through: through))
-                    }
-                }
                 var results: [StoreRangeResult] = []
                 for range in plan.storeRanges {
                     results.append(try await messages.read(range, limit: limit))
+                }
+                // On every pass that read the store or met a window's loss (presence channels
+                // never read the store), and after the reads: a prune that committed before a
+                // read is seen, whichever pass it fell in.
+                if !plan.storeRanges.isEmpty || !plan.windowGaps.isEmpty {
+                    gaps = try await addingGaps(to: gaps, spec: spec, plan: plan, after: after)
                 }
                 let (cursor, envelopes) = plan.merge(storeResults: results, limit: limit, include: include)
                 let shuttingDown = state.withLock { $0.waiters.isShuttingDown }
@@ -664,6 +656,37 @@ public final class LongPollHub: Sendable {
                 }
             }
         }
+    }
+
+    /// `gaps` with the retention gaps a read of `plan` from `after` met and the plan's window
+    /// gaps: on the subscription's channels, the channels the plan read from the store (a
+    /// group's members among them) and its wildcards' prefixes. One gap per channel, reaching
+    /// the furthest `through` any source reported.
+    private func addingGaps(to gaps: [RetentionGap], spec: SubscriptionSpec, plan: ReadPlan, after: Timetoken) async throws
+        -> [RetentionGap]
+    {
+        var channels = spec.channels
+        for range in plan.storeRanges {
+            if case .channel(let channel) = range.selector, !channels.contains(channel) { channels.append(channel) }
+        }
+        let prefixes = spec.wildcards.map(WildcardPattern.prefix(of:))
+        var found = try await messages.retentionGaps(subscribeKey: spec.subscribeKey, channels: channels, prefixes: prefixes,
+                                                     after: after)
+        if let shared {
+            found = shared.addingUnseenEventGaps(to: found, channels: channels, prefixes: prefixes, after: after)
+        }
+        found += plan.windowGaps.map { RetentionGap(channel: $0.channel, from: after, through: $0.through) }
+        var merged = gaps
+        for gap in found {
+            if let index = merged.firstIndex(where: { $0.channel == gap.channel }) {
+                let known = merged[index]
+                merged[index] = RetentionGap(channel: gap.channel, from: min(known.from, gap.from),
+                                             through: max(known.through, gap.through))
+            } else {
+                merged.append(gap)
+            }
+        }
+        return merged
     }
 
     /// Watches `channel`'s closing (once per connection): a waiter parked on it is woken as

@@ -322,17 +322,32 @@ public final class MessageStore: Sendable {
 
     /// Adds and removes channels of a group durably; returns the group's channels afterwards.
     public func updateGroup(subscribeKey: String, group: String, add: [String], remove: [String]) async throws -> Set<String> {
-        try await pool.write { db in
-            for channel in add {
-                try db.execute(sql: "INSERT OR IGNORE INTO channel_group (sub_key, grp, channel) VALUES (?, ?, ?)",
-                               arguments: [subscribeKey, group, channel])
+        try await updateGroup(subscribeKey: subscribeKey, group: group, add: add, remove: remove, committed: { _ in })
+    }
+
+    /// ``updateGroup(subscribeKey:group:add:remove:)``, handing the group's channels to
+    /// `committed` once the change is durable and before the next write starts: concurrent
+    /// changes reach `committed` in the order they were committed, so an index kept from it (the
+    /// delivery hub's) never ends with an older membership than the store's.
+    public func updateGroup(subscribeKey: String, group: String, add: [String], remove: [String],
+                            committed: @escaping @Sendable (Set<String>) -> Void) async throws -> Set<String> {
+        try await pool.writeWithoutTransaction { db in
+            var channels: Set<String> = []
+            try db.inTransaction {
+                for channel in add {
+                    try db.execute(sql: "INSERT OR IGNORE INTO channel_group (sub_key, grp, channel) VALUES (?, ?, ?)",
+                                   arguments: [subscribeKey, group, channel])
+                }
+                for channel in remove {
+                    try db.execute(sql: "DELETE FROM channel_group WHERE sub_key = ? AND grp = ? AND channel = ?",
+                                   arguments: [subscribeKey, group, channel])
+                }
+                channels = Set(try String.fetchAll(db, sql: "SELECT channel FROM channel_group WHERE sub_key = ? AND grp = ?",
+                                                   arguments: [subscribeKey, group]))
+                return .commit
             }
-            for channel in remove {
-                try db.execute(sql: "DELETE FROM channel_group WHERE sub_key = ? AND grp = ? AND channel = ?",
-                               arguments: [subscribeKey, group, channel])
-            }
-            return Set(try String.fetchAll(db, sql: "SELECT channel FROM channel_group WHERE sub_key = ? AND grp = ?",
-                                           arguments: [subscribeKey, group]))
+            committed(channels)
+            return channels
         }
     }
 
@@ -345,8 +360,18 @@ public final class MessageStore: Sendable {
 
     /// Deletes a group durably.
     public func deleteGroup(subscribeKey: String, group: String) async throws {
-        try await pool.write { db in
-            try db.execute(sql: "DELETE FROM channel_group WHERE sub_key = ? AND grp = ?", arguments: [subscribeKey, group])
+        try await deleteGroup(subscribeKey: subscribeKey, group: group, committed: {})
+    }
+
+    /// Deletes a group durably; `committed` runs once that is durable and before the next write
+    /// starts (in commit order, as ``updateGroup(subscribeKey:group:add:remove:committed:)``'s).
+    public func deleteGroup(subscribeKey: String, group: String, committed: @escaping @Sendable () -> Void) async throws {
+        try await pool.writeWithoutTransaction { db in
+            try db.inTransaction {
+                try db.execute(sql: "DELETE FROM channel_group WHERE sub_key = ? AND grp = ?", arguments: [subscribeKey, group])
+                return .commit
+            }
+            committed()
         }
     }
 

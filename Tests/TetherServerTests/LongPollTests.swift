@@ -266,6 +266,46 @@ import TetherServer
         await restarted.stop()
     }
 
+    /// A subscriber through a channel group is told of history retention removed on the group's
+    /// channels, as one naming the channel is. Before, only named channels and wildcards were
+    /// asked about, and the pruned message was skipped without a gap.
+    @Test func aGroupSubscriberIsToldOfRetentionGapsOnItsChannels() async throws {
+        let keyset = Keyset(name: "short", publishKey: "demo", subscribeKey: "demo", historyRetentionHours: 1)
+        let file = ConfigurationFile(keysets: [keyset], subscribeTimeoutSeconds: 30)
+        let server = try await TestServer.start(file: file)
+        #expect(try await server.get("/v1/channel-registration/sub-key/demo/channel-group/team?add=ephemeral").status == 200)
+        let cursor = try await server.subscribe(",", tt: .zero, groups: "team").cursor
+        let old = try await server.publish("ephemeral", "1")
+        #expect(try await server.server.state.store.pruneExpired(now: Timetoken(old.rawValue + 2 * 36_000_000_000)) == 1)
+        await server.stop()
+        let restarted = try await TestServer.start(directory: server.directory, file: file)
+        let kept = try await restarted.publish("ephemeral", "2")
+        let (_, messages, headers) = try await restarted.subscribe(",", tt: cursor, groups: "team", timeout: .seconds(5))
+        #expect(messages.compactMap(\.publishTimetoken) == [String(kept.rawValue)])
+        #expect(headers.first(name: "X-Tether-Gap") == "ephemeral;from=\(cursor.rawValue);through=\(old.rawValue)")
+        await restarted.stop()
+    }
+
+    /// A channel with both a retention gap and non-stored events that left its window gets one
+    /// gap reaching the later of the two. Before, the window's was dropped and the gap ended at
+    /// the pruned message, before the lost signal.
+    @Test func aRetentionGapAndAWindowLossOnOneChannelAreReportedToTheLaterOne() async throws {
+        let keyset = Keyset(name: "short", publishKey: "demo", subscribeKey: "demo", historyRetentionHours: 1)
+        var file = ConfigurationFile(keysets: [keyset], subscribeTimeoutSeconds: 30)
+        file.window = .init(capacity: 2)
+        let server = try await TestServer.start(file: file)
+        let cursor = try await server.handshake("mixed")
+        let old = try await server.publish("mixed", "1")
+        #expect(try await server.server.state.store.pruneExpired(now: Timetoken(old.rawValue + 2 * 36_000_000_000)) == 1)
+        // Three not stored: the first leaves the window of two (and "1" with it).
+        var unstored: [Timetoken] = []
+        for i in 2...4 { unstored.append(try await server.publish("mixed", "\(i)", query: "&store=0")) }
+        let (_, messages, headers) = try await server.subscribe("mixed", tt: cursor, timeout: .seconds(5))
+        #expect(messages.compactMap(\.publishTimetoken) == unstored.dropFirst().map { String($0.rawValue) })
+        #expect(headers.first(name: "X-Tether-Gap") == "mixed;from=\(cursor.rawValue);through=\(unstored[0].rawValue)")
+        await server.stop()
+    }
+
     @Test func aCursorFromTheFutureIsTreatedAsCurrent() async throws {
         let server = try await TestServer.start()
         async let waiting = server.subscribe("future", tt: Timetoken(99_999_999_999_999_999), timeout: .seconds(10))

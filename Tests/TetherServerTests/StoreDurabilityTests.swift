@@ -223,6 +223,33 @@ import TetherTesting
         await server.stop()
     }
 
+    // MARK: - Channel groups
+
+    /// Concurrent changes of one group reach the delivery hub in the order the store committed
+    /// them, so the hub never ends with an older membership than the store's. Before, the route
+    /// set the hub after its `await`, in whatever order the requests resumed.
+    @Test func concurrentGroupChangesReachTheHubInCommitOrder() async throws {
+        let store = try MessageStore(directory: Self.temporaryDirectory(), logger: Self.quietLogger, metrics: ServerMetrics())
+        let seen = CommittedSets()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for i in 0..<64 {
+                group.addTask {
+                    _ = try await store.updateGroup(subscribeKey: "k", group: "g", add: ["c\(i)"], remove: []) { channels in
+                        seen.sets.withLock { $0.append(channels) }
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let sizes = seen.sets.withLock { $0.map(\.count) }
+        #expect(sizes == Array(1...64), "each change saw every earlier one: \(sizes)")
+        #expect(seen.sets.withLock { $0.last } == Set((0..<64).map { "c\($0)" }))
+        try await store.deleteGroup(subscribeKey: "k", group: "g") { seen.sets.withLock { $0.append([]) } }
+        #expect(seen.sets.withLock { $0.count } == 65)
+        #expect(try store.allGroupMemberships().isEmpty)
+        try store.close()
+    }
+
     // MARK: - Disk full
 
     @Test func aFullStoreFailsStoredPublishesClearlyWhileRealtimeFlowsAndRecovers() async throws {
@@ -435,4 +462,9 @@ import TetherTesting
         }
         try store.close()
     }
+}
+
+/// What a store's `committed` callbacks saw, in order.
+private final class CommittedSets: Sendable {
+    let sets = Mutex<[Set<String>]>([])
 }

@@ -69,8 +69,12 @@ extension TetherResponder {
                 await state.hub.waitUntilVisible(timetoken)
                 return ok
             }
-            try await state.store.deleteGroup(subscribeKey: key, group: group)
-            state.hub.setGroup(subscribeKey: key, group: group, channels: [])
+            // The hub learns of the change in commit order: two concurrent changes never leave it
+            // with the older membership.
+            let hub = state.hub
+            try await state.store.deleteGroup(subscribeKey: key, group: group) {
+                hub.setGroup(subscribeKey: key, group: group, channels: [])
+            }
             return ok
         }
         guard s.count == 6 else {
@@ -101,8 +105,10 @@ extension TetherResponder {
             if case .group(_, _, _, true) = control { return ChannelGroupChange.registryError("Maximum channel count exceeded.") }
             return ok
         }
-        let channels = try await state.store.updateGroup(subscribeKey: key, group: group, add: change.add, remove: change.remove)
-        state.hub.setGroup(subscribeKey: key, group: group, channels: channels)
+        let hub = state.hub
+        _ = try await state.store.updateGroup(subscribeKey: key, group: group, add: change.add, remove: change.remove) { channels in
+            hub.setGroup(subscribeKey: key, group: group, channels: channels)
+        }
         return ok
     }
 }
