@@ -62,7 +62,8 @@ extension TetherConfiguration {
             liveness: deadLinkDetection.map { SubscribeMachine.Liveness(interval: $0.probeInterval, timeout: $0.probeTimeout) },
             presenceHeartbeat: heartbeatInterval > 0
                 ? SubscribeMachine.PresenceHeartbeat(interval: .seconds(heartbeatInterval), reporting: heartbeatReporting) : nil,
-            longPollWatchdog: subscribeTimeout + .seconds(10), backfill: backfill, lifecycle: lifecycle)
+            longPollWatchdog: subscribeTimeout + .seconds(10), backfill: backfill,
+            filtered: !(filterExpression ?? "").isEmpty, lifecycle: lifecycle)
     }
 }
 

@@ -182,6 +182,31 @@ struct LongPollLoopTests {
         #expect(h.continuity == [ChannelContinuity(channel: "a", outcome: .recovered(count: 1), resumedFrom: Timetoken(100))])
     }
 
+    /// With a filter expression the server leaves out what the filter excludes, so a catch-up
+    /// page is short while more remains: the catch-up ends at the server's cursor of the
+    /// reconnect (or an answer with nothing), counting every page. Before, the first short page
+    /// ended it, with `recovered(count: 2)` of 5.
+    @Test(arguments: [true, false])
+    func aFilteredCatchUpIsNotEndedByAShortPage(filtered: Bool) {
+        let planner = CatchUpPlanner(channels: ["a"], resumedFrom: Timetoken(100), upTo: Timetoken(1000), pageSize: 100, filtered: filtered)
+        var h = LoopHarness(from: 100, catchUp: planner)
+        h.answer(400, [event("a", 150), event("a", 400)])
+        if !filtered {
+            #expect(h.continuity.map(\.outcome) == [.recovered(count: 2)], "a short page ends an unfiltered catch-up")
+            return
+        }
+        #expect(h.continuity.isEmpty)
+        h.answer(700, [event("a", 500), event("a", 700)])
+        #expect(h.continuity.isEmpty)
+        h.answer(1000, [event("a", 900)])
+        #expect(h.continuity.map(\.outcome) == [.recovered(count: 5)])
+        // An answer with no events ends it too (the server had nothing more).
+        var empty = LoopHarness(from: 100, catchUp: planner)
+        empty.answer(400, [event("a", 400)])
+        empty.answer(600)
+        #expect(empty.continuity.map(\.outcome) == [.recovered(count: 1)])
+    }
+
     @Test func undecryptableEventsAreDeliveredAndReported() {
         var h = LoopHarness()
         var broken = event("a", 101)

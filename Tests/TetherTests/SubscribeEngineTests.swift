@@ -98,6 +98,43 @@ struct SubscribeEngineTests {
         await server.stop()
     }
 
+    /// A filtered subscription's catch-up: the server leaves out what the filter excludes, so
+    /// its pages are short while more remains. The continuity outcome comes once the catch-up
+    /// reached the server's cursor and counts every page. Before, it came after the first page,
+    /// counting its 34 of the 100 kept messages.
+    @Test func aFilteredCatchUpCountsEveryPage() async throws {
+        let server = RestartableServer(file: ConfigurationFile(subscribeTimeoutSeconds: 5, rateLimiting: false))
+        try await server.start()
+        let (client, _, clock) = try makeObservedClient(origin: server.origin) { $0.filterExpression = "tag == 'keep'" }
+        var statuses = client.statuses().makeAsyncIterator()
+        var outcomes = client.continuityOutcomes().makeAsyncIterator()
+        let channel = unique()
+        let subscription = client.subscribe(to: [channel])[0]
+        var messages = subscription.messages.makeAsyncIterator()
+        #expect(await statuses.next()?.category == .connected)
+        let publisher = try makeClient(origin: server.origin)
+        _ = try await publisher.publish(channel: channel, message: "before", options: PublishOptions(meta: ["tag": "keep"]))
+        #expect(await messages.next()?.payload == "before")
+
+        await server.stop()
+        #expect(await statuses.next()?.category == .unexpectedDisconnect)
+        try await server.start()
+        for index in 0..<300 {
+            let tag: JSONValue = index % 3 == 0 ? "keep" : "drop"
+            _ = try await publisher.publish(channel: channel, message: .int(index), options: PublishOptions(meta: ["tag": tag]))
+        }
+        _ = await clock.advanceToSleeper(within: .zero ... .seconds(2))
+        #expect(await statuses.next()?.category == .reconnected)
+        var received: [JSONValue] = []
+        for _ in 0..<100 { if let event = await messages.next() { received.append(event.payload) } }
+        #expect(received == stride(from: 0, to: 300, by: 3).map { JSONValue.int($0) })
+        #expect(await outcomes.next()?.outcome == .recovered(count: 100))
+        await publisher.shutdown()
+        await client.shutdown()
+        await server.stop()
+        server.remove()
+    }
+
     /// Server restart mid-stream, 1,000 messages published while the client is away: every one is
     /// received once, in order, and the continuity outcome says so.
     @Test func serverRestartAndAThousandMessagesDuringTheOutage() async throws {

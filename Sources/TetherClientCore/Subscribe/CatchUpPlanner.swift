@@ -6,7 +6,9 @@ package import TetherProtocol
 ///
 /// Messages published during the outage are those at or below `upTo`, the server's cursor when
 /// the reconnect handshake answered; the catch-up is complete when a response brings the cursor
-/// to `upTo` or carries less than a full page.
+/// to `upTo` or carries less than a full page. With a filter expression a page is short because
+/// the server left out what the filter excludes, not because the catch-up ended: then only the
+/// cursor, or an answer with no events (the server had nothing more), completes it.
 package struct CatchUpPlanner: Sendable, Hashable {
     /// The cursor the client resumed from.
     package let resumedFrom: Timetoken
@@ -14,17 +16,20 @@ package struct CatchUpPlanner: Sendable, Hashable {
     package let upTo: Timetoken
     /// Events per response when the server is paging (100 on Tether and PubNub).
     package let pageSize: Int
+    /// Whether the subscription has a filter expression.
+    package let filtered: Bool
     private var channels: [String]
     private var recovered: [String: Int] = [:]
     private var gaps: [String: RetentionGap] = [:]
 
     /// Starts a catch-up for `channels` (plain channels known up front; others are added as their
     /// events arrive).
-    package init(channels: [String], resumedFrom: Timetoken, upTo: Timetoken, pageSize: Int = 100) {
+    package init(channels: [String], resumedFrom: Timetoken, upTo: Timetoken, pageSize: Int = 100, filtered: Bool = false) {
         self.channels = channels
         self.resumedFrom = resumedFrom
         self.upTo = upTo
         self.pageSize = pageSize
+        self.filtered = filtered
     }
 
     /// Counts delivered events that were published during the outage.
@@ -63,7 +68,7 @@ package struct CatchUpPlanner: Sendable, Hashable {
 
     /// Whether the catch-up is complete after a response with `eventCount` events and `cursor`.
     package func isComplete(afterResponseWith eventCount: Int, cursor: Timetoken) -> Bool {
-        eventCount < pageSize || cursor >= upTo
+        cursor >= upTo || (filtered ? eventCount == 0 : eventCount < pageSize)
     }
 
     /// One outcome per channel, in the order channels became known.

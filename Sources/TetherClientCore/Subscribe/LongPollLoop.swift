@@ -88,7 +88,7 @@ package struct LongPollLoop: Sendable {
         case .polling(let current) where current == id:
             if !gaps.isEmpty {
                 var planner = catchUp ?? CatchUpPlanner(channels: [], resumedFrom: cursor.timetoken, upTo: response.timetoken,
-                                                        pageSize: settings.catchUpPageSize)
+                                                        pageSize: settings.catchUpPageSize, filtered: settings.filtered)
                 planner.recordGaps(gaps)
                 catchUp = planner
                 switch settings.backfill {

@@ -83,12 +83,15 @@ package struct ReceiveSettings: Sendable, Hashable {
     package var backfill: BackfillPolicy
     /// Events per catch-up page.
     package var catchUpPageSize: Int
+    /// Whether the subscription has a filter expression (``SubscribeMachine/Configuration/filtered``).
+    package var filtered: Bool
 
     /// The settings in a machine configuration.
     package init(_ configuration: SubscribeMachine.Configuration) {
         messageCountThreshold = configuration.requestMessageCountThreshold
         backfill = configuration.backfill
         catchUpPageSize = configuration.catchUpPageSize
+        filtered = configuration.filtered
     }
 }
 

@@ -33,6 +33,9 @@ extension SubscribeMachine {
         package var backfill: BackfillPolicy
         /// Events per catch-up page (100).
         package var catchUpPageSize: Int
+        /// Whether the subscription has a filter expression: the server then leaves out what it
+        /// excludes, so a catch-up page short of ``catchUpPageSize`` does not mean the end.
+        package var filtered: Bool
         /// Background and foreground behaviour.
         package var lifecycle: LifecycleOptions
 
@@ -41,7 +44,8 @@ extension SubscribeMachine {
                     catchUpOnSubscriptionRestore: Bool = true, requestMessageCountThreshold: Int = 100,
                     timeProbeInterval: Duration = .seconds(10), liveness: Liveness? = Liveness(),
                     presenceHeartbeat: PresenceHeartbeat? = nil, longPollWatchdog: Duration = .seconds(320),
-                    backfill: BackfillPolicy = .onGap, catchUpPageSize: Int = 100, lifecycle: LifecycleOptions = LifecycleOptions()) {
+                    backfill: BackfillPolicy = .onGap, catchUpPageSize: Int = 100, filtered: Bool = false,
+                    lifecycle: LifecycleOptions = LifecycleOptions()) {
             self.retry = retry
             self.keepTimetokenOnListChange = keepTimetokenOnListChange
             self.restoreSubscription = restoreSubscription
@@ -53,6 +57,7 @@ extension SubscribeMachine {
             self.longPollWatchdog = longPollWatchdog
             self.backfill = backfill
             self.catchUpPageSize = catchUpPageSize
+            self.filtered = filtered
             self.lifecycle = lifecycle
         }
     }

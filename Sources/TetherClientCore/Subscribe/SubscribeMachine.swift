@@ -405,7 +405,8 @@ package struct SubscribeMachine: Sendable {
             switch established.continuation {
             case .catchUp(let resume, let server):
                 let plain = channels.filter { !NameRules.isPresence($0) && !$0.hasSuffix(".*") }
-                let planner = CatchUpPlanner(channels: plain, resumedFrom: resume, upTo: server, pageSize: configuration.catchUpPageSize)
+                let planner = CatchUpPlanner(channels: plain, resumedFrom: resume, upTo: server, pageSize: configuration.catchUpPageSize,
+                                             filtered: configuration.filtered)
                 switch configuration.backfill {
                 case .onEveryReconnect where !plain.isEmpty:
                     let ranges = plain.map { BackfillRange(channel: $0, after: resume, through: server) }
