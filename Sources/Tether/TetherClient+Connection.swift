@@ -185,9 +185,11 @@ extension TetherClient {
         guard let chosen = owner.client?.currentWire(), let configuration = owner.client?.configuration else { throw released }
         if chosen == .webSocket {
             do {
-                owner.client?.noteWire(.webSocket)
+                // Announced once the upgrade is taken: under `.automatic` a refused one falls back
+                // to long-poll without announcing a switch that never happened.
                 var (response, gaps) = try await session.receive(channels: channels, groups: groups, cursor: cursor?.timetoken,
-                                                                  filter: configuration.filterExpression)
+                                                                  filter: configuration.filterExpression,
+                                                                  opened: { owner.client?.noteWire(.webSocket) })
                 decrypt(&response, module: configuration.cryptoModule)
                 return (response, gaps)
             } catch {
@@ -202,9 +204,13 @@ extension TetherClient {
     }
 
     func noteWire(_ used: TransportPreference) {
+        // Under `.automatic` the client starts out meaning WebSocket: a first upgrade refused is
+        // a switch to long-poll, a first one taken is none.
+        let intended: TransportPreference? = configuration.transport == .automatic ? .webSocket : nil
         let changed = wire.withLock { choice -> Bool in
             defer { choice.last = used }
-            return choice.last != nil && choice.last != used
+            guard let previous = choice.last ?? intended else { return false }
+            return previous != used
         }
         if changed { engine.listeners.emit(event: .transportChanged(used)) }
     }

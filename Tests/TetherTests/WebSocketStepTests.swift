@@ -264,6 +264,41 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
+    /// Under `.automatic`, `transportChanged(.webSocket)` is announced once an upgrade is taken.
+    /// Before, it was announced before each try, so every refused retry after the fallback
+    /// interval flapped `webSocket` → `longPoll`.
+    @Test func automaticAnnouncesWebSocketOnlyWhenAnUpgradeIsTaken() async throws {
+        let transport = InMemoryTransport()
+        let (client, socket, clock) = try makeSocketClient(transport: transport) {
+            $0.transport = .automatic
+            $0.webSocket.fallbackRetryInterval = .seconds(1)
+        }
+        let log = SessionLog()
+        client.addConnectionEventListener { log.add($0) }
+        let subscription = client.subscribe(to: ["a"])[0]
+        var messages = subscription.messages.makeAsyncIterator()
+        try #require(await socket.nextAttempt()).refuse(status: 200)
+        try #require(await transport.next(path: "/v2/subscribe")).respond(json: subscribeBody(timetoken: 100))
+        // Past the fallback interval the next receive tries the upgrade again: refused again.
+        var poll = try #require(await transport.next(path: "/v2/subscribe"))
+        clock.advance(by: .seconds(1))
+        poll.respond(json: subscribeBody(timetoken: 101, envelopes: [envelope("a", 101, #""one""#)]))
+        #expect(await messages.next()?.payload == "one")
+        try #require(await socket.nextAttempt()).refuse(status: 200)
+        poll = try #require(await transport.next(path: "/v2/subscribe"))
+        clock.advance(by: .seconds(1))
+        poll.respond(json: subscribeBody(timetoken: 102, envelopes: [envelope("a", 102, #""two""#)]))
+        #expect(await messages.next()?.payload == "two")
+        // This time the upgrade is taken, and the session continues from the long-poll's cursor.
+        let peer = try #require(await socket.nextAttempt()).accept()
+        _ = try frame(await peer.receive())
+        peer.send(server: welcome(token: "tok", resumed: false, cursor: 102))
+        let subscribe = try frame(await peer.receive())
+        #expect(subscribe["type"] == "subscribe" && subscribe["cursor"] == "102")
+        #expect(log.events == [.transportChanged(.longPoll), .transportChanged(.webSocket)])
+        await client.shutdown()
+    }
+
     @Test
     func aSilentSocketIsDeclaredDeadWithin20Seconds() async throws {
         let (client, socket, clock) = try makeSocketClient()

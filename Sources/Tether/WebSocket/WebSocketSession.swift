@@ -157,15 +157,17 @@ final class WebSocketSession: Sendable {
 
     /// One "subscribe request" over the session: `cursor` nil is the handshake (the socket is
     /// opened or resumed; the answer carries the session's cursor and no events); otherwise the
-    /// next `messages` frame after `cursor`.
-    func receive(channels: [String], groups: [String], cursor: Timetoken?, filter: String?) async throws(SessionFailure)
+    /// next `messages` frame after `cursor`. `opened` runs once a welcomed socket is in hand.
+    func receive(channels: [String], groups: [String], cursor: Timetoken?, filter: String?,
+                 opened: @Sendable () -> Void = {}) async throws(SessionFailure)
         -> (response: SubscribeResponse, gaps: [RetentionGap])
     {
         // A socket lost while no receive waited is reported, not reopened: checked where the
         // opening is decided, so a loss an instant before cannot be reopened silently.
         let filter = filter.flatMap { $0.isEmpty ? nil : $0 }
-        let (opened, openedNow) = try await open(resumeCursor: cursor ?? state.withLock { $0.expected }, reportingLoss: true)
-        var generation = opened
+        let (openGeneration, openedNow) = try await open(resumeCursor: cursor ?? state.withLock { $0.expected }, reportingLoss: true)
+        var generation = openGeneration
+        opened()
         guard let cursor else {
             let (subscribed, expected, welcome) = state.withLock { ($0.subscribed, $0.expected, $0.welcomeCursor) }
             if subscribed, case let added = try await reconcile(channels: channels, groups: groups, filter: filter, generation: generation),
