@@ -174,7 +174,10 @@ final class SubscribeEngine: Sendable {
             switch change.current {
             case .idle, .disconnected:
                 // The app ended the subscription: `bye` ends the WebSocket session (presence leave).
-                group.addTask { await session.close(bye: true) }
+                // The session lets the socket go here, in the machine's order: a subscribe that
+                // follows opens a new session, and the `bye` cannot end that one.
+                let closing = session.beginClose(bye: true)
+                group.addTask { await closing.finish() }
             case .connecting, .connected, .reconnecting, .waitingForNetwork, .failed, .background:
                 // In the background `releaseConnection` already did what the policy says.
                 break
@@ -184,9 +187,15 @@ final class SubscribeEngine: Sendable {
         case .continuity(let outcomes):
             listeners.emit(outcomes)
         case .leave(let channels, let groups):
+            // Over a WebSocket session, `unsubscribe` stops the deliveries and sends the leave. It
+            // is queued here, in the machine's order, so a `subscribe` of the same names made
+            // right after it is sent after it, not overtaken by it.
+            let overSession = session.leave(channels: channels, groups: groups)
             group.addTask {
-                // Over a WebSocket session, `unsubscribe` stops the deliveries and sends the leave.
-                if await session.leave(channels: channels, groups: groups) { return }
+                if overSession {
+                    await session.flushOutgoing()
+                    return
+                }
                 guard let client = owner.client else { return }
                 do { try await client.leave(channels: channels, groups: groups) } catch {
                     // A failed leave only delays the others' leave event until the presence timeout.

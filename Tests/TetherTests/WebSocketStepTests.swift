@@ -182,24 +182,31 @@ struct WebSocketStepTests {
 
     /// A socket opened by `open()` before the app subscribes is welcomed with the server's cursor
     /// of that moment. The subscription must start when it is made, as a long-poll handshake's
-    /// does: without a cursor, at the server's. Before, it started at the welcome's cursor and
-    /// the server replayed everything published since `open()`.
-    @Test func aSubscriptionMadeAfterOpenStartsNowNotAtTheWelcome() async throws {
+    /// does: the handshake asks the server's cursor now (a `subscribe` with no names), and the
+    /// subscription starts there. Before, it started at the welcome's cursor and the server
+    /// replayed everything published since `open()`. A subscription with its own timetoken
+    /// starts at that one, on the same socket.
+    @Test(arguments: [nil, 300] as [UInt64?])
+    func aSubscriptionMadeAfterOpenStartsNowNotAtTheWelcome(timetoken: UInt64?) async throws {
         let (client, socket, _) = try makeSocketClient()
         async let opened: Void = client.open()
         let peer = try #require(await socket.nextAttempt()).accept()
         _ = try frame(await peer.receive())
         peer.send(server: welcome(token: "tok", resumed: false, cursor: 100))
         try await opened
-        let subscription = client.subscribe(to: ["a"])[0]
+        let subscription = client.subscribe(to: ["a"], timetoken: timetoken.map { Timetoken($0) })[0]
         var messages = subscription.messages.makeAsyncIterator()
+        let ask = try frame(await peer.receive())
+        #expect(ask["type"] == "subscribe" && ask["channels"] == [] && ask["groups"] == [] && ask["cursor"] == nil)
+        peer.send(server: #"{"type":"subscribed","channels":[],"groups":[],"cursor":"500"}"#)
         let subscribe = try frame(await peer.receive())
-        #expect(subscribe["type"] == "subscribe" && subscribe["channels"] == ["a"])
-        #expect(subscribe["cursor"] == nil, "no cursor: the server starts the subscription now")
-        peer.send(server: #"{"type":"subscribed","channels":["a"],"groups":[],"cursor":"500"}"#)
+        let start = timetoken ?? 500
+        #expect(subscribe["type"] == "subscribe" && subscribe["channels"] == ["a"] && subscribe["cursor"] == .string("\(start)"))
+        peer.send(server: #"{"type":"subscribed","channels":["a"],"groups":[],"cursor":"\#(start)"}"#)
         peer.send(server: messagesFrame(cursor: 501, envelopes: [envelope("a", 501, #""after""#)]))
         #expect(await messages.next()?.payload == "after")
         #expect(client.currentTimetoken == Timetoken(501))
+        #expect(peer.closedByClient == nil, "one socket throughout")
         await client.shutdown()
     }
 
@@ -261,6 +268,50 @@ struct WebSocketStepTests {
         let poll = try #require(await transport.next(path: "/v2/subscribe"))
         poll.respond(json: subscribeBody(timetoken: 101, envelopes: [envelope("a", 101, #""over http""#)]))
         #expect(await messages.next()?.payload == "over http")
+        await client.shutdown()
+    }
+
+    /// `unsubscribe` then at once `subscribe` of the same name: the server gets the two in that
+    /// order, so the name is subscribed in the end. Before, the leave was sent by a task of its
+    /// own and could overtake, or be overtaken by, the next receive's `subscribe` (or make it
+    /// think the name was still subscribed), leaving the server unsubscribed.
+    @Test func aQuickUnsubscribeAndSubscribeReachTheServerInOrder() async throws {
+        let (client, socket, _) = try makeSocketClient()
+        client.subscribe(to: ["a", "b"])
+        let peer = try #require(await socket.nextAttempt()).accept()
+        _ = try frame(await peer.receive())
+        peer.send(server: welcome(token: "t", resumed: false, cursor: 100))
+        #expect(try frame(await peer.receive())["channels"] == ["a", "b"])
+        peer.send(server: #"{"type":"subscribed","channels":["a","b"],"groups":[],"cursor":"100"}"#)
+        for _ in 0..<20 {
+            client.unsubscribe(from: ["b"])
+            client.subscribe(to: ["b"])
+            let left = try frame(await peer.receive())
+            #expect(left["type"] == "unsubscribe" && left["channels"] == ["b"], "\(left)")
+            let back = try frame(await peer.receive())
+            #expect(back["type"] == "subscribe" && back["channels"] == ["b"], "\(back)")
+        }
+        await client.shutdown()
+    }
+
+    /// `unsubscribeAll()` then at once `subscribe`: the old session's `bye` goes on its own
+    /// socket, and the new subscription opens a new session that it cannot end.
+    @Test func aSubscribeRightAfterUnsubscribeAllOpensANewSession() async throws {
+        let (client, socket, _) = try makeSocketClient()
+        client.subscribe(to: ["a"])
+        let peer = try await openSession(socket, token: "t", cursor: 100)
+        client.unsubscribeAll()
+        client.subscribe(to: ["a"])
+        var last = try frame(await peer.receive())
+        while last["type"] == "unsubscribe" { last = try frame(await peer.receive()) }
+        #expect(last["type"] == "bye", "\(last)")
+        let second = try #require(await socket.nextAttempt()).accept()
+        let hello = try frame(await second.receive())
+        #expect(hello["type"] == "hello" && hello["resume"] == nil, "a new session: the ended one's token is not used")
+        second.send(server: welcome(token: "t2", resumed: false, cursor: 200))
+        let subscribe = try frame(await second.receive())
+        #expect(subscribe["type"] == "subscribe" && subscribe["channels"] == ["a"])
+        #expect(second.closedByClient == nil)
         await client.shutdown()
     }
 

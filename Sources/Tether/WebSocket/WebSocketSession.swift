@@ -99,6 +99,12 @@ final class WebSocketSession: Sendable {
         var deniedGroups: Set<String> = []
         /// The current socket's `hello` was answered by `welcome`: only then is it usable.
         var welcomed = false
+        /// Frames to send, in order, each for its socket generation: the subscription's changes
+        /// are queued under the lock that changes the client's picture of it, so the server gets
+        /// them in the order the client made them (a quick `unsubscribe` then `subscribe` of one
+        /// name cannot reach it reversed). One task at a time sends them (`flushing`).
+        var outgoing: [(generation: Int, text: String)] = []
+        var flushing = false
         /// A socket is being opened; others wait for it in `openWaiters`.
         var opening = false
         var openWaiters: [CheckedContinuation<Void, Never>] = []
@@ -180,9 +186,9 @@ final class WebSocketSession: Sendable {
             if !subscribed && !openedNow {
                 // The socket was opened before this handshake (`open()`, `connect()`): its
                 // welcome's cursor is as old as the socket, and starting there would replay what
-                // was published since. A handshake starts now, as a long-poll's does: the
-                // subscription is sent without a cursor and starts at the server's.
-                let start = try await subscribeNow(channels: channels, groups: groups, filter: filter, generation: generation)
+                // was published since. A handshake starts now, as a long-poll's does: at the
+                // server's cursor of this moment.
+                let start = try await serverCursor(generation: generation)
                 return (SubscribeResponse(timetoken: start ?? welcome ?? Timetoken(0), region: 1, events: []), [])
             }
             // A resumed session's welcome carries the server's cursor: the engine catches up from
@@ -200,14 +206,20 @@ final class WebSocketSession: Sendable {
         if state.withLock({ $0.subscribed }) {
             _ = try await reconcile(channels: channels, groups: groups, filter: filter, generation: generation)
         } else {
-            try await send(SessionFrame.subscribe(channels: channels, groups: groups, cursor: cursor, filter: filter), generation: generation)
-            state.withLock { state in
+            let queued = state.withLock { state -> Bool in
+                // (A replaced receive subscribes nothing: see ``reconcile``.)
+                guard !Task.isCancelled,
+                      Self.enqueue(SessionFrame.subscribe(channels: channels, groups: groups, cursor: cursor, filter: filter),
+                                   generation: generation, in: &state) else { return false }
                 state.subscribed = true
                 state.serverChannels = channels
                 state.serverGroups = groups
                 state.serverFilter = filter
                 state.expected = cursor
+                return true
             }
+            guard queued else { throw closedFailure(generation: generation) }
+            try await flush(generation: generation)
         }
         state.withLock { state in
             state.receiveWaitingSince = clock.now()
@@ -237,11 +249,11 @@ final class WebSocketSession: Sendable {
                     continue
                 }
                 return (response, gaps)
-            case .subscribed(let channels, let groups, _), .unsubscribed(let channels, let groups):
-                state.withLock { state in
-                    state.serverChannels = channels
-                    state.serverGroups = groups
-                }
+            case .subscribed, .unsubscribed:
+                // Acknowledgements: the client's picture of the session already has the change
+                // (made with the frame), and changes queued after this one — taking it from here
+                // could bring back a name left since. Refused names come as notices.
+                continue
             case .notice(.accessDenied(let deniedChannels, let deniedGroups, let message)):
                 _ = try denied(deniedChannels, deniedGroups, message: message, channels: channels, groups: groups)
             case .error(let code, let message):
@@ -263,34 +275,38 @@ final class WebSocketSession: Sendable {
         _ = try await open(resumeCursor: state.withLock { $0.expected })
     }
 
-    /// Subscribes a session that has no subscription yet without a cursor, so the server starts
-    /// it at its current cursor, and returns that cursor (from `subscribed`; nil when the answer
-    /// carried none the client could use).
-    private func subscribeNow(channels: [String], groups: [String], filter: String?, generation: Int) async throws(SessionFailure)
-        -> Timetoken?
-    {
-        try await send(SessionFrame.subscribe(channels: channels, groups: groups, cursor: nil, filter: filter), generation: generation)
-        state.withLock { state in
-            state.subscribed = true
-            state.serverChannels = channels
-            state.serverGroups = groups
-            state.serverFilter = filter
-        }
-        let start = try await awaitSubscribeAnswer(added: (channels, groups), channels: channels, groups: groups, generation: generation)
-        if let start { state.withLock { if $0.generation == generation { $0.expected = start } } }
-        return start
+    /// The server's cursor now, for a session that has no subscription yet: a `subscribe` with
+    /// no names changes nothing and is answered with `subscribed` at the server's cursor. The
+    /// subscription itself is left to the engine's first receive, which starts it from whatever
+    /// cursor the engine chose (this one, or the app's own timetoken). Nil when the answer
+    /// carried none.
+    private func serverCursor(generation: Int) async throws(SessionFailure) -> Timetoken? {
+        try await send(SessionFrame.subscribe(channels: [], groups: [], cursor: nil, filter: nil), generation: generation)
+        return try await awaitSubscribeAnswer(added: ([], []), channels: [], groups: [], generation: generation)
     }
 
     /// The app removed names: the session stops delivering them (`unsubscribe` sends the leave).
-    func leave(channels: [String], groups: [String]) async -> Bool {
-        let generation = state.withLock { $0.link != nil && $0.subscribed ? $0.generation : nil }
-        guard let generation else { return false }
-        try? await send(SessionFrame.unsubscribe(channels: channels, groups: groups), generation: generation)
-        state.withLock { state in
-            state.serverChannels.removeAll { channels.contains($0) }
-            state.serverGroups.removeAll { groups.contains($0) }
+    /// Takes them out of the session's picture and queues the frame at once, so a `subscribe` of
+    /// the same names that follows is queued after it; ``flushOutgoing()`` sends it. False when no
+    /// session is subscribed (the caller sends a REST leave).
+    func leave(channels: [String], groups: [String]) -> Bool {
+        state.withLock { state -> Bool in
+            guard state.link != nil && state.subscribed else { return false }
+            let leavingChannels = channels.filter(state.serverChannels.contains)
+            let leavingGroups = groups.filter(state.serverGroups.contains)
+            guard !(leavingChannels.isEmpty && leavingGroups.isEmpty) else { return true }
+            _ = Self.enqueue(SessionFrame.unsubscribe(channels: leavingChannels, groups: leavingGroups), generation: state.generation,
+                             in: &state)
+            state.serverChannels.removeAll { leavingChannels.contains($0) }
+            state.serverGroups.removeAll { leavingGroups.contains($0) }
+            return true
         }
-        return true
+    }
+
+    /// Sends the queued frames (``leave(channels:groups:)``'s).
+    func flushOutgoing() async {
+        let generation = state.withLock { $0.generation }
+        try? await flush(generation: generation)
     }
 
     /// A `ping` frame and its round-trip time; fails when no socket is open or no `pong` comes
@@ -340,21 +356,41 @@ final class WebSocketSession: Sendable {
     /// Closes the socket; with `bye` the server ends the session (presence leave) and the resume
     /// token is forgotten, otherwise the server keeps the session for its keep-alive window.
     func close(bye: Bool) async {
-        let (link, consumer) = state.withLock { state -> ((any WebSocketLink)?, Consumer?) in
+        await beginClose(bye: bye).finish()
+    }
+
+    /// A socket taken out of the session by ``beginClose(bye:)``: its `bye` and close, still to do.
+    struct ClosingSocket: Sendable {
+        fileprivate let link: (any WebSocketLink)?
+        fileprivate let consumer: Consumer?
+        fileprivate let bye: Bool
+
+        /// Lets the waiting receive go, sends `bye` when asked, and closes the socket.
+        func finish() async {
+            consumer?.continuation.resume()
+            guard let link else { return }
+            if bye { try? await link.send(SessionFrame.bye) }
+            await link.close(code: WebSocketCloseCode.normal)
+        }
+    }
+
+    /// ``close(bye:)``'s change of the session, at once: from here on no receive uses the socket
+    /// or (with `bye`) the resume token, so a `subscribe` right after `unsubscribeAll()` opens a
+    /// new session instead of racing the `bye` of the old one. The caller must call
+    /// ``ClosingSocket/finish()``.
+    func beginClose(bye: Bool) -> ClosingSocket {
+        state.withLock { state -> ClosingSocket in
             defer {
                 state.link = nil
                 state.generation += 1
                 state.unnoticedLoss = nil
                 state.subscribed = false
+                state.outgoing = []
                 if bye { state.resumeToken = nil; state.expected = nil }
                 state.consumer = nil
             }
-            return (state.link, state.consumer)
+            return ClosingSocket(link: state.link, consumer: state.consumer, bye: bye)
         }
-        consumer?.continuation.resume()
-        guard let link else { return }
-        if bye { try? await link.send(SessionFrame.bye) }
-        await link.close(code: WebSocketCloseCode.normal)
     }
 
     /// The app goes to the background (``BackgroundPolicy/suspend(keepAlive:keepPresence:)``): asks the
@@ -528,35 +564,48 @@ final class WebSocketSession: Sendable {
     private func reconcile(channels: [String], groups: [String], filter: String?, generation: Int) async throws(SessionFailure)
         -> (channels: [String], groups: [String])
     {
-        let (serverChannels, serverGroups, deniedChannels, deniedGroups, serverFilter) = state.withLock { state in
+        // The difference, its frames and the client's new picture of the session in one step:
+        // a leave or another reconcile cannot slip between them.
+        enum Outcome { case cancelled, closed, added(channels: [String], groups: [String]) }
+        let outcome = state.withLock { state -> Outcome in
+            // A receive the engine replaced changes nothing: its replacement, started after the
+            // cancellation, may already have reconciled the newer lists.
+            if Task.isCancelled { return .cancelled }
+            guard state.generation == generation, state.link != nil else { return .closed }
             // Names the app no longer wants are no longer "denied": subscribing to them later tries again.
             state.deniedChannels.formIntersection(channels)
             state.deniedGroups.formIntersection(groups)
-            return (state.serverChannels, state.serverGroups, state.deniedChannels, state.deniedGroups, state.serverFilter)
-        }
-        let addedChannels = channels.filter { !serverChannels.contains($0) && !deniedChannels.contains($0) }
-        let addedGroups = groups.filter { !serverGroups.contains($0) && !deniedGroups.contains($0) }
-        let removedChannels = serverChannels.filter { !channels.contains($0) }
-        let removedGroups = serverGroups.filter { !groups.contains($0) }
-        if !addedChannels.isEmpty || !addedGroups.isEmpty || serverFilter != filter {
-            // With the cursor the client holds: a server ignores it on a session that has
-            // subscribed before, and starts there on a resumed one that never did (its first
-            // subscribe refused or lost), instead of at its current cursor. The filter goes with
-            // every `subscribe` (`""` removes one the session should not have).
-            let cursor = state.withLock { $0.expected }
-            try await send(SessionFrame.subscribe(channels: addedChannels, groups: addedGroups, cursor: cursor,
-                                                  filter: serverFilter != filter ? filter ?? "" : filter),
-                           generation: generation)
-            state.withLock { $0.serverFilter = filter }
-        }
-        if !removedChannels.isEmpty || !removedGroups.isEmpty {
-            try await send(SessionFrame.unsubscribe(channels: removedChannels, groups: removedGroups), generation: generation)
-        }
-        state.withLock { state in
+            let (serverChannels, serverGroups, deniedChannels, deniedGroups) =
+                (state.serverChannels, state.serverGroups, state.deniedChannels, state.deniedGroups)
+            let addedChannels = channels.filter { !serverChannels.contains($0) && !deniedChannels.contains($0) }
+            let addedGroups = groups.filter { !serverGroups.contains($0) && !deniedGroups.contains($0) }
+            let removedChannels = serverChannels.filter { !channels.contains($0) }
+            let removedGroups = serverGroups.filter { !groups.contains($0) }
+            if !addedChannels.isEmpty || !addedGroups.isEmpty || state.serverFilter != filter {
+                // With the cursor the client holds: a server ignores it on a session that has
+                // subscribed before, and starts there on a resumed one that never did (its first
+                // subscribe refused or lost), instead of at its current cursor. The filter goes
+                // with every `subscribe` (`""` removes one the session should not have).
+                _ = Self.enqueue(SessionFrame.subscribe(channels: addedChannels, groups: addedGroups, cursor: state.expected,
+                                                        filter: state.serverFilter != filter ? filter ?? "" : filter),
+                                 generation: generation, in: &state)
+                state.serverFilter = filter
+            }
+            if !removedChannels.isEmpty || !removedGroups.isEmpty {
+                _ = Self.enqueue(SessionFrame.unsubscribe(channels: removedChannels, groups: removedGroups), generation: generation,
+                                 in: &state)
+            }
             state.serverChannels = channels.filter { !deniedChannels.contains($0) }
             state.serverGroups = groups.filter { !deniedGroups.contains($0) }
+            return .added(channels: addedChannels, groups: addedGroups)
         }
-        return (addedChannels, addedGroups)
+        switch outcome {
+        case .cancelled: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
+        case .closed: throw closedFailure(generation: generation)
+        case .added(let channels, let groups):
+            try await flush(generation: generation)
+            return (channels, groups)
+        }
     }
 
     /// Waits for the server's answer to a `subscribe`: `subscribed` (the names it took), or an
@@ -579,10 +628,7 @@ final class WebSocketSession: Sendable {
             guard let frame = try await nextFrame(generation: generation) else { continue }
             switch frame {
             case .subscribed(let subscribedChannels, let subscribedGroups, let at):
-                state.withLock { state in
-                    state.serverChannels = subscribedChannels
-                    state.serverGroups = subscribedGroups
-                }
+                // (The client's picture already has the names; see ``receive``.)
                 cursor = at
                 // Names left out were refused: their notice follows.
                 if added.channels.allSatisfy(subscribedChannels.contains) && added.groups.allSatisfy(subscribedGroups.contains) {
@@ -639,14 +685,49 @@ final class WebSocketSession: Sendable {
     // MARK: - Frames
 
     private func send(_ text: String, generation: Int) async throws(SessionFailure) {
-        let link = state.withLock { $0.generation == generation ? $0.link : nil }
-        guard let link else { throw closedFailure(generation: generation) }
-        do { try await link.send(text) } catch {
-            // A socket that cannot be written is given up: the retry opens a new one and resumes,
-            // instead of finding this one still "open".
-            await drop(generation: generation)
-            throw SessionFailure(error: TetherError(Status(category: error.category, operation: .subscribe, error: error)))
+        guard state.withLock({ Self.enqueue(text, generation: generation, in: &$0) }) else { throw closedFailure(generation: generation) }
+        try await flush(generation: generation)
+    }
+
+    /// Queues `text` for socket `generation`; false when that socket is gone.
+    private static func enqueue(_ text: String, generation: Int, in state: inout State) -> Bool {
+        guard state.generation == generation, state.link != nil else { return false }
+        state.outgoing.append((generation, text))
+        return true
+    }
+
+    /// Sends the queued frames in order, unless another call is sending them (it sends what this
+    /// caller queued too, after what it queued before). A socket that cannot be written is given
+    /// up: the retry opens a new one and resumes, instead of finding this one still "open"; the
+    /// failure is thrown when it is socket `generation`'s, and otherwise found by the caller's
+    /// next wait on its socket.
+    private func flush(generation: Int) async throws(SessionFailure) {
+        var failure: SessionFailure?
+        while true {
+            let next = state.withLock { state -> (link: any WebSocketLink, text: String, generation: Int)?? in
+                if state.flushing { return .some(nil) }
+                while let first = state.outgoing.first {
+                    state.outgoing.removeFirst()
+                    // Frames for a socket that is gone are dropped with it.
+                    if first.generation == state.generation, let link = state.link {
+                        state.flushing = true
+                        return (link, first.text, first.generation)
+                    }
+                }
+                return .some(nil)
+            }
+            guard let next, let (link, text, sent) = next else { break }
+            do { try await link.send(text) } catch {
+                if sent == generation {
+                    failure = SessionFailure(error: TetherError(Status(category: error.category, operation: .subscribe, error: error)))
+                }
+                state.withLock { $0.flushing = false }
+                await drop(generation: sent)
+                continue
+            }
+            state.withLock { $0.flushing = false }
         }
+        if let failure { throw failure }
     }
 
     /// The next server frame of the socket `generation`, waiting for it; throws once that socket
@@ -905,7 +986,10 @@ final class WebSocketSession: Sendable {
                 await link.close(code: WebSocketCloseCode.normal)
                 return
             }
-            wait = min(options.inactivityPing, quietAnswer)
+            // Also when the waiting receive's quiet answer falls due before the next ping.
+            let afterPing = clock.now()
+            let stillWaitingSince = state.withLock { $0.receiveWaitingSince }
+            wait = min(options.inactivityPing, stillWaitingSince.map { max(.milliseconds(1), $0 + quietAnswer - afterPing) } ?? quietAnswer)
         }
     }
 
