@@ -126,11 +126,13 @@ final class SubscribeEngine: Sendable {
         switch action {
         case .startSubscribe(let id, let channels, let groups, let cursor):
             let token = slots.replace(.subscribe)
+            // The replaced receive is cancelled later, by its task: the session knows now.
+            let ticket = session.startReceive()
             group.addTask { [self] in
                 await slots.race(.subscribe, token: token) { [self] in
                     do throws(TetherError) {
                         let (response, gaps) = try await TetherClient.receive(owner: owner, session: session, channels: channels,
-                                                                              groups: groups, cursor: cursor)
+                                                                              groups: groups, cursor: cursor, ticket: ticket)
                         send { machine, now in machine.subscribeSucceeded(id, response: response, gaps: gaps, now: now) }
                     } catch {
                         let status = error.status
@@ -148,6 +150,7 @@ final class SubscribeEngine: Sendable {
             }
         case .cancelSubscribe:
             slots.cancel(.subscribe)
+            session.endReceive()
         case .schedule(let timer, let delay):
             let slot = SubscribeSlot.timer(timer)
             let token = slots.replace(slot)

@@ -178,7 +178,7 @@ extension TetherClient {
     /// held only around the wait's edges: a WebSocket receive waits without it (it may wait for
     /// a message indefinitely), a long-poll holds it for at most the subscribe timeout.
     static func receive(owner: WeakClient, session: WebSocketSession, channels: [String], groups: [String],
-                        cursor: SubscribeMachine.Cursor?) async throws(TetherError) -> (response: SubscribeResponse, gaps: [RetentionGap])
+                        cursor: SubscribeMachine.Cursor?, ticket: Int? = nil) async throws(TetherError) -> (response: SubscribeResponse, gaps: [RetentionGap])
     {
         let released = TetherError(Status(category: .cancelled, operation: .subscribe, serverMessage: "the client was released",
                                            affectedChannels: channels, affectedGroups: groups))
@@ -188,7 +188,7 @@ extension TetherClient {
                 // Announced once the upgrade is taken: under `.automatic` a refused one falls back
                 // to long-poll without announcing a switch that never happened.
                 var (response, gaps) = try await session.receive(channels: channels, groups: groups, cursor: cursor?.timetoken,
-                                                                  filter: configuration.filterExpression,
+                                                                  filter: configuration.filterExpression, ticket: ticket,
                                                                   opened: { owner.client?.noteWire(.webSocket) })
                 decrypt(&response, module: configuration.cryptoModule)
                 return (response, gaps)

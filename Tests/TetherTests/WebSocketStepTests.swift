@@ -218,6 +218,9 @@ struct WebSocketStepTests {
         let subscription = client.subscribe(to: ["a"])[0]
         var messages = subscription.messages.makeAsyncIterator()
         let peer = try await openSession(socket, token: "t", cursor: 100)
+        // The clock moves only once the receive waits and its watchdog is armed (both at 0 s).
+        #expect(await eventually { client.session.hasWaitingReceive })
+        await clock.waitForSleeper(until: clock.now.advanced(by: .seconds(320)))
         await clock.advanceToSleeper(after: .seconds(280))
         // The quiet answer reached the engine: its next receive's watchdog runs from 280 s.
         await clock.waitForSleeper(until: clock.now.advanced(by: .seconds(320)))
@@ -291,6 +294,10 @@ struct WebSocketStepTests {
             let back = try frame(await peer.receive())
             #expect(back["type"] == "subscribe" && back["channels"] == ["b"], "\(back)")
         }
+        // Nothing else was queued (a replaced receive's stale change would follow): the next
+        // frame is the answer to the server's ping.
+        peer.send(server: #"{"type":"ping","id":99}"#)
+        #expect(try frame(await peer.receive())["type"] == "pong")
         await client.shutdown()
     }
 
@@ -302,6 +309,7 @@ struct WebSocketStepTests {
         let peer = try await openSession(socket, token: "t", cursor: 100)
         client.unsubscribeAll()
         client.subscribe(to: ["a"])
+        // The leave's `unsubscribe` may be sent before the session lets the socket go, or not.
         var last = try frame(await peer.receive())
         while last["type"] == "unsubscribe" { last = try frame(await peer.receive()) }
         #expect(last["type"] == "bye", "\(last)")

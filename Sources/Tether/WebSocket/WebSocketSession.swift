@@ -105,6 +105,13 @@ final class WebSocketSession: Sendable {
         /// name cannot reach it reversed). One task at a time sends them (`flushing`).
         var outgoing: [(generation: Int, text: String)] = []
         var flushing = false
+        /// The engine's current receive (``startReceive()``): a receive holding another ticket
+        /// was replaced, and changes nothing. Set in the engine's action loop, in the machine's
+        /// order — a replaced receive's task learns of its cancellation only later.
+        var receiveTicket = 0
+        /// Counts ``beginClose(bye:)``: an opening that began before a close does not install
+        /// its socket (it would resume the session the close ended).
+        var closeEpoch = 0
         /// A socket is being opened; others wait for it in `openWaiters`.
         var opening = false
         var openWaiters: [CheckedContinuation<Void, Never>] = []
@@ -164,7 +171,7 @@ final class WebSocketSession: Sendable {
     /// One "subscribe request" over the session: `cursor` nil is the handshake (the socket is
     /// opened or resumed; the answer carries the session's cursor and no events); otherwise the
     /// next `messages` frame after `cursor`. `opened` runs once a welcomed socket is in hand.
-    func receive(channels: [String], groups: [String], cursor: Timetoken?, filter: String?,
+    func receive(channels: [String], groups: [String], cursor: Timetoken?, filter: String?, ticket: Int? = nil,
                  opened: @Sendable () -> Void = {}) async throws(SessionFailure)
         -> (response: SubscribeResponse, gaps: [RetentionGap])
     {
@@ -176,7 +183,8 @@ final class WebSocketSession: Sendable {
         opened()
         guard let cursor else {
             let (subscribed, expected, welcome) = state.withLock { ($0.subscribed, $0.expected, $0.welcomeCursor) }
-            if subscribed, case let added = try await reconcile(channels: channels, groups: groups, filter: filter, generation: generation),
+            if subscribed,
+               case let added = try await reconcile(channels: channels, groups: groups, filter: filter, ticket: ticket, generation: generation),
                !(added.channels.isEmpty && added.groups.isEmpty) {
                 // The handshake succeeds only once the server took the names: a revoked grant
                 // fails it (as a long-poll handshake's 403 would) instead of reporting
@@ -203,23 +211,25 @@ final class WebSocketSession: Sendable {
             await drop(generation: generation)
             generation = try await open(resumeCursor: cursor).generation
         }
-        if state.withLock({ $0.subscribed }) {
-            _ = try await reconcile(channels: channels, groups: groups, filter: filter, generation: generation)
-        } else {
-            let queued = state.withLock { state -> Bool in
-                // (A replaced receive subscribes nothing: see ``reconcile``.)
-                guard !Task.isCancelled,
-                      Self.enqueue(SessionFrame.subscribe(channels: channels, groups: groups, cursor: cursor, filter: filter),
-                                   generation: generation, in: &state) else { return false }
-                state.subscribed = true
-                state.serverChannels = channels
-                state.serverGroups = groups
-                state.serverFilter = filter
-                state.expected = cursor
-                return true
-            }
-            guard queued else { throw closedFailure(generation: generation) }
-            try await flush(generation: generation)
+        enum First { case replaced, closed, subscribed, queued }
+        let first = state.withLock { state -> First in
+            // (A replaced receive subscribes nothing: see ``reconcile``.)
+            if Task.isCancelled || ticket.map({ $0 != state.receiveTicket }) == true { return .replaced }
+            if state.subscribed { return .subscribed }
+            guard Self.enqueue(SessionFrame.subscribe(channels: channels, groups: groups, cursor: cursor, filter: filter),
+                               generation: generation, in: &state) else { return .closed }
+            state.subscribed = true
+            state.serverChannels = channels
+            state.serverGroups = groups
+            state.serverFilter = filter
+            state.expected = cursor
+            return .queued
+        }
+        switch first {
+        case .replaced: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
+        case .closed: throw closedFailure(generation: generation)
+        case .subscribed: _ = try await reconcile(channels: channels, groups: groups, filter: filter, ticket: ticket, generation: generation)
+        case .queued: try await flush(generation: generation)
         }
         state.withLock { state in
             state.receiveWaitingSince = clock.now()
@@ -303,6 +313,21 @@ final class WebSocketSession: Sendable {
         }
     }
 
+    /// The engine starts a receive (in its action loop, in the machine's order): returns its
+    /// ticket for ``receive(channels:groups:cursor:filter:ticket:opened:)``. Every receive
+    /// started before is replaced: it no longer changes the session's subscription.
+    func startReceive() -> Int {
+        state.withLock { state in
+            state.receiveTicket += 1
+            return state.receiveTicket
+        }
+    }
+
+    /// The engine cancelled its receive without starting another.
+    func endReceive() {
+        state.withLock { $0.receiveTicket += 1 }
+    }
+
     /// Sends the queued frames (``leave(channels:groups:)``'s).
     func flushOutgoing() async {
         let generation = state.withLock { $0.generation }
@@ -381,6 +406,7 @@ final class WebSocketSession: Sendable {
     func beginClose(bye: Bool) -> ClosingSocket {
         state.withLock { state -> ClosingSocket in
             defer {
+                state.closeEpoch += 1
                 state.link = nil
                 state.generation += 1
                 state.unnoticedLoss = nil
@@ -465,7 +491,7 @@ final class WebSocketSession: Sendable {
 
     /// Opens the socket and plays `hello` → `welcome` (with the resume token when there is one).
     private func openSocket(resumeCursor: Timetoken?) async throws(SessionFailure) -> Int {
-        let token = state.withLock { $0.resumeToken }
+        let (token, epoch) = state.withLock { ($0.resumeToken, $0.closeEpoch) }
         let origin = origins.next()
         let link: any WebSocketLink
         do {
@@ -482,7 +508,10 @@ final class WebSocketSession: Sendable {
         }
         // The node accepted the socket: a fallback being tried is kept (until the primary's turn).
         origins.answered(at: origin)
-        let generation = state.withLock { state -> Int in
+        let installed = state.withLock { state -> Int? in
+            // Closed while connecting: the socket is not used (with its token it would resume the
+            // session the close ended).
+            guard state.closeEpoch == epoch else { return nil }
             state.generation += 1
             state.unnoticedLoss = nil
             state.link = link
@@ -494,6 +523,11 @@ final class WebSocketSession: Sendable {
             state.origin = origin
             state.lastFrameAt = clock.now()
             return state.generation
+        }
+        guard let generation = installed else {
+            await link.close(code: WebSocketCloseCode.normal)
+            throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe,
+                                                           serverMessage: "the session was closed while the socket opened")))
         }
         linkSink.yield((link, generation))
         // A socket is usable only once welcomed: an exchange that fails or is cancelled (a
@@ -561,7 +595,8 @@ final class WebSocketSession: Sendable {
     /// first `subscribe`, which carried it, was refused or lost with its socket).
     /// Returns the names a `subscribe` was sent for.
     @discardableResult
-    private func reconcile(channels: [String], groups: [String], filter: String?, generation: Int) async throws(SessionFailure)
+    private func reconcile(channels: [String], groups: [String], filter: String?, ticket: Int?, generation: Int)
+        async throws(SessionFailure)
         -> (channels: [String], groups: [String])
     {
         // The difference, its frames and the client's new picture of the session in one step:
@@ -570,7 +605,7 @@ final class WebSocketSession: Sendable {
         let outcome = state.withLock { state -> Outcome in
             // A receive the engine replaced changes nothing: its replacement, started after the
             // cancellation, may already have reconciled the newer lists.
-            if Task.isCancelled { return .cancelled }
+            if Task.isCancelled || ticket.map({ $0 != state.receiveTicket }) == true { return .cancelled }
             guard state.generation == generation, state.link != nil else { return .closed }
             // Names the app no longer wants are no longer "denied": subscribing to them later tries again.
             state.deniedChannels.formIntersection(channels)
