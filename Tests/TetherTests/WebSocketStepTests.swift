@@ -387,7 +387,14 @@ struct WebSocketStepTests {
         ("diffusion", RetryConfiguration.diffusion, [5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5]),
     ])
     func aPresetsScheduleIsTheSameOnTheSocket(name: String, preset: RetryConfiguration, delays: [Int]) async throws {
-        let (client, socket, clock) = try makeSocketClient { $0.retry = preset }
+        // No SDK pings: the dropped socket's 10 s ping timer, not yet cancelled on a loaded
+        // machine, would otherwise be the sleeper the test advances to when Diffusion's second
+        // retry (also at 10 s) is not yet armed, and that retry would then wait for a time the
+        // test never reaches.
+        let (client, socket, clock) = try makeSocketClient {
+            $0.retry = preset
+            $0.webSocket.inactivityPing = .zero
+        }
         var events = client.connectionEvents().makeAsyncIterator()
         client.subscribe(to: ["a"])
         let peer = try await openSession(socket, token: "t", cursor: 100)
