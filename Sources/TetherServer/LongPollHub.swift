@@ -665,9 +665,11 @@ public final class LongPollHub: Sendable {
     private func addingGaps(to gaps: [RetentionGap], spec: SubscriptionSpec, plan: ReadPlan, after: Timetoken) async throws
         -> [RetentionGap]
     {
+        // A set beside the list: a group can bring thousands of channels, each looked up once.
         var channels = spec.channels
+        var seen = Set(channels)
         for range in plan.storeRanges {
-            if case .channel(let channel) = range.selector, !channels.contains(channel) { channels.append(channel) }
+            if case .channel(let channel) = range.selector, seen.insert(channel).inserted { channels.append(channel) }
         }
         let prefixes = spec.wildcards.map(WildcardPattern.prefix(of:))
         var found = try await messages.retentionGaps(subscribeKey: spec.subscribeKey, channels: channels, prefixes: prefixes,
@@ -677,12 +679,15 @@ public final class LongPollHub: Sendable {
         }
         found += plan.windowGaps.map { RetentionGap(channel: $0.channel, from: after, through: $0.through) }
         var merged = gaps
+        var index: [String: Int] = [:]
+        for (position, gap) in merged.enumerated() where index[gap.channel] == nil { index[gap.channel] = position }
         for gap in found {
-            if let index = merged.firstIndex(where: { $0.channel == gap.channel }) {
-                let known = merged[index]
-                merged[index] = RetentionGap(channel: gap.channel, from: min(known.from, gap.from),
-                                             through: max(known.through, gap.through))
+            if let position = index[gap.channel] {
+                let known = merged[position]
+                merged[position] = RetentionGap(channel: gap.channel, from: min(known.from, gap.from),
+                                                through: max(known.through, gap.through))
             } else {
+                index[gap.channel] = merged.count
                 merged.append(gap)
             }
         }

@@ -84,6 +84,8 @@ package final class InMemoryWebSocket: WebSocketConnector {
         private let toClientSink: AsyncStream<WebSocketInbound>.Continuation
         package let inbound: AsyncStream<WebSocketInbound>
         private let state = Mutex<(closedByClient: UInt16?, closed: Bool)>((nil, false))
+        /// ``holdSends()``: the client's sends wait here, as on a socket whose peer stopped reading.
+        private let gate = Mutex<(held: Bool, waiting: [CheckedContinuation<Void, Never>])>((false, []))
 
         init() {
             (inbound, toClientSink) = AsyncStream.makeStream(of: WebSocketInbound.self)
@@ -93,6 +95,18 @@ package final class InMemoryWebSocket: WebSocketConnector {
 
         package func send(_ text: String) async throws(TransportFailure) {
             guard !state.withLock({ $0.closed }) else { throw .connectionClosed("the socket is closed") }
+            if gate.withLock({ $0.held }) {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let go = gate.withLock { gate -> Bool in
+                        guard gate.held else { return true }
+                        gate.waiting.append(continuation)
+                        return false
+                    }
+                    if go { continuation.resume() }
+                }
+                // A socket closed while the send waited fails it, as a closed channel fails its writes.
+                guard !state.withLock({ $0.closed }) else { throw .connectionClosed("the socket closed before the frame was written") }
+            }
             fromClient.put(text)
         }
 
@@ -103,6 +117,7 @@ package final class InMemoryWebSocket: WebSocketConnector {
                 return !state.closed
             }
             guard first else { return }
+            releaseSends()
             fromClient.finish()
             toClientSink.yield(.closed(code: code, reason: "closed by the client"))
             toClientSink.finish()
@@ -120,9 +135,26 @@ package final class InMemoryWebSocket: WebSocketConnector {
             toClientSink.yield(.text(text))
         }
 
+        /// Makes the client's sends wait until ``releaseSends()`` or the socket closes (a peer
+        /// that stopped reading; a frame written at once otherwise).
+        package func holdSends() {
+            gate.withLock { $0.held = true }
+        }
+
+        /// Lets the held sends go, in the order they were made, and stops holding.
+        package func releaseSends() {
+            let waiting = gate.withLock { gate -> [CheckedContinuation<Void, Never>] in
+                gate.held = false
+                defer { gate.waiting = [] }
+                return gate.waiting
+            }
+            for continuation in waiting { continuation.resume() }
+        }
+
         /// Closes the socket from the server's side (`code` nil: the TCP connection just ends).
         package func close(server code: UInt16?, reason: String = "") {
             state.withLock { $0.closed = true }
+            releaseSends()
             toClientSink.yield(.closed(code: code, reason: reason))
             toClientSink.finish()
             fromClient.finish()

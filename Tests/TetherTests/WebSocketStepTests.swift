@@ -301,6 +301,34 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
+    /// `suspend` (the app goes to the background) goes after the subscription changes still
+    /// queued: before, it was sent directly, ahead of a queued `unsubscribe`, which the close that
+    /// follows dropped — the server kept a name the app had left for the whole background period.
+    @Test func aSuspendGoesAfterTheUnsubscribesQueuedBeforeIt() async throws {
+        let (client, socket, _) = try makeSocketClient {
+            $0.lifecycle = LifecycleOptions(backgroundPolicy: .suspend(keepAlive: .seconds(600)))
+        }
+        client.subscribe(to: ["a", "b", "c"])
+        let peer = try #require(await socket.nextAttempt()).accept()
+        _ = try frame(await peer.receive())
+        peer.send(server: welcome(token: "t", resumed: false, cursor: 100))
+        #expect(try frame(await peer.receive())["channels"] == ["a", "b", "c"])
+        peer.send(server: #"{"type":"subscribed","channels":["a","b","c"],"groups":[],"cursor":"100"}"#)
+        // The server stops reading: the first `unsubscribe` is stuck in its send, the second queued.
+        peer.holdSends()
+        client.unsubscribe(from: ["b"])
+        client.unsubscribe(from: ["c"])
+        client.enterBackground()
+        #expect(await eventually { client.connectionState == .background })
+        peer.releaseSends()
+        var sent: [JSONValue] = []
+        while let text = await peer.receive() { sent.append(try frame(text)) }
+        #expect(sent.compactMap { $0["type"] } == ["unsubscribe", "unsubscribe", "suspend"], "\(sent)")
+        #expect(sent.first?["channels"] == ["b"] && sent.dropFirst().first?["channels"] == ["c"], "\(sent)")
+        #expect(peer.closedByClient != nil, "closed after the suspend, without bye")
+        await client.shutdown()
+    }
+
     /// `unsubscribeAll()` then at once `subscribe`: the old session's `bye` goes on its own
     /// socket, and the new subscription opens a new session that it cannot end.
     @Test func aSubscribeRightAfterUnsubscribeAllOpensANewSession() async throws {

@@ -102,9 +102,14 @@ final class WebSocketSession: Sendable {
         /// Frames to send, in order, each for its socket generation: the subscription's changes
         /// are queued under the lock that changes the client's picture of it, so the server gets
         /// them in the order the client made them (a quick `unsubscribe` then `subscribe` of one
-        /// name cannot reach it reversed). One task at a time sends them (`flushing`).
+        /// name cannot reach it reversed). One task at a time sends a socket's frames (`flushing`).
         var outgoing: [(generation: Int, text: String)] = []
-        var flushing = false
+        /// The socket generation whose frame is being sent, if one is. Per socket: a send stuck on
+        /// a socket being let go does not hold the next socket's `hello`.
+        var flushing: Int?
+        /// Flushes waiting for the task sending the current socket's frames (their frames among
+        /// them) to finish.
+        var flushWaiters: [CheckedContinuation<Void, Never>] = []
         /// The engine's current receive (``startReceive()``): a receive holding another ticket
         /// was replaced, and changes nothing. Set in the engine's action loop, in the machine's
         /// order — a replaced receive's task learns of its cancellation only later.
@@ -301,6 +306,10 @@ final class WebSocketSession: Sendable {
     /// session is subscribed (the caller sends a REST leave).
     func leave(channels: [String], groups: [String]) -> Bool {
         state.withLock { state -> Bool in
+            // A receive started before the leave holds the lists from before it: it is replaced
+            // (the machine restarts the receive with the lists after it, in a later action, and
+            // the old one must not subscribe the left names again in between).
+            state.receiveTicket += 1
             guard state.link != nil && state.subscribed else { return false }
             let leavingChannels = channels.filter(state.serverChannels.contains)
             let leavingGroups = groups.filter(state.serverGroups.contains)
@@ -427,8 +436,13 @@ final class WebSocketSession: Sendable {
     /// ordinary keep-alive.
     func suspend(keepAlive: Duration, keepPresence: Bool, push: BackgroundPushDevice? = nil) async {
         let seconds = Int(min(max(keepAlive.components.seconds, 1), 86_400))
-        let link = state.withLock { $0.link }
-        if let link { try? await link.send(SessionFrame.suspend(keepAliveSeconds: seconds, presence: keepPresence, push: push)) }
+        // Queued behind the subscription changes not yet sent (an `unsubscribe` the app made
+        // just before), which the close would otherwise drop: the server keeps what the app left.
+        let frame = SessionFrame.suspend(keepAliveSeconds: seconds, presence: keepPresence, push: push)
+        let generation = state.withLock { state -> Int? in
+            Self.enqueue(frame, generation: state.generation, in: &state) ? state.generation : nil
+        }
+        if let generation { try? await flush(generation: generation) }
         await close(bye: false)
     }
 
@@ -731,38 +745,61 @@ final class WebSocketSession: Sendable {
         return true
     }
 
-    /// Sends the queued frames in order, unless another call is sending them (it sends what this
-    /// caller queued too, after what it queued before). A socket that cannot be written is given
-    /// up: the retry opens a new one and resumes, instead of finding this one still "open"; the
-    /// failure is thrown when it is socket `generation`'s, and otherwise found by the caller's
-    /// next wait on its socket.
+    /// Sends the queued frames in order and returns once the frames queued before the call are
+    /// sent (or their socket is gone). When another call is sending the current socket's frames,
+    /// it sends this caller's too, after what was queued before them, and this call waits for it.
+    /// A socket that cannot be written is given up: the retry opens a new one and resumes,
+    /// instead of finding this one still "open"; the failure is thrown when it is socket
+    /// `generation`'s and this call sent the frame, and otherwise found by the caller's next
+    /// wait on its socket.
     private func flush(generation: Int) async throws(SessionFailure) {
+        enum Next { case send(any WebSocketLink, String, Int), busy, done }
         var failure: SessionFailure?
         while true {
-            let next = state.withLock { state -> (link: any WebSocketLink, text: String, generation: Int)?? in
-                if state.flushing { return .some(nil) }
+            let next = state.withLock { state -> Next in
+                // Another task is sending this socket's frames: it sends ours too.
+                if state.flushing == state.generation { return .busy }
                 while let first = state.outgoing.first {
                     state.outgoing.removeFirst()
                     // Frames for a socket that is gone are dropped with it.
                     if first.generation == state.generation, let link = state.link {
-                        state.flushing = true
-                        return (link, first.text, first.generation)
+                        state.flushing = first.generation
+                        return .send(link, first.text, first.generation)
                     }
                 }
-                return .some(nil)
+                return .done
             }
-            guard let next, let (link, text, sent) = next else { break }
-            do { try await link.send(text) } catch {
-                if sent == generation {
-                    failure = SessionFailure(error: TetherError(Status(category: error.category, operation: .subscribe, error: error)))
+            switch next {
+            case .send(let link, let text, let sent):
+                do { try await link.send(text) } catch {
+                    if sent == generation {
+                        failure = SessionFailure(error: TetherError(Status(category: error.category, operation: .subscribe, error: error)))
+                    }
+                    state.withLock { if $0.flushing == sent { $0.flushing = nil } }
+                    await drop(generation: sent)
+                    continue
                 }
-                state.withLock { $0.flushing = false }
-                await drop(generation: sent)
-                continue
+                state.withLock { if $0.flushing == sent { $0.flushing = nil } }
+            case .busy:
+                // Woken when a flush finds nothing more to send; then looks again.
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let done = state.withLock { state -> Bool in
+                        guard state.flushing == state.generation else { return true }
+                        state.flushWaiters.append(continuation)
+                        return false
+                    }
+                    if done { continuation.resume() }
+                }
+            case .done:
+                let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+                    defer { state.flushWaiters = [] }
+                    return state.flushWaiters
+                }
+                for waiter in waiters { waiter.resume() }
+                if let failure { throw failure }
+                return
             }
-            state.withLock { $0.flushing = false }
         }
-        if let failure { throw failure }
     }
 
     /// The next server frame of the socket `generation`, waiting for it; throws once that socket
