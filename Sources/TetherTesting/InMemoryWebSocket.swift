@@ -141,7 +141,8 @@ package final class InMemoryWebSocket: WebSocketConnector {
             gate.withLock { $0.held = true }
         }
 
-        /// Lets the held sends go, in the order they were made, and stops holding.
+        /// Lets the held sends go (their tasks then race: hold one send at a time where order
+        /// matters) and stops holding.
         package func releaseSends() {
             let waiting = gate.withLock { gate -> [CheckedContinuation<Void, Never>] in
                 gate.held = false

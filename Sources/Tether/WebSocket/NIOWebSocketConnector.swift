@@ -194,7 +194,10 @@ final class NIOWebSocketLink: WebSocketLink {
         var data = ByteBuffer()
         data.writeInteger(code)
         let frame = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: .random(), data: data)
-        try? await channel.writeAndFlush(frame)
+        // Not awaited: behind a write the peer never reads (a full send buffer), the close frame's
+        // write would never complete and the socket would never close, holding every send and
+        // flush waiting on it. Queued in order, it is written before the close when it can be.
+        channel.writeAndFlush(frame, promise: nil)
         try? await channel.close()
     }
 

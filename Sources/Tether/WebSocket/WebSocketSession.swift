@@ -108,8 +108,10 @@ final class WebSocketSession: Sendable {
         /// a socket being let go does not hold the next socket's `hello`.
         var flushing: Int?
         /// Flushes waiting for the task sending the current socket's frames (their frames among
-        /// them) to finish.
-        var flushWaiters: [CheckedContinuation<Void, Never>] = []
+        /// them) to finish: woken when a flush finds nothing more to send, when the socket goes
+        /// away (its frames go with it), and one by one when cancelled.
+        var flushWaiters: [(id: Int, continuation: CheckedContinuation<Void, Never>)] = []
+        var nextFlushWaiter = 0
         /// The engine's current receive (``startReceive()``): a receive holding another ticket
         /// was replaced, and changes nothing. Set in the engine's action loop, in the machine's
         /// order — a replaced receive's task learns of its cancellation only later.
@@ -413,19 +415,30 @@ final class WebSocketSession: Sendable {
     /// new session instead of racing the `bye` of the old one. The caller must call
     /// ``ClosingSocket/finish()``.
     func beginClose(bye: Bool) -> ClosingSocket {
-        state.withLock { state -> ClosingSocket in
-            defer {
-                state.closeEpoch += 1
-                state.link = nil
-                state.generation += 1
-                state.unnoticedLoss = nil
-                state.subscribed = false
-                state.outgoing = []
-                if bye { state.resumeToken = nil; state.expected = nil }
-                state.consumer = nil
-            }
-            return ClosingSocket(link: state.link, consumer: state.consumer, bye: bye)
+        let (closing, waiters) = state.withLock { state in (Self.beginClose(bye: bye, in: &state), Self.takeFlushWaiters(&state)) }
+        for waiter in waiters { waiter.resume() }
+        return closing
+    }
+
+    private static func beginClose(bye: Bool, in state: inout State) -> ClosingSocket {
+        defer {
+            state.closeEpoch += 1
+            state.link = nil
+            state.generation += 1
+            state.unnoticedLoss = nil
+            state.subscribed = false
+            state.outgoing = []
+            if bye { state.resumeToken = nil; state.expected = nil }
+            state.consumer = nil
         }
+        return ClosingSocket(link: state.link, consumer: state.consumer, bye: bye)
+    }
+
+    /// The flushes waiting on the current socket's sender, to resume once the lock is released
+    /// (the socket changed or went away: what they queued went with it, or was sent).
+    private static func takeFlushWaiters(_ state: inout State) -> [CheckedContinuation<Void, Never>] {
+        defer { state.flushWaiters = [] }
+        return state.flushWaiters.map(\.continuation)
     }
 
     /// The app goes to the background (``BackgroundPolicy/suspend(keepAlive:keepPresence:)``): asks the
@@ -438,12 +451,33 @@ final class WebSocketSession: Sendable {
         let seconds = Int(min(max(keepAlive.components.seconds, 1), 86_400))
         // Queued behind the subscription changes not yet sent (an `unsubscribe` the app made
         // just before), which the close would otherwise drop: the server keeps what the app left.
+        // Only on a welcomed socket: the server's first frame must be `hello`.
         let frame = SessionFrame.suspend(keepAliveSeconds: seconds, presence: keepPresence, push: push)
         let generation = state.withLock { state -> Int? in
-            Self.enqueue(frame, generation: state.generation, in: &state) ? state.generation : nil
+            guard state.welcomed, Self.enqueue(frame, generation: state.generation, in: &state) else { return nil }
+            return state.generation
         }
-        if let generation { try? await flush(generation: generation) }
-        await close(bye: false)
+        guard let generation else {
+            await close(bye: false)
+            return
+        }
+        // Closed once nothing is left to send: a leave queued while the suspend was sent goes
+        // too (a leave after the close finds no socket and is sent over REST).
+        while true {
+            try? await flush(generation: generation)
+            let closing = state.withLock { state -> (ClosingSocket, [CheckedContinuation<Void, Never>])? in
+                if state.generation == generation, state.link != nil,
+                   state.flushing == generation || state.outgoing.contains(where: { $0.generation == generation }) {
+                    return nil
+                }
+                return (Self.beginClose(bye: false, in: &state), Self.takeFlushWaiters(&state))
+            }
+            if let (closing, waiters) = closing {
+                for waiter in waiters { waiter.resume() }
+                await closing.finish()
+                return
+            }
+        }
     }
 
     /// Whether the client holds a session the server may keep (a resume token).
@@ -522,10 +556,12 @@ final class WebSocketSession: Sendable {
         }
         // The node accepted the socket: a fallback being tried is kept (until the primary's turn).
         origins.answered(at: origin)
+        var staleWaiters: [CheckedContinuation<Void, Never>] = []
         let installed = state.withLock { state -> Int? in
             // Closed while connecting: the socket is not used (with its token it would resume the
             // session the close ended).
             guard state.closeEpoch == epoch else { return nil }
+            staleWaiters = Self.takeFlushWaiters(&state)
             state.generation += 1
             state.unnoticedLoss = nil
             state.link = link
@@ -538,6 +574,7 @@ final class WebSocketSession: Sendable {
             state.lastFrameAt = clock.now()
             return state.generation
         }
+        for waiter in staleWaiters { waiter.resume() }
         guard let generation = installed else {
             await link.close(code: WebSocketCloseCode.normal)
             throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe,
@@ -615,7 +652,7 @@ final class WebSocketSession: Sendable {
     {
         // The difference, its frames and the client's new picture of the session in one step:
         // a leave or another reconcile cannot slip between them.
-        enum Outcome { case cancelled, closed, added(channels: [String], groups: [String]) }
+        enum Outcome { case cancelled, closed, added(channels: [String], groups: [String], queued: Bool) }
         let outcome = state.withLock { state -> Outcome in
             // A receive the engine replaced changes nothing: its replacement, started after the
             // cancellation, may already have reconciled the newer lists.
@@ -630,6 +667,7 @@ final class WebSocketSession: Sendable {
             let addedGroups = groups.filter { !serverGroups.contains($0) && !deniedGroups.contains($0) }
             let removedChannels = serverChannels.filter { !channels.contains($0) }
             let removedGroups = serverGroups.filter { !groups.contains($0) }
+            var queued = false
             if !addedChannels.isEmpty || !addedGroups.isEmpty || state.serverFilter != filter {
                 // With the cursor the client holds: a server ignores it on a session that has
                 // subscribed before, and starts there on a resumed one that never did (its first
@@ -639,20 +677,23 @@ final class WebSocketSession: Sendable {
                                                         filter: state.serverFilter != filter ? filter ?? "" : filter),
                                  generation: generation, in: &state)
                 state.serverFilter = filter
+                queued = true
             }
             if !removedChannels.isEmpty || !removedGroups.isEmpty {
                 _ = Self.enqueue(SessionFrame.unsubscribe(channels: removedChannels, groups: removedGroups), generation: generation,
                                  in: &state)
+                queued = true
             }
             state.serverChannels = channels.filter { !deniedChannels.contains($0) }
             state.serverGroups = groups.filter { !deniedGroups.contains($0) }
-            return .added(channels: addedChannels, groups: addedGroups)
+            return .added(channels: addedChannels, groups: addedGroups, queued: queued)
         }
         switch outcome {
         case .cancelled: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
         case .closed: throw closedFailure(generation: generation)
-        case .added(let channels, let groups):
-            try await flush(generation: generation)
+        case .added(let channels, let groups, let queued):
+            // Nothing queued: nothing to wait for (a send in progress is not this receive's).
+            if queued { try await flush(generation: generation) }
             return (channels, groups)
         }
     }
@@ -757,8 +798,10 @@ final class WebSocketSession: Sendable {
         var failure: SessionFailure?
         while true {
             let next = state.withLock { state -> Next in
+                // The caller's socket is gone, and its frames with it.
+                if state.generation != generation || state.link == nil { return .done }
                 // Another task is sending this socket's frames: it sends ours too.
-                if state.flushing == state.generation { return .busy }
+                if state.flushing == generation { return .busy }
                 while let first = state.outgoing.first {
                     state.outgoing.removeFirst()
                     // Frames for a socket that is gone are dropped with it.
@@ -781,20 +824,33 @@ final class WebSocketSession: Sendable {
                 }
                 state.withLock { if $0.flushing == sent { $0.flushing = nil } }
             case .busy:
-                // Woken when a flush finds nothing more to send; then looks again.
-                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                    let done = state.withLock { state -> Bool in
-                        guard state.flushing == state.generation else { return true }
-                        state.flushWaiters.append(continuation)
-                        return false
+                // Woken when a flush finds nothing more to send or the socket goes; then looks
+                // again. A cancelled caller stops waiting (its frames stay queued in order).
+                if Task.isCancelled { return }
+                let id = state.withLock { state -> Int in
+                    state.nextFlushWaiter += 1
+                    return state.nextFlushWaiter
+                }
+                await withTaskCancellationHandler {
+                    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                        let done = state.withLock { state -> Bool in
+                            guard state.flushing == generation, state.generation == generation, state.link != nil, !Task.isCancelled
+                            else { return true }
+                            state.flushWaiters.append((id, continuation))
+                            return false
+                        }
+                        if done { continuation.resume() }
                     }
-                    if done { continuation.resume() }
+                } onCancel: {
+                    let mine = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                        guard let index = state.flushWaiters.firstIndex(where: { $0.id == id }) else { return nil }
+                        return state.flushWaiters.remove(at: index).continuation
+                    }
+                    mine?.resume()
                 }
+                if Task.isCancelled { return }
             case .done:
-                let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-                    defer { state.flushWaiters = [] }
-                    return state.flushWaiters
-                }
+                let waiters = state.withLock { Self.takeFlushWaiters(&$0) }
                 for waiter in waiters { waiter.resume() }
                 if let failure { throw failure }
                 return
@@ -885,10 +941,12 @@ final class WebSocketSession: Sendable {
     struct DetachedSocket: Sendable {
         fileprivate let link: any WebSocketLink
         fileprivate let consumer: Consumer?
+        fileprivate let flushWaiters: [CheckedContinuation<Void, Never>]
 
         /// Lets the waiting receive fail (the socket is gone) and closes the socket.
         func finish() async {
             consumer?.continuation.resume()
+            for waiter in flushWaiters { waiter.resume() }
             await link.close(code: WebSocketCloseCode.normal)
         }
     }
@@ -921,7 +979,7 @@ final class WebSocketSession: Sendable {
         state.link = nil
         state.closure = state.closure ?? (nil, "dropped by the client")
         defer { state.consumer = nil }
-        return DetachedSocket(link: link, consumer: state.consumer)
+        return DetachedSocket(link: link, consumer: state.consumer, flushWaiters: takeFlushWaiters(&state))
     }
 
     // MARK: - Reading a socket
@@ -1000,16 +1058,18 @@ final class WebSocketSession: Sendable {
     }
 
     private func closed(generation: Int, code: UInt16?, reason: String) {
-        let (consumer, pings) = state.withLock { state -> (Consumer?, [CheckedContinuation<Duration?, Never>]) in
-            guard state.generation == generation else { return (nil, []) }
+        let (consumer, pings, waiters) = state.withLock {
+            state -> (Consumer?, [CheckedContinuation<Duration?, Never>], [CheckedContinuation<Void, Never>]) in
+            guard state.generation == generation else { return (nil, [], []) }
             state.closure = state.closure ?? (code, reason)
             if state.link != nil { state.unnoticedLoss = generation }
             state.link = nil
             defer { state.consumer = nil; state.pings = [:] }
-            return (state.consumer, state.pings.values.compactMap(\.reply))
+            return (state.consumer, state.pings.values.compactMap(\.reply), Self.takeFlushWaiters(&state))
         }
         logger.debug("websocket closed", metadata: ["code": "\(code.map(String.init) ?? "none")", "reason": "\(reason)"])
         consumer?.continuation.resume()
+        for waiter in waiters { waiter.resume() }
         for ping in pings { ping.resume(returning: nil) }
     }
 
