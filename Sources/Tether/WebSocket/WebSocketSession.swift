@@ -465,8 +465,10 @@ final class WebSocketSession: Sendable {
         // too (a leave after the close finds no socket and is sent over REST).
         while true {
             try? await flush(generation: generation)
+            // A cancelled flush returns before its frames are sent: then the socket is let go.
+            let cancelled = Task.isCancelled
             let closing = state.withLock { state -> (ClosingSocket, [CheckedContinuation<Void, Never>])? in
-                if state.generation == generation, state.link != nil,
+                if !cancelled, state.generation == generation, state.link != nil,
                    state.flushing == generation || state.outgoing.contains(where: { $0.generation == generation }) {
                     return nil
                 }
