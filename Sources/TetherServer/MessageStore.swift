@@ -569,11 +569,11 @@ public final class MessageStore: Sendable {
                     if syncsSeparately { try db.cachedStatement(sql: "PRAGMA synchronous = NORMAL").execute() }
                     var count = 0
                     var reserved: Int64?
-                    try db.inTransaction {
+                    try Self.inCachedTransaction(db) {
                         // Claimed inside the transaction: a write withdrawn while the writer
                         // waited for the lock is never inserted.
                         let claimed = self.queue.withLock { $0.claim(ids) }
-                        if claimed.isEmpty { return .commit }
+                        if claimed.isEmpty { return }
                         var highest: Int64 = 0
                         for (id, write) in batch where claimed.contains(id) {
                             if let record = write.record { highest = max(highest, record.timetoken.storageValue) }
@@ -608,7 +608,6 @@ public final class MessageStore: Sendable {
                         // exactly when it is stored (issue #15).
                         if !records.isEmpty { try Self.insert(records, into: db) }
                         count = claimed.count
-                        return .commit
                     }
                     // Committed: later batches below it need not write it again.
                     if let reserved { self.reservedHighest.store(reserved, ordering: .relaxed) }
@@ -640,6 +639,21 @@ public final class MessageStore: Sendable {
                 synced = .failure(StoreError.classify(error))
             }
             answer(ids, started: started, outcome: synced, committed: true)
+        }
+    }
+
+    /// A transaction like GRDB's `inTransaction` (immediate; rolled back when `body` or the
+    /// commit throws), with its `BEGIN` and `COMMIT` as cached statements: GRDB runs them as SQL
+    /// text, parsed again for every transaction — the writer's batches pay it every time.
+    static func inCachedTransaction(_ db: Database, _ body: () throws -> Void) throws {
+        try db.cachedStatement(sql: "BEGIN IMMEDIATE TRANSACTION").execute()
+        do {
+            try body()
+            try db.cachedStatement(sql: "COMMIT TRANSACTION").execute()
+        } catch {
+            // SQLite may already have rolled back (a full disk, an I/O error, a refused commit).
+            if db.isInsideTransaction { try? db.rollback() }
+            throw error
         }
     }
 
