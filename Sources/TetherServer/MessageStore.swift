@@ -763,18 +763,19 @@ public final class MessageStore: Sendable {
             let through = range.through.storageValue
             switch range.selector {
             case .channel(let channel):
-                return try Row.fetchAll(db, sql: """
+                // Cached statements (per reader connection): a catch-up reads page after page.
+                return try Row.fetchAll(db.cachedStatement(sql: """
                     SELECT * FROM message WHERE sub_key = ? AND channel = ? AND timetoken > ? AND timetoken <= ?
                     ORDER BY timetoken LIMIT ?
-                    """, arguments: [range.subscribeKey, channel, after, through, limit]).map(StoredMessage.init(row:))
+                    """), arguments: [range.subscribeKey, channel, after, through, limit]).map(StoredMessage.init(row:))
             case .prefix(let prefix):
                 // Range scan on the primary key: every channel that starts with `prefix`.
                 let upper = String(prefix.dropLast()) + "/"
-                return try Row.fetchAll(db, sql: """
+                return try Row.fetchAll(db.cachedStatement(sql: """
                     SELECT * FROM message WHERE sub_key = ? AND channel > ? AND channel < ?
                     AND channel NOT LIKE '%-pnpres' AND timetoken > ? AND timetoken <= ?
                     ORDER BY timetoken LIMIT ?
-                    """, arguments: [range.subscribeKey, prefix, upper, after, through, limit]).map(StoredMessage.init(row:))
+                    """), arguments: [range.subscribeKey, prefix, upper, after, through, limit]).map(StoredMessage.init(row:))
             }
         }
         metrics.recordStoreRead(duration: ContinuousClock.now - started)
@@ -789,21 +790,24 @@ public final class MessageStore: Sendable {
         try await pool.read { db in
             var gaps: [RetentionGap] = []
             let afterValue = after.storageValue
+            // Prepared once per connection, not once per channel: a group brings many.
+            let floor = try db.cachedStatement(sql: """
+                SELECT pruned_through FROM retention_floor WHERE sub_key = ? AND channel = ? AND pruned_through > ?
+                """)
             for channel in channels {
-                if let through = try Int64.fetchOne(db, sql: """
-                    SELECT pruned_through FROM retention_floor WHERE sub_key = ? AND channel = ? AND pruned_through > ?
-                    """, arguments: [subscribeKey, channel, afterValue])
+                if let through = try Int64.fetchOne(floor, arguments: [subscribeKey, channel, afterValue])
                 {
                     gaps.append(RetentionGap(channel: channel, from: after, through: Timetoken(UInt64(through))))
                 }
             }
+            let named = prefixes.isEmpty ? [] : Set(channels)
             for prefix in prefixes {
                 let upper = String(prefix.dropLast()) + "/"
-                let rows = try Row.fetchAll(db, sql: """
+                let rows = try Row.fetchAll(db.cachedStatement(sql: """
                     SELECT channel, pruned_through FROM retention_floor WHERE sub_key = ? AND channel > ? AND channel < ?
                     AND pruned_through > ?
-                    """, arguments: [subscribeKey, prefix, upper, afterValue])
-                for row in rows where !channels.contains(row["channel"] as String) {
+                    """), arguments: [subscribeKey, prefix, upper, afterValue])
+                for row in rows where !named.contains(row["channel"] as String) {
                     gaps.append(RetentionGap(channel: row["channel"], from: after, through: Timetoken(UInt64(row["pruned_through"] as Int64))))
                 }
             }
