@@ -110,13 +110,15 @@ package final class InMemoryWebSocket: WebSocketConnector {
             fromClient.put(text)
         }
 
-        package func close(code: UInt16) async {
+        package func close(code: UInt16, sendingFirst text: String?) async {
             let first = state.withLock { state -> Bool in
                 defer { state.closed = true }
                 if !state.closed { state.closedByClient = code }
                 return !state.closed
             }
             guard first else { return }
+            // Written at once, as a real socket's queued frame is (held sends are not waited for).
+            if let text { fromClient.put(text) }
             releaseSends()
             fromClient.finish()
             toClientSink.yield(.closed(code: code, reason: "closed by the client"))

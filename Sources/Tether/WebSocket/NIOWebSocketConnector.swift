@@ -190,13 +190,17 @@ final class NIOWebSocketLink: WebSocketLink {
         }
     }
 
-    func close(code: UInt16) async {
+    func close(code: UInt16, sendingFirst text: String?) async {
+        if let text {
+            channel.writeAndFlush(WebSocketFrame(fin: true, opcode: .text, maskKey: .random(), data: ByteBuffer(string: text)),
+                                  promise: nil)
+        }
         var data = ByteBuffer()
         data.writeInteger(code)
         let frame = WebSocketFrame(fin: true, opcode: .connectionClose, maskKey: .random(), data: data)
-        // Not awaited: behind a write the peer never reads (a full send buffer), the close frame's
+        // Not awaited (nor `text`): behind a write the peer never reads (a full send buffer), the
         // write would never complete and the socket would never close, holding every send and
-        // flush waiting on it. Queued in order, it is written before the close when it can be.
+        // flush waiting on it. Queued in order, they are written before the close when they can be.
         channel.writeAndFlush(frame, promise: nil)
         try? await channel.close()
     }

@@ -26,8 +26,15 @@ package protocol WebSocketLink: Sendable {
     func send(_ text: String) async throws(TransportFailure)
     /// The messages received, in order; the stream ends with ``WebSocketInbound/closed(code:reason:)``.
     var inbound: AsyncStream<WebSocketInbound> { get }
+    /// Closes the socket with `code` (does not wait for the peer), sending `text` first when
+    /// given. Neither frame's write is awaited: behind a write the peer never reads, it would
+    /// never complete, and the socket would never close.
+    func close(code: UInt16, sendingFirst text: String?) async
+}
+
+extension WebSocketLink {
     /// Closes the socket with `code` (does not wait for the peer).
-    func close(code: UInt16) async
+    func close(code: UInt16) async { await close(code: code, sendingFirst: nil) }
 }
 
 /// What a ``WebSocketLink`` receives.

@@ -405,8 +405,8 @@ final class WebSocketSession: Sendable {
         func finish() async {
             consumer?.continuation.resume()
             guard let link else { return }
-            if bye { try? await link.send(SessionFrame.bye) }
-            await link.close(code: WebSocketCloseCode.normal)
+            // `bye` goes with the close, not awaited: a socket whose writes are stuck still closes.
+            await link.close(code: WebSocketCloseCode.normal, sendingFirst: bye ? SessionFrame.bye : nil)
         }
     }
 
