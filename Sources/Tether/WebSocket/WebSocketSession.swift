@@ -788,43 +788,40 @@ final class WebSocketSession: Sendable {
         return true
     }
 
-    /// Sends the queued frames in order and returns once the frames queued before the call are
-    /// sent (or their socket is gone). When another call is sending the current socket's frames,
-    /// it sends this caller's too, after what was queued before them, and this call waits for it.
+    /// Sends socket `generation`'s queued frames in order and returns once the frames queued
+    /// before the call are sent (or the socket is gone). When another call is sending them, it
+    /// sends this caller's too, after what was queued before them, and this call waits for it.
     /// A socket that cannot be written is given up: the retry opens a new one and resumes,
-    /// instead of finding this one still "open"; the failure is thrown when it is socket
-    /// `generation`'s and this call sent the frame, and otherwise found by the caller's next
-    /// wait on its socket.
+    /// instead of finding this one still "open"; the failure is thrown when this call sent the
+    /// frame, and otherwise found by the caller's next wait on its socket.
     private func flush(generation: Int) async throws(SessionFailure) {
-        enum Next { case send(any WebSocketLink, String, Int), busy, done }
+        enum Next { case send(any WebSocketLink, String), busy, done }
         var failure: SessionFailure?
         while true {
             let next = state.withLock { state -> Next in
                 // The caller's socket is gone, and its frames with it.
-                if state.generation != generation || state.link == nil { return .done }
+                guard state.generation == generation, let link = state.link else { return .done }
                 // Another task is sending this socket's frames: it sends ours too.
                 if state.flushing == generation { return .busy }
                 while let first = state.outgoing.first {
                     state.outgoing.removeFirst()
                     // Frames for a socket that is gone are dropped with it.
-                    if first.generation == state.generation, let link = state.link {
-                        state.flushing = first.generation
-                        return .send(link, first.text, first.generation)
+                    if first.generation == generation {
+                        state.flushing = generation
+                        return .send(link, first.text)
                     }
                 }
                 return .done
             }
             switch next {
-            case .send(let link, let text, let sent):
+            case .send(let link, let text):
                 do { try await link.send(text) } catch {
-                    if sent == generation {
-                        failure = SessionFailure(error: TetherError(Status(category: error.category, operation: .subscribe, error: error)))
-                    }
-                    state.withLock { if $0.flushing == sent { $0.flushing = nil } }
-                    await drop(generation: sent)
+                    failure = SessionFailure(error: TetherError(Status(category: error.category, operation: .subscribe, error: error)))
+                    state.withLock { if $0.flushing == generation { $0.flushing = nil } }
+                    await drop(generation: generation)
                     continue
                 }
-                state.withLock { if $0.flushing == sent { $0.flushing = nil } }
+                state.withLock { if $0.flushing == generation { $0.flushing = nil } }
             case .busy:
                 // Woken when a flush finds nothing more to send or the socket goes; then looks
                 // again. A cancelled caller stops waiting (its frames stay queued in order).
