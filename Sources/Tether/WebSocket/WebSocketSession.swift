@@ -357,7 +357,9 @@ final class WebSocketSession: Sendable {
         guard let (link, id) = opened else {
             throw TetherError(Status(category: .networkIssues, operation: .time, serverMessage: "no WebSocket session is open"))
         }
-        try? await link.send(SessionFrame.ping(id: id))
+        // Not awaited: behind a write the peer never reads, the ping never goes out, and the
+        // timeout below is what tells that socket is dead (its close then fails the write).
+        Task { try? await link.send(SessionFrame.ping(id: id)) }
         let rtt: Duration? = await withTaskGroup(of: Duration?.self) { race in
             race.addTask { [self] in
                 await withCheckedContinuation { (reply: CheckedContinuation<Duration?, Never>) in
@@ -1109,7 +1111,9 @@ final class WebSocketSession: Sendable {
                 return state.nextPing
             }
             let sentAt = clock.now()
-            try? await link.send(SessionFrame.ping(id: id))
+            // Not awaited, as in ``ping(timeout:)``: a socket whose writes are stuck (the peer
+            // stopped reading) is as dead as a silent one, and only the timeout can tell.
+            Task { try? await link.send(SessionFrame.ping(id: id)) }
             do { try await clock.sleep(options.pongTimeout) } catch { return }
             if state.withLock({ $0.lastFrameAt }) < sentAt {
                 logger.debug("websocket dead: no frame after a ping", metadata: ["timeout": "\(options.pongTimeout)"])
