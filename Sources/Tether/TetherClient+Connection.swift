@@ -200,7 +200,52 @@ extension TetherClient {
         }
         guard let client = owner.client else { throw released }
         client.noteWire(.longPoll)
+        let retryAt = configuration.transport == .automatic ? client.wire.withLock { $0.fallbackUntil } : nil
+        if let retryAt, let cursor, cursor.timetoken != Timetoken(0) {
+            return try await client.longPoll(channels: channels, groups: groups, cursor: cursor, until: retryAt)
+        }
         return try await client.subscribeRequest(channels: channels, groups: groups, cursor: cursor)
+    }
+
+    /// A long-poll under ``TransportPreference/automatic`` after a refused upgrade, cut short when
+    /// WebSocket is due to be tried again: it then answers empty at `cursor`, as the server's own
+    /// quiet answer does, and the next receive tries the upgrade. Without it, an idle
+    /// subscription retried only when a 280 s long-poll ended. What the cancelled request may
+    /// have been about to carry is received again from the same cursor.
+    private func longPoll(channels: [String], groups: [String], cursor: SubscribeMachine.Cursor, until retryAt: Duration)
+        async throws(TetherError) -> (response: SubscribeResponse, gaps: [RetentionGap])
+    {
+        enum Outcome: Sendable {
+            case answered(Result<(response: SubscribeResponse, gaps: [RetentionGap]), TetherError>)
+            case retryDue
+            case cancelled
+        }
+        let wait = retryAt - elapsedClock.now()
+        let outcome = await withTaskGroup(of: Outcome.self) { race in
+            race.addTask { [self] in
+                do throws(TetherError) {
+                    return .answered(.success(try await subscribeRequest(channels: channels, groups: groups, cursor: cursor)))
+                } catch {
+                    return .answered(.failure(error))
+                }
+            }
+            race.addTask { [elapsedClock] in
+                do { try await elapsedClock.sleep(max(.zero, wait)) } catch { return .cancelled }
+                return .retryDue
+            }
+            // A cancelled wait (the receive itself was cancelled) leaves the request's answer.
+            var first = await race.next() ?? .cancelled
+            if case .cancelled = first { first = await race.next() ?? .cancelled }
+            race.cancelAll()
+            return first
+        }
+        switch outcome {
+        case .answered(let result): return try result.get()
+        case .retryDue: return (SubscribeResponse(timetoken: cursor.timetoken, region: cursor.region, events: []), [])
+        case .cancelled:
+            throw TetherError(Status(category: .cancelled, operation: .subscribe, serverMessage: "the receive was cancelled",
+                                     affectedChannels: channels, affectedGroups: groups))
+        }
     }
 
     func noteWire(_ used: TransportPreference) {

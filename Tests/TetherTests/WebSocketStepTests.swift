@@ -274,6 +274,38 @@ struct WebSocketStepTests {
         await client.shutdown()
     }
 
+    /// After a refused upgrade, WebSocket is tried again `fallbackRetryInterval` later even when
+    /// the subscription is idle: the long-poll then waiting is cut short (answered empty at its
+    /// cursor) and the session continues from that cursor. Before, the retry waited for the
+    /// long-poll to end — up to 280 s of silence (a flaky test against a real server showed it).
+    @Test func automaticTriesWebSocketAgainOnTimeWhileTheLongPollIsIdle() async throws {
+        let transport = InMemoryTransport()
+        let (client, socket, clock) = try makeSocketClient(transport: transport) {
+            $0.transport = .automatic
+            $0.webSocket.fallbackRetryInterval = .seconds(60)
+        }
+        var events = client.connectionEvents().makeAsyncIterator()
+        let subscription = client.subscribe(to: ["a"])[0]
+        var messages = subscription.messages.makeAsyncIterator()
+        try #require(await socket.nextAttempt()).refuse(status: 200)
+        #expect(await events.next() == .transportChanged(.longPoll))
+        try #require(await transport.next(path: "/v2/subscribe")).respond(json: subscribeBody(timetoken: 100))
+        let poll = try #require(await transport.next(path: "/v2/subscribe"))
+        #expect(poll.request.url.contains("tt=100"))
+        await clock.advanceToSleeper(after: .seconds(60))
+        #expect(await poll.abandoned(), "the idle long-poll was given up for the upgrade")
+        let peer = try #require(await socket.nextAttempt()).accept()
+        #expect(try frame(await peer.receive())["type"] == "hello")
+        peer.send(server: welcome(token: "t", resumed: false, cursor: 150))
+        let subscribe = try frame(await peer.receive())
+        #expect(subscribe["channels"] == ["a"] && subscribe["cursor"] == "100", "from the long-poll's cursor: \(subscribe)")
+        #expect(await events.next() == .transportChanged(.webSocket))
+        peer.send(server: #"{"type":"subscribed","channels":["a"],"groups":[],"cursor":"100"}"#)
+        peer.send(server: messagesFrame(cursor: 101, envelopes: [envelope("a", 101, #""over the socket""#)]))
+        #expect(await messages.next()?.payload == "over the socket")
+        await client.shutdown()
+    }
+
     /// `unsubscribe` then at once `subscribe` of the same name: the server gets the two in that
     /// order, so the name is subscribed in the end. Before, the leave was sent by a task of its
     /// own and could overtake, or be overtaken by, the next receive's `subscribe` (or make it
