@@ -398,16 +398,22 @@ struct WebSocketStepTests {
         var messages = subscription.messages.makeAsyncIterator()
         try #require(await socket.nextAttempt()).refuse(status: 200)
         try #require(await transport.next(path: "/v2/subscribe")).respond(json: subscribeBody(timetoken: 100))
-        // Past the fallback interval the next receive tries the upgrade again: refused again.
         var poll = try #require(await transport.next(path: "/v2/subscribe"))
-        clock.advance(by: .seconds(1))
         poll.respond(json: subscribeBody(timetoken: 101, envelopes: [envelope("a", 101, #""one""#)]))
         #expect(await messages.next()?.payload == "one")
+        // Past the fallback interval the waiting long-poll is cut short and the upgrade tried
+        // again: refused again.
+        poll = try #require(await transport.next(path: "/v2/subscribe"))
+        await clock.advanceToSleeper(after: .seconds(1))
+        #expect(await poll.abandoned())
         try #require(await socket.nextAttempt()).refuse(status: 200)
         poll = try #require(await transport.next(path: "/v2/subscribe"))
-        clock.advance(by: .seconds(1))
+        #expect(poll.request.url.contains("tt=101"))
         poll.respond(json: subscribeBody(timetoken: 102, envelopes: [envelope("a", 102, #""two""#)]))
         #expect(await messages.next()?.payload == "two")
+        poll = try #require(await transport.next(path: "/v2/subscribe"))
+        await clock.advanceToSleeper(after: .seconds(1))
+        #expect(await poll.abandoned())
         // This time the upgrade is taken, and the session continues from the long-poll's cursor.
         let peer = try #require(await socket.nextAttempt()).accept()
         _ = try frame(await peer.receive())
