@@ -196,16 +196,24 @@ package final class InMemoryWebSocket: WebSocketConnector {
 }
 
 /// A queue with one waiting reader at a time: `take` returns the oldest item, waiting for one;
-/// nil once finished and empty.
+/// nil once finished and empty, or when the waiting task is cancelled (so a test that waits for
+/// something that never comes fails at its time limit instead of hanging the run).
 private final class Mailbox<Item: Sendable>: Sendable {
-    private let state = Mutex<(items: [Item], waiter: CheckedContinuation<Item?, Never>?, finished: Bool)>(([], nil, false))
+    private struct State {
+        var items: [Item] = []
+        var waiter: (id: Int, continuation: CheckedContinuation<Item?, Never>)?
+        var nextID = 0
+        var finished = false
+    }
+
+    private let state = Mutex(State())
 
     func put(_ item: Item) {
         let waiter = state.withLock { state -> CheckedContinuation<Item?, Never>? in
             guard !state.finished else { return nil }
             if let waiter = state.waiter {
                 state.waiter = nil
-                return waiter
+                return waiter.continuation
             }
             state.items.append(item)
             return nil
@@ -217,20 +225,33 @@ private final class Mailbox<Item: Sendable>: Sendable {
         let waiter = state.withLock { state -> CheckedContinuation<Item?, Never>? in
             state.finished = true
             defer { state.waiter = nil }
-            return state.waiter
+            return state.waiter?.continuation
         }
         waiter?.resume(returning: nil)
     }
 
     func take() async -> Item? {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Item?, Never>) in
-            let ready = state.withLock { state -> Item?? in
-                if !state.items.isEmpty { return .some(state.items.removeFirst()) }
-                if state.finished { return .some(nil) }
-                state.waiter = continuation
-                return .none
+        let id = state.withLock { state -> Int in
+            state.nextID += 1
+            return state.nextID
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Item?, Never>) in
+                let ready = state.withLock { state -> Item?? in
+                    if !state.items.isEmpty { return .some(state.items.removeFirst()) }
+                    if state.finished || Task.isCancelled { return .some(nil) }
+                    state.waiter = (id, continuation)
+                    return .none
+                }
+                if let ready { continuation.resume(returning: ready) }
             }
-            if let ready { continuation.resume(returning: ready) }
+        } onCancel: {
+            let waiter = state.withLock { state -> CheckedContinuation<Item?, Never>? in
+                guard let waiter = state.waiter, waiter.id == id else { return nil }
+                state.waiter = nil
+                return waiter.continuation
+            }
+            waiter?.resume(returning: nil)
         }
     }
 }

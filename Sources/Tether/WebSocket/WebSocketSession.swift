@@ -880,7 +880,6 @@ final class WebSocketSession: Sendable {
             case .frame(let frame): return frame
             case .quiet: return nil
             case .closed:
-                state.withLock { if $0.unnoticedLoss == generation { $0.unnoticedLoss = nil } }
                 throw closedFailure(generation: generation)
             case .wait: break
             }
@@ -915,10 +914,15 @@ final class WebSocketSession: Sendable {
     }
 
     /// Why socket `generation` is gone, as the engine's failure: a drain's delay becomes
-    /// `retryAfter`; a close code names its cause.
+    /// `retryAfter`; a close code names its cause. The failure reports the loss, so the next
+    /// receive does not report it again (``State/unnoticedLoss``): a receive that found the
+    /// socket closed as it began used to leave it set, and the engine's retry then failed at once
+    /// with the same loss, costing a second retry delay before any new socket was opened.
     private func closedFailure(generation: Int) -> SessionFailure {
-        let (closure, drain, origin) = state.withLock {
-            ($0.generation == generation ? $0.closure : nil, $0.drainDelay, $0.generation == generation ? $0.origin : nil)
+        let (closure, drain, origin) = state.withLock { state in
+            if state.unnoticedLoss == generation { state.unnoticedLoss = nil }
+            return (state.generation == generation ? state.closure : nil, state.drainDelay,
+                    state.generation == generation ? state.origin : nil)
         }
         var status: Status
         switch closure?.code {
