@@ -533,12 +533,19 @@ struct WebSocketStepTests {
     }
 
     /// A socket whose writes are stuck (the server stopped reading) is as dead as a silent one:
-    /// the inactivity ping's timeout runs from when it was queued, not from a write that never
-    /// completes. Before, the watch awaited the write, so such a socket was never given up.
-    @Test func aSocketWhoseWritesAreStuckIsDeclaredDeadByTheInactivityPing() async throws {
+    /// the timeout of the SDK's inactivity ping, and of the engine's dead-link probe (also a ping
+    /// on the socket), runs from when the ping is queued, not from a write that never completes.
+    /// Before, both awaited the write, so such a socket was never given up.
+    @Test(arguments: [false, true])
+    func aSocketWhoseWritesAreStuckIsDeclaredDead(byTheProbe: Bool) async throws {
         let (client, socket, clock) = try makeSocketClient {
-            $0.webSocket.inactivityPing = .seconds(10)
-            $0.webSocket.pongTimeout = .seconds(5)
+            if byTheProbe {
+                $0.deadLinkDetection = DeadLinkDetection(probeInterval: .seconds(25), probeTimeout: .seconds(10))
+                $0.webSocket.inactivityPing = .zero
+            } else {
+                $0.webSocket.inactivityPing = .seconds(10)
+                $0.webSocket.pongTimeout = .seconds(5)
+            }
         }
         var events = client.connectionEvents().makeAsyncIterator()
         client.subscribe(to: ["a"])
@@ -547,35 +554,16 @@ struct WebSocketStepTests {
         peer.send(server: #"{"type":"ping","id":1}"#)
         #expect(try frame(await peer.receive())["type"] == "pong")
         peer.holdSends()
-        await clock.advanceToSleeper(after: .seconds(10))
-        await clock.advanceToSleeper(after: .seconds(5))
+        await clock.advanceToSleeper(after: .seconds(byTheProbe ? 25 : 10))
+        await clock.advanceToSleeper(after: .seconds(byTheProbe ? 10 : 5))
         #expect(await events.next() == .reconnectStarted)
         #expect(await eventually { peer.closedByClient != nil }, "the stuck socket was closed")
-        // The retry policy's first delay (an unexpected disconnect, not a failed probe).
-        await clock.advanceToSleeper(within: .zero ... .seconds(5))
+        if !byTheProbe {
+            // The retry policy's first delay (an unexpected disconnect; a failed probe reconnects at once).
+            await clock.advanceToSleeper(within: .zero ... .seconds(5))
+        }
         let second = try #require(await socket.nextAttempt()).accept()
         #expect(try frame(await second.receive())["resume"]?["token"] == "t")
-        await client.shutdown()
-    }
-
-    /// The same for the engine's dead-link probe, which is a ping on the socket.
-    @Test func aSocketWhoseWritesAreStuckFailsTheDeadLinkProbe() async throws {
-        let (client, socket, clock) = try makeSocketClient {
-            $0.deadLinkDetection = DeadLinkDetection(probeInterval: .seconds(25), probeTimeout: .seconds(10))
-            $0.webSocket.inactivityPing = .zero
-        }
-        var events = client.connectionEvents().makeAsyncIterator()
-        client.subscribe(to: ["a"])
-        let peer = try await openSession(socket, token: "t", cursor: 100)
-        // Answered once every frame before it was read (at 0 s, so the silence runs from there).
-        peer.send(server: #"{"type":"ping","id":1}"#)
-        #expect(try frame(await peer.receive())["type"] == "pong")
-        peer.holdSends()
-        await clock.advanceToSleeper(after: .seconds(25))
-        await clock.advanceToSleeper(after: .seconds(10))
-        #expect(await events.next() == .reconnectStarted)
-        #expect(await eventually { peer.closedByClient != nil }, "the stuck socket was closed")
-        #expect(await socket.nextAttempt() != nil)
         await client.shutdown()
     }
 
