@@ -234,7 +234,7 @@ final class WebSocketSession: Sendable {
         }
         switch first {
         case .replaced: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
-        case .closed: throw closedFailure(generation: generation)
+        case .closed: throw closedFailure(generation: generation, ticket: ticket)
         case .subscribed: _ = try await reconcile(channels: channels, groups: groups, filter: filter, ticket: ticket, generation: generation)
         case .queued: try await flush(generation: generation)
         }
@@ -358,7 +358,8 @@ final class WebSocketSession: Sendable {
             throw TetherError(Status(category: .networkIssues, operation: .time, serverMessage: "no WebSocket session is open"))
         }
         // Not awaited: behind a write the peer never reads, the ping never goes out, and the
-        // timeout below is what tells that socket is dead (its close then fails the write).
+        // timeout below is what tells. The write ends when the socket closes (the inactivity
+        // watch or the engine's probe gives a socket with stuck writes up).
         Task { try? await link.send(SessionFrame.ping(id: id)) }
         let rtt: Duration? = await withTaskGroup(of: Duration?.self) { race in
             race.addTask { [self] in
@@ -694,7 +695,7 @@ final class WebSocketSession: Sendable {
         }
         switch outcome {
         case .cancelled: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
-        case .closed: throw closedFailure(generation: generation)
+        case .closed: throw closedFailure(generation: generation, ticket: ticket)
         case .added(let channels, let groups, let queued):
             // Nothing queued: nothing to wait for (a send in progress is not this receive's).
             if queued { try await flush(generation: generation) }
@@ -914,13 +915,18 @@ final class WebSocketSession: Sendable {
     }
 
     /// Why socket `generation` is gone, as the engine's failure: a drain's delay becomes
-    /// `retryAfter`; a close code names its cause. The failure reports the loss, so the next
-    /// receive does not report it again (``State/unnoticedLoss``): a receive that found the
-    /// socket closed as it began used to leave it set, and the engine's retry then failed at once
-    /// with the same loss, costing a second retry delay before any new socket was opened.
-    private func closedFailure(generation: Int) -> SessionFailure {
+    /// `retryAfter`; a close code names its cause. Thrown to the engine's current receive, the
+    /// failure reports the loss, so the next receive does not report it again
+    /// (``State/unnoticedLoss``): a receive that found the socket closed as it began used to
+    /// leave it set, and the engine's retry then failed at once with the same loss, costing a
+    /// second retry delay before any new socket was opened. A cancelled or replaced receive
+    /// (`ticket` no longer current) reports nothing: its failure is stale to the engine.
+    private func closedFailure(generation: Int, ticket: Int? = nil) -> SessionFailure {
+        let reporting = !Task.isCancelled
         let (closure, drain, origin) = state.withLock { state in
-            if state.unnoticedLoss == generation { state.unnoticedLoss = nil }
+            if reporting, ticket.map({ $0 == state.receiveTicket }) ?? true, state.unnoticedLoss == generation {
+                state.unnoticedLoss = nil
+            }
             return (state.generation == generation ? state.closure : nil, state.drainDelay,
                     state.generation == generation ? state.origin : nil)
         }
