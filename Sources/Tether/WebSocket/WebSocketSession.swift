@@ -182,6 +182,27 @@ final class WebSocketSession: Sendable {
                  opened: @Sendable () -> Void = {}) async throws(SessionFailure)
         -> (response: SubscribeResponse, gaps: [RetentionGap])
     {
+        do {
+            return try await receiveOnce(channels: channels, groups: groups, cursor: cursor, filter: filter, ticket: ticket,
+                                         opened: opened)
+        } catch {
+            // Whatever the engine's current receive throws, the engine runs its retry policy for:
+            // a loss of the socket marked unreported (``State/unnoticedLoss``) is reported by it,
+            // and the next receive must not fail at once with it again (that cost a second retry
+            // delay). A cancelled or replaced receive's failure is stale to the engine: it reports
+            // nothing.
+            let reporting = !Task.isCancelled
+            state.withLock { state in
+                if reporting, ticket.map({ $0 == state.receiveTicket }) ?? true { state.unnoticedLoss = nil }
+            }
+            throw error
+        }
+    }
+
+    private func receiveOnce(channels: [String], groups: [String], cursor: Timetoken?, filter: String?, ticket: Int?,
+                             opened: @Sendable () -> Void) async throws(SessionFailure)
+        -> (response: SubscribeResponse, gaps: [RetentionGap])
+    {
         // A socket lost while no receive waited is reported, not reopened: checked where the
         // opening is decided, so a loss an instant before cannot be reopened silently.
         let filter = filter.flatMap { $0.isEmpty ? nil : $0 }
@@ -234,7 +255,7 @@ final class WebSocketSession: Sendable {
         }
         switch first {
         case .replaced: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
-        case .closed: throw closedFailure(generation: generation, ticket: ticket)
+        case .closed: throw closedFailure(generation: generation)
         case .subscribed: _ = try await reconcile(channels: channels, groups: groups, filter: filter, ticket: ticket, generation: generation)
         case .queued: try await flush(generation: generation)
         }
@@ -695,7 +716,7 @@ final class WebSocketSession: Sendable {
         }
         switch outcome {
         case .cancelled: throw SessionFailure(error: TetherError(Status(category: .cancelled, operation: .subscribe)))
-        case .closed: throw closedFailure(generation: generation, ticket: ticket)
+        case .closed: throw closedFailure(generation: generation)
         case .added(let channels, let groups, let queued):
             // Nothing queued: nothing to wait for (a send in progress is not this receive's).
             if queued { try await flush(generation: generation) }
@@ -881,6 +902,7 @@ final class WebSocketSession: Sendable {
             case .frame(let frame): return frame
             case .quiet: return nil
             case .closed:
+                state.withLock { if $0.unnoticedLoss == generation { $0.unnoticedLoss = nil } }
                 throw closedFailure(generation: generation)
             case .wait: break
             }
@@ -915,20 +937,10 @@ final class WebSocketSession: Sendable {
     }
 
     /// Why socket `generation` is gone, as the engine's failure: a drain's delay becomes
-    /// `retryAfter`; a close code names its cause. Thrown to the engine's current receive, the
-    /// failure reports the loss, so the next receive does not report it again
-    /// (``State/unnoticedLoss``): a receive that found the socket closed as it began used to
-    /// leave it set, and the engine's retry then failed at once with the same loss, costing a
-    /// second retry delay before any new socket was opened. A cancelled or replaced receive
-    /// (`ticket` no longer current) reports nothing: its failure is stale to the engine.
-    private func closedFailure(generation: Int, ticket: Int? = nil) -> SessionFailure {
-        let reporting = !Task.isCancelled
-        let (closure, drain, origin) = state.withLock { state in
-            if reporting, ticket.map({ $0 == state.receiveTicket }) ?? true, state.unnoticedLoss == generation {
-                state.unnoticedLoss = nil
-            }
-            return (state.generation == generation ? state.closure : nil, state.drainDelay,
-                    state.generation == generation ? state.origin : nil)
+    /// `retryAfter`; a close code names its cause.
+    private func closedFailure(generation: Int) -> SessionFailure {
+        let (closure, drain, origin) = state.withLock {
+            ($0.generation == generation ? $0.closure : nil, $0.drainDelay, $0.generation == generation ? $0.origin : nil)
         }
         var status: Status
         switch closure?.code {
