@@ -305,15 +305,15 @@ public final class TetherResponder: HTTPResponder, Sendable {
     /// 429 with `Retry-After` when the client is over its keyset's rate (long-polls that follow
     /// their cursor, time, health and metrics are never limited).
     private func rateLimit(_ route: Route, _ wire: WireRequest, context: TetherRequestContext) -> Response? {
-        guard let (kind, index) = route.rateLimit else { return nil }
+        guard state.rateLimits.enabled, let (kind, index) = route.rateLimit else { return nil }
         // A long-poll that follows its cursor is never limited (one request per answer); a
         // handshake (no `tt`, or 0) is, since each one can join its uuid to 200 channels.
         if route == .subscribe, !(wire.query["tt"] ?? "0").allSatisfy({ $0 == "0" }) { return nil }
         let s = wire.segments
         guard s.count > index, let keyset = state.keysets.keyset(subscribeKey: s[index]) else { return nil }
         let uuid = wire.query["uuid"].flatMap { $0.isEmpty ? nil : $0 }
-        let address = context.channel.remoteAddress?.ipAddress ?? "unknown"
-        guard let wait = state.rateLimits.take(kind, uuid: uuid, address: address, subscribeKey: keyset.subscribeKey,
+        guard let wait = state.rateLimits.take(kind, uuid: uuid, address: context.channel.remoteAddress?.ipAddress ?? "unknown",
+                                               subscribeKey: keyset.subscribeKey,
                                                limits: state.keysets.limits(for: keyset)) else { return nil }
         state.console?.rateLimited(uuid: uuid, route: route.rawValue)
         return Reply.json(.tooManyRequests, ErrorBody.service(status: 429, service: "Balancer", message: "Too Many Requests"),

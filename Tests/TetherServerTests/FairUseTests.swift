@@ -3,6 +3,7 @@ import Synchronization
 import Testing
 @testable import TetherServer
 import TetherProtocol
+import TetherServerCore
 
 /// Rate limits on by default, per client and per address, and handshakes counted; driven with
 /// a manual clock, never with wall time.
@@ -49,8 +50,46 @@ import TetherProtocol
 
     @Test func switchedOffMeansNoLimit() {
         let limits = RateLimits(enabled: false)
-        for _ in 0..<2_000 { #expect(limits.take(.publish, uuid: "a", address: "x", subscribeKey: "k", limits: Limits()) == nil) }
+        let looked = Mutex(0)
+        func address() -> String {
+            looked.withLock { $0 += 1 }
+            return "x"
+        }
+        for _ in 0..<2_000 { #expect(limits.take(.publish, uuid: "a", address: address(), subscribeKey: "k", limits: Limits()) == nil) }
         #expect(limits.trackedBuckets == 0)
+        // Switched off, a request does not even look up its address.
+        #expect(looked.withLock { $0 } == 0)
+    }
+
+    @Test func aUUIDSpelledLikeAnAddressIsNotThatAddressesClient() {
+        let clock = ManualClock()
+        let limits = RateLimits(clock: { clock.now })
+        var tight = Limits()
+        tight.requestRatePerSecond = 1
+        tight.requestBurst = 2
+        // The address's own client (requests without a uuid) uses up its bucket…
+        for _ in 0..<2 { #expect(limits.take(.request, uuid: nil, address: "10.0.0.1", subscribeKey: "k", limits: tight) == nil) }
+        #expect(limits.take(.request, uuid: nil, address: "10.0.0.1", subscribeKey: "k", limits: tight) != nil)
+        // …and a client whose uuid is that address's text still has its own.
+        #expect(limits.take(.request, uuid: "10.0.0.1", address: "10.0.0.2", subscribeKey: "k", limits: tight) == nil)
+    }
+
+    @Test func manyTrackedClientsKeepTheirOwnBuckets() {
+        let clock = ManualClock()
+        let limits = RateLimits(clock: { clock.now })
+        var tight = Limits()
+        tight.publishRatePerSecond = 1
+        tight.publishBurst = 1
+        for i in 0..<5_000 {
+            #expect(limits.take(.publish, uuid: "u\(i)", address: "a\(i % 50)", subscribeKey: "k", limits: tight) == nil)
+        }
+        #expect(limits.trackedBuckets == 5_050)
+        // Every client's bucket is its own and remembered: each second publish is refused.
+        var refused = 0
+        for i in 0..<5_000 where limits.take(.publish, uuid: "u\(i)", address: "a\(i % 50)", subscribeKey: "k", limits: tight) != nil {
+            refused += 1
+        }
+        #expect(refused == 5_000)
     }
 
     @Test func idleBucketsAreSwept() {

@@ -298,8 +298,8 @@ final class WebSocketConnection: Sendable {
 
     /// Takes a token from the client's rate bucket; `false` (with the notice sent) when over it.
     private func takeRate(_ kind: RateLimits.Kind, keyset: Keyset, uuid: String, requestId: String?) -> Bool {
-        let address = channel.remoteAddress?.ipAddress ?? "unknown"
-        guard let wait = state.rateLimits.take(kind, uuid: uuid, address: address, subscribeKey: keyset.subscribeKey,
+        guard let wait = state.rateLimits.take(kind, uuid: uuid, address: channel.remoteAddress?.ipAddress ?? "unknown",
+                                               subscribeKey: keyset.subscribeKey,
                                                limits: state.keysets.limits(for: keyset)) else { return true }
         let seconds = TetherResponder.retryAfterSeconds(wait)
         if let requestId {
