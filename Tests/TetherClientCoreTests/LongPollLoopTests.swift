@@ -11,6 +11,7 @@ struct LoopHarness {
     var lastPoll: SubscribeMachine.RequestID?
     var lastBackfill: SubscribeMachine.RequestID?
     var delivered: [UInt64] = []
+    var deliveredEvents: [ReceivedEvent] = []
     var exceeded = 0
     var continuity: [ChannelContinuity] = []
     var undecryptable = 0
@@ -29,7 +30,9 @@ struct LoopHarness {
             switch action {
             case .poll(let id, _): lastPoll = id
             case .cancelWatchdog: watchdogCancelled += 1
-            case .deliver(let events): delivered += events.map(\.timetoken.rawValue)
+            case .deliver(let events):
+                delivered += events.map(\.timetoken.rawValue)
+                deliveredEvents += events
             case .decryptionFailed: undecryptable += 1
             case .messageCountExceeded: exceeded += 1
             case .continuity(let outcomes): continuity += outcomes
@@ -110,6 +113,41 @@ struct LongPollLoopTests {
         h.record(h.loop.restart(from: Timetoken(90), ids: &h.ids))
         #expect(h.loop.cursor == SubscribeMachine.Cursor(timetoken: Timetoken(90), region: 1))
     }
+
+    /// A message both in the backfilled history and in the answer is delivered as the answer has
+    /// it: history does not say which group or wildcard matched it, and without that a group's
+    /// listeners never see it (a window gap on a group member: every stored message of the gap
+    /// is in both). With a gap reported, the history is merged with the answer it held back.
+    @Test func aMessageInHistoryAndInTheHeldAnswerKeepsTheSubscriptionThatMatchedIt() {
+        var h = LoopHarness(from: 100, catchUp: CatchUpPlanner(channels: ["c"], resumedFrom: Timetoken(100), upTo: Timetoken(1000)))
+        h.answer(400, Self.answeredOnGroup, gaps: [RetentionGap(channel: "c", from: Timetoken(100), through: Timetoken(300))])
+        #expect(h.loop.stateName == "backfilling")
+        h.backfilled([event("c", 150), event("c", 200)])
+        #expect(h.delivered == [150, 200, 250, 400])
+        #expect(h.deliveredEvents.map(\.subscription) == [nil, "G", "G", "G"],
+                "history's own message has no `b`; the one the answer also carried keeps the answer's")
+    }
+
+    /// The same when history is fetched on every reconnect, before the first poll, and held
+    /// until a poll reaches it.
+    @Test func aMessageInHistoryAndInALaterAnswerKeepsTheSubscriptionThatMatchedIt() {
+        var h = LoopHarness()
+        let planner = CatchUpPlanner(channels: ["c"], resumedFrom: Timetoken(100), upTo: Timetoken(1000))
+        let (loop, actions) = LongPollLoop.backfilling(from: SubscribeMachine.Cursor(timetoken: Timetoken(100), region: 1), catchUp: planner,
+                                                      ranges: [BackfillRange(channel: "c", after: Timetoken(100), through: Timetoken(1000))],
+                                                      ids: &h.ids)
+        h.loop = loop
+        h.record(actions)
+        h.backfilled([event("c", 150), event("c", 200)])
+        #expect(h.delivered.isEmpty)
+        h.answer(400, Self.answeredOnGroup)
+        #expect(h.delivered == [150, 200, 250, 400])
+        #expect(h.deliveredEvents.map(\.subscription) == [nil, "G", "G", "G"])
+    }
+
+    /// A poll's answer on group `G`: a message history also holds, a signal, a newer message.
+    static let answeredOnGroup = [event("c", 200, subscription: "G"), event("c", 250, kind: .signal, subscription: "G"),
+                                  event("c", 400, subscription: "G")]
 
     @Test func aGapIsBackfilledBeforeTheResponseThatReportedIt() {
         var h = LoopHarness(from: 110, catchUp: CatchUpPlanner(channels: ["a"], resumedFrom: Timetoken(110), upTo: Timetoken(1000)))

@@ -116,15 +116,16 @@ package struct LongPollLoop: Sendable {
             guard let held else {
                 // A backfill on every reconnect, before the first poll: held back, and delivered
                 // with the polls that reach each event (``accept(_:watermarks:settings:)``).
-                pendingHistory = Self.mergedOnce(pendingHistory, sorted)
+                pendingHistory = Self.mergedHistory(pendingHistory, sorted)
                 catchUp?.recordBackfilled(sorted)
                 return poll(ids: &ids)
             }
             // Merged with the held response in timetoken order: history holds stored messages
             // only, and delivering it first would raise each channel's watermark above the
             // held response's signals, `store=0` messages and actions, which would then be
-            // dropped as already delivered. An event in both is delivered once.
-            let merged = Self.mergedOnce(sorted, held.events)
+            // dropped as already delivered. An event in both is delivered once, as the
+            // response has it (naming the group or wildcard that matched it).
+            let merged = Self.mergedOnce(history: sorted, held.events)
             var actions: [ReceiveAction] = []
             let fresh = watermarks.fresh(merged)
             if !fresh.isEmpty {
@@ -146,13 +147,22 @@ package struct LongPollLoop: Sendable {
         var timetoken: Timetoken
     }
 
-    /// `first` and `second` in timetoken order, an event in both once (history holds stored
-    /// messages, a subscribe answer every kind of event; both may carry the same message).
-    private static func mergedOnce(_ first: [ReceivedEvent], _ second: [ReceivedEvent]) -> [ReceivedEvent] {
-        guard !first.isEmpty else { return second }
-        let known = Set(first.map { EventKey(channel: $0.channel, timetoken: $0.timetoken) })
-        let others = second.filter { !known.contains(EventKey(channel: $0.channel, timetoken: $0.timetoken)) }
-        return (first + others).sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
+    /// `history` and `answered` (a subscribe answer's events) in timetoken order, an event in
+    /// both once (history holds stored messages, a subscribe answer every kind of event; both
+    /// may carry the same message). An event in both is taken from the answer: only it names
+    /// the subscription that matched it (`b`: a channel group or a wildcard), without which a
+    /// group's or a wildcard's listeners would never see it.
+    private static func mergedOnce(history: [ReceivedEvent], _ answered: [ReceivedEvent]) -> [ReceivedEvent] {
+        guard !history.isEmpty else { return answered }
+        guard !answered.isEmpty else { return history }
+        let known = Set(answered.map { EventKey(channel: $0.channel, timetoken: $0.timetoken) })
+        let others = history.filter { !known.contains(EventKey(channel: $0.channel, timetoken: $0.timetoken)) }
+        return (others + answered).sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
+    }
+
+    /// Two backfills' history, in timetoken order, an event in both once.
+    private static func mergedHistory(_ first: [ReceivedEvent], _ second: [ReceivedEvent]) -> [ReceivedEvent] {
+        mergedOnce(history: second, first)
     }
 
     private mutating func poll(ids: inout SubscribeMachine.RequestIDs) -> [ReceiveAction] {
@@ -171,7 +181,7 @@ package struct LongPollLoop: Sendable {
             // is in it), merged in order; later answers take the rest as they reach it.
             let due = pendingHistory.prefix { $0.timetoken <= response.timetoken }
             pendingHistory.removeFirst(due.count)
-            events = Self.mergedOnce(Array(due), events)
+            events = Self.mergedOnce(history: Array(due), events)
         }
         let fresh = watermarks.fresh(events)
         if !fresh.isEmpty {
