@@ -370,9 +370,13 @@ final class WebSocketConnection: Sendable {
         var requested: Timetoken?
         if let cursor = request.cursor { requested = await state.hub.readPoint(for: cursor) }
         guard let updated = sessions.update(session, { s in
+            let filter: String?? = request.filter.map { $0.isEmpty ? nil : $0 }
+            if !(addedChannels.isEmpty && addedGroups.isEmpty) || filter.map({ $0 != s.filter }) == true {
+                s.widenings &+= 1
+            }
             s.channels += addedChannels
             s.groups += addedGroups
-            if let filter = request.filter { s.filter = filter.isEmpty ? nil : filter }
+            if let filter { s.filter = filter }
             s.states.merge(request.states) { _, new in new }
             if !s.hasSubscribed, !(addedChannels.isEmpty && addedGroups.isEmpty) {
                 s.hasSubscribed = true
@@ -620,6 +624,8 @@ final class WebSocketConnection: Sendable {
         /// empty or not — is sent at the cursor it reached (docs/websocket-protocol.md).
         var marking: Bool
         var uuid: String
+        /// The session's ``SessionState/widenings`` when the round was planned.
+        var widenings: UInt64
     }
 
     private enum RoundStart {
@@ -657,18 +663,31 @@ final class WebSocketConnection: Sendable {
         let marking = locked.withLock { $0.markReplayEnd }
         return .round(DeliveryRound(spec: current.spec, after: from ?? min(current.cursor, state.hub.currentCursor),
                                     limit: limits.maxEnvelopesPerResponse, timeout: marking || finishing ? .zero : state.subscribeTimeout,
-                                    check: check, recheck: recheck, filter: filter, marking: marking, uuid: current.uuid))
+                                    check: check, recheck: recheck, filter: filter, marking: marking, uuid: current.uuid,
+                                    widenings: current.widenings))
     }
 
     /// Sends what a round's wait brought; `false` when delivering stops (the server drains).
     @inline(never)
     private func finishRound(_ round: DeliveryRound, page: SubscribePage, session: Table.SessionID) -> Bool {
-        let endsReplay = round.marking && page.envelopes.count < round.limit
-        if endsReplay { locked.withLock { $0.markReplayEnd = false } }
         // Only while this connection carries the session: after a resume elsewhere took it
         // over, what this one reads is not sent, and the session's cursor is not moved (the
         // other connection's deliveries read from it).
-        guard sessions.update(session, on: id, { $0.cursor = max($0.cursor, page.cursor) }) != nil else { return false }
+        var widened = false
+        guard sessions.update(session, on: id, { s in
+            guard s.widenings == round.widenings else {
+                widened = true
+                return
+            }
+            s.cursor = max(s.cursor, page.cursor)
+        }) != nil else { return false }
+        // The subscription grew while this round read (a `subscribe` added names or changed the
+        // filter before its presence join was saved and its restart came): the page was read
+        // without them, and its cursor may pass their messages. Nothing of it is sent and the
+        // cursor stays; the next round reads again from there with the whole subscription.
+        if widened { return true }
+        let endsReplay = round.marking && page.envelopes.count < round.limit
+        if endsReplay { locked.withLock { $0.markReplayEnd = false } }
         guard page.cursor > round.after || !page.envelopes.isEmpty || endsReplay else {
             return !sessions.isDraining  // the hub answers at once while shutting down
         }

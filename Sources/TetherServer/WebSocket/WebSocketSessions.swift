@@ -26,6 +26,10 @@ struct SessionState: Sendable {
     var resumedCursor: Timetoken?
     /// Suspended with `presence: false`: the uuid left; it joins again when the session resumes.
     var presenceSuspended = false
+    /// Raised whenever the subscription grows (names added, or another filter): a delivery round
+    /// read before it may have passed messages the subscription now takes, so its page must not
+    /// move the cursor (``WebSocketConnection``'s `finishRound`).
+    var widenings: UInt64 = 0
 
     /// Rough bytes held, for the kept sessions' byte bound.
     var estimatedBytes: Int {
