@@ -101,4 +101,34 @@ import TetherTestingServer
         await client.close()
         await inProcess.stop()
     }
+
+    /// The presence state a session keeps is for names of its subscription only: a `subscribe`
+    /// with state for any other name is refused whole, and a name's state leaves with the name.
+    /// (Before, any number of names could be given state, never dropped: one session could grow
+    /// past the kept sessions' byte bound and, once kept, push every other kept session out.)
+    @Test func presenceStateIsKeptOnlyForTheSubscriptionsNames() async throws {
+        let inProcess = try await WebSocketTests.start()
+        let client = WebSocketTestClient(baseURL: inProcess.baseURL)
+        client.send(WebSocketTests.hello())
+        let welcome = try #require(await client.frame(ofType: "welcome"))
+        let session = try #require(welcome["sessionId"]?.stringValue.flatMap { UInt64($0.dropFirst(2)) })
+        let sessions = inProcess.server.webSockets
+        func keys() -> [String] { sessions.state(of: session)?.states.keys.sorted() ?? ["(no session)"] }
+
+        client.send(#"{"type":"subscribe","channels":["a"],"groups":[],"state":{"a":{"mood":"ok"}}}"#)
+        #expect(await client.frame(ofType: "subscribed") != nil)
+        #expect(keys() == ["a"])
+        client.send(#"{"type":"subscribe","channels":[],"groups":[],"state":{"a":{"mood":"sad"},"stray":{}}}"#)
+        let refused = try #require(await client.frame(ofType: "error"))
+        #expect(refused["code"] == "invalidState", "\(refused)")
+        #expect(keys() == ["a"], "nothing of the refused subscribe is applied")
+        client.send(#"{"type":"subscribe","channels":["b"],"groups":[],"state":{"b":{"n":1}}}"#)
+        #expect(await client.frame(ofType: "subscribed") != nil)
+        #expect(keys() == ["a", "b"])
+        client.send(#"{"type":"unsubscribe","channels":["a"],"groups":[]}"#)
+        #expect(await client.frame(ofType: "unsubscribed") != nil)
+        #expect(keys() == ["b"], "a name's state leaves with the name")
+        await client.close()
+        await inProcess.stop()
+    }
 }

@@ -344,6 +344,16 @@ final class WebSocketConnection: Sendable {
                                                 + "expected a JSON object nested at most \(JSONText.maximumValueDepth) levels"))
             return true
         }
+        // State only for names of the subscription (this frame's or earlier ones): the session
+        // keeps it, so what a client can make it hold is bounded by its names.
+        if let stray = request.states.keys.first(where: { name in
+            !(request.channels.contains(name) || request.groups.contains(name) || current.channels.contains(name)
+                || current.groups.contains(name))
+        }) {
+            send(WebSocketServerFrame.error(code: "invalidState", message: "Invalid state for \(String(reflecting: stray)): "
+                                                + "not a channel or channel group of the subscription"))
+            return true
+        }
         if let text = request.filter, !text.isEmpty {
             do { _ = try state.filters.expression(text) } catch {
                 send(WebSocketServerFrame.error(code: "invalidFilter",
@@ -377,7 +387,8 @@ final class WebSocketConnection: Sendable {
             s.channels += addedChannels
             s.groups += addedGroups
             if let filter { s.filter = filter }
-            s.states.merge(request.states) { _, new in new }
+            // Denied names are not the session's: nor is their state.
+            s.states.merge(request.states.filter { s.channels.contains($0.key) || s.groups.contains($0.key) }) { _, new in new }
             if !s.hasSubscribed, !(addedChannels.isEmpty && addedGroups.isEmpty) {
                 s.hasSubscribed = true
                 // The resumed cursor was bounded when the session resumed.
@@ -409,6 +420,7 @@ final class WebSocketConnection: Sendable {
         guard let after = sessions.update(session, { s in
             s.channels.removeAll { channels.contains($0) }
             s.groups.removeAll { groups.contains($0) }
+            s.forgetStates()
         }) else { return }
         if !(removedChannels.isEmpty && removedGroups.isEmpty) {
             await state.presence.leave(subscribeKey: after.keyset.subscribeKey, uuid: after.uuid, channels: removedChannels, groups: removedGroups)
@@ -723,6 +735,7 @@ final class WebSocketConnection: Sendable {
             removed = everything ? (s.channels, s.groups) : (s.channels.filter { channels.contains($0) }, s.groups.filter { groups.contains($0) })
             s.channels.removeAll { removed.channels.contains($0) }
             s.groups.removeAll { removed.groups.contains($0) }
+            s.forgetStates()
         }) != nil else { return false }
         send(WebSocketServerFrame.accessDenied(channels: removed.channels, groups: removed.groups, message: message))
         return true

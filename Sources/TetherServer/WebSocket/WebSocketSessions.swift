@@ -41,6 +41,12 @@ struct SessionState: Sendable {
     }
 
     var spec: SubscriptionSpec { SubscriptionSpec(subscribeKey: keyset.subscribeKey, names: channels, groups: groups) }
+
+    /// Drops the presence state of names that are no longer the session's.
+    mutating func forgetStates() {
+        guard !states.isEmpty else { return }
+        states = states.filter { channels.contains($0.key) || groups.contains($0.key) }
+    }
 }
 
 /// The shell around the ``SessionTable``: a lock around the pure table, the open connections'
