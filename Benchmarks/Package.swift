@@ -41,6 +41,9 @@ let package = Package(
             .product(name: "TetherProtocol", package: "Tether"),
             .product(name: "TetherServerCore", package: "Tether"),
         ]),
+        benchmarkTarget("RateLimiting", dependencies: [
+            .product(name: "TetherServerCore", package: "Tether"),
+        ]),
         benchmarkTarget("SubscribeMachineTransitions", dependencies: [
             .product(name: "TetherClientCore", package: "Tether"),
         ]),
