@@ -10,9 +10,15 @@ public import TetherProtocol
 /// for await message in room.messages { print(message.payload) }
 /// ```
 ///
-/// Each stream (``messages``, ``signals``, ``presence``, ``messageActions``) has one consumer; closure listeners
-/// (``onMessage(_:)``…) can be added any number of times. Streams finish when the subscription is
-/// unsubscribed or the client shuts down. Events arrive in timetoken order, each exactly once.
+/// Each stream (``messages``, ``signals``, ``presence``, ``messageActions``, ``appContextEvents``,
+/// ``files``) has one consumer; closure listeners (``onMessage(_:)``…) can be added any number of
+/// times. Streams finish when the subscription is unsubscribed or the client shuts down. Events
+/// arrive in timetoken order, each exactly once.
+///
+/// A stream holds what arrives for it from the moment it is first read, however long its
+/// consumer takes. Before that, it keeps only the newest ``unreadStreamLimit`` events, so a
+/// stream the app never reads (it listens with closures, or reads only ``messages``) does not
+/// grow: read a stream before or right after ``subscribe(timetoken:)`` to get every event.
 public final class Subscription: Sendable {
     /// What the subscription names.
     public enum Target: Sendable, Hashable {
@@ -28,25 +34,25 @@ public final class Subscription: Sendable {
     public let withPresence: Bool
     /// Published messages (and files; message actions and App Context events have their own
     /// streams, ``messageActions`` and ``appContextEvents``).
-    public let messages: AsyncStream<ReceivedEvent>
+    public var messages: AsyncStream<ReceivedEvent> { messageSink.stream }
     /// Signals.
-    public let signals: AsyncStream<ReceivedEvent>
+    public var signals: AsyncStream<ReceivedEvent> { signalSink.stream }
     /// Presence events (join, leave, timeout, state-change) as received on `-pnpres`.
-    public let presence: AsyncStream<ReceivedEvent>
+    public var presence: AsyncStream<ReceivedEvent> { presenceSink.stream }
     /// Message actions added to or removed from the channel's messages (events of kind
     /// ``EventKind/messageAction``).
-    public let messageActions: AsyncStream<MessageActionEvent>
-    private let actionSink: AsyncStream<MessageActionEvent>.Continuation
+    public var messageActions: AsyncStream<MessageActionEvent> { actionSink.stream }
     /// App Context changes (user, channel and membership metadata set or deleted; events of
     /// kind ``EventKind/object``).
-    public let appContextEvents: AsyncStream<AppContextEvent>
-    private let appContextSink: AsyncStream<AppContextEvent>.Continuation
+    public var appContextEvents: AsyncStream<AppContextEvent> { appContextSink.stream }
     /// File messages (message type 4) on the target (``EventKind/file``).
-    public let files: AsyncStream<FileEvent>
-    private let fileSink: AsyncStream<FileEvent>.Continuation
-    private let messageSink: AsyncStream<ReceivedEvent>.Continuation
-    private let signalSink: AsyncStream<ReceivedEvent>.Continuation
-    private let presenceSink: AsyncStream<ReceivedEvent>.Continuation
+    public var files: AsyncStream<FileEvent> { fileSink.stream }
+    private let messageSink = LazyStream<ReceivedEvent>()
+    private let signalSink = LazyStream<ReceivedEvent>()
+    private let presenceSink = LazyStream<ReceivedEvent>()
+    private let actionSink = LazyStream<MessageActionEvent>()
+    private let appContextSink = LazyStream<AppContextEvent>()
+    private let fileSink = LazyStream<FileEvent>()
     private let handlers = Mutex<[@Sendable (ReceivedEvent) -> Void]>([])
     private weak let client: TetherClient?
 
@@ -54,13 +60,10 @@ public final class Subscription: Sendable {
         self.target = target
         self.withPresence = withPresence
         self.client = client
-        (messages, messageSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
-        (signals, signalSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
-        (presence, presenceSink) = AsyncStream.makeStream(of: ReceivedEvent.self)
-        (messageActions, actionSink) = AsyncStream.makeStream(of: MessageActionEvent.self)
-        (appContextEvents, appContextSink) = AsyncStream.makeStream(of: AppContextEvent.self)
-        (files, fileSink) = AsyncStream.makeStream(of: FileEvent.self)
     }
+
+    /// Events a stream keeps before it is first read (the newest; older ones are dropped).
+    public static let unreadStreamLimit = 1_000
 
     /// Adds a closure called for every event (message, signal or presence), in order.
     public func onEvent(_ handler: @escaping @Sendable (ReceivedEvent) -> Void) {
@@ -151,6 +154,61 @@ public final class Subscription: Sendable {
         actionSink.finish()
         appContextSink.finish()
         fileSink.finish()
+    }
+}
+
+/// One of a ``Subscription``'s streams, made when the app first reads it. Until then the events
+/// for it are kept, at most ``Subscription/unreadStreamLimit`` (the newest), and handed to the
+/// stream when it is made, in order.
+final class LazyStream<Element: Sendable>: Sendable {
+    private struct State {
+        var stream: AsyncStream<Element>?
+        var sink: AsyncStream<Element>.Continuation?
+        var pending: [Element] = []
+        /// Index of the oldest pending event (the array is compacted when it is half unused).
+        var start = 0
+        var finished = false
+    }
+
+    private let state = Mutex(State())
+
+    /// The stream; the same one every time.
+    var stream: AsyncStream<Element> {
+        state.withLock { s in
+            if let stream = s.stream { return stream }
+            let (stream, sink) = AsyncStream.makeStream(of: Element.self)
+            for element in s.pending[s.start...] { sink.yield(element) }
+            s.pending = []
+            s.start = 0
+            if s.finished { sink.finish() }
+            (s.stream, s.sink) = (stream, sink)
+            return stream
+        }
+    }
+
+    func yield(_ element: Element) {
+        state.withLock { s in
+            if let sink = s.sink {
+                sink.yield(element)
+                return
+            }
+            guard !s.finished else { return }
+            s.pending.append(element)
+            if s.pending.count - s.start > Subscription.unreadStreamLimit {
+                s.start += 1
+                if s.start * 2 >= s.pending.count {
+                    s.pending.removeFirst(s.start)
+                    s.start = 0
+                }
+            }
+        }
+    }
+
+    func finish() {
+        state.withLock { s in
+            s.finished = true
+            s.sink?.finish()
+        }
     }
 }
 
