@@ -163,6 +163,9 @@ final class SubscribeEngine: Sendable {
             }
         case .cancelTimer(let timer):
             slots.cancel(.timer(timer))
+            // The probe the liveness timer started, if still out, belongs to the connection the
+            // machine is done with: its answer must not count against the next one.
+            if timer == .liveness { slots.cancel(.liveness) }
         case .report(let report):
             // The edge where the machine's typed report becomes the app's status.
             var delivered = Status(report)
@@ -211,8 +214,11 @@ final class SubscribeEngine: Sendable {
                     guard let client = owner.client else { return }
                     do throws(TetherError) {
                         _ = try await client.time()
+                        guard slots.complete(.probe, token: token) else { return }
                         send { machine, now in machine.timeProbeSucceeded(now: now) }
                     } catch {
+                        // A probe cancelled or replaced answers for nothing.
+                        guard slots.complete(.probe, token: token) else { return }
                         send { machine, now in machine.timeProbeFailed(now: now) }
                     }
                 }
@@ -229,6 +235,7 @@ final class SubscribeEngine: Sendable {
                             // socket that does not answer is given up, so the reconnection opens a
                             // new one and resumes the session (not the same dead socket).
                             do throws(TetherError) { _ = try await client.session.ping(timeout: timeout) } catch {
+                                guard slots.complete(.liveness, token: token) else { return }
                                 let status = error.status
                                 await failedOverSocket(client.session) { machine, now in
                                     machine.livenessProbeFailed(status: status, now: now, randomness: random())
@@ -240,8 +247,11 @@ final class SubscribeEngine: Sendable {
                         } else {
                             _ = try await client.time(timeout: timeout)
                         }
+                        guard slots.complete(.liveness, token: token) else { return }
                         send { machine, now in machine.livenessProbeSucceeded(now: now, checkedSubscribeConnection: overSocket) }
                     } catch {
+                        // A probe cancelled with its connection answers for nothing.
+                        guard slots.complete(.liveness, token: token) else { return }
                         let status = error.status
                         send { [self] machine, now in machine.livenessProbeFailed(status: status, now: now, randomness: random()) }
                     }

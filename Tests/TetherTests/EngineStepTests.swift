@@ -276,6 +276,37 @@ struct EngineStepTests {
         await client.shutdown()
     }
 
+    /// A probe still out when its connection fails belongs to that connection: when it times out
+    /// after the client has reconnected, the new connection is not declared dead (it was, with a
+    /// second `unexpectedDisconnect` and its long-poll cut off).
+    @Test func aProbeOfAnEarlierConnectionDoesNotDeclareTheNextOneDead() async throws {
+        let (client, transport, clock) = try makeStepClient {
+            $0.deadLinkDetection = DeadLinkDetection(probeInterval: .seconds(25), probeTimeout: .seconds(10))
+            $0.retry = RetryConfiguration(jitter: .zero ... .zero, fastReconnect: nil)
+        }
+        var statuses = client.statuses().makeAsyncIterator()
+        let (poll, _) = try await connect(client, transport, &statuses, channels: ["a"])
+        await clock.advanceToSleeper(after: .seconds(25))
+        let probe = try #require(await transport.next(path: "/time/0"))
+        poll.fail(.connectionClosed("reset by peer"))
+        #expect(await statuses.next()?.category == .unexpectedDisconnect)
+        await clock.advanceToSleeper(after: .seconds(2))
+        try #require(await transport.next(path: "/v2/subscribe")).respond(json: subscribeBody(timetoken: 150))
+        #expect(await statuses.next()?.category == .reconnected)
+        let next = try #require(await transport.next(path: "/v2/subscribe"))
+        // The old probe's answer comes late, as a failure.
+        probe.fail(.timedOut)
+        // The new connection's own probe, 25 s after it connected, is the next thing to happen.
+        await clock.advanceToSleeper(after: .seconds(25))
+        try #require(await transport.next(path: "/time/0")).respond(json: "[17953281264739664]")
+        #expect(!next.isAbandoned, "the new long-poll is kept")
+        #expect(client.connectionState == .connected)
+        await client.shutdown()
+        while let status = await statuses.next() {
+            #expect(status.category != .unexpectedDisconnect, "no second disconnect: \(status)")
+        }
+    }
+
     @Test func aLivenessProbeThatAnswersKeepsTheLongPollAndTheSecondRestartsItFromItsCursor() async throws {
         let (client, transport, clock) = try makeStepClient {
             $0.deadLinkDetection = DeadLinkDetection(probeInterval: .seconds(25), probeTimeout: .seconds(10))
