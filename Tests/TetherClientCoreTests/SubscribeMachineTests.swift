@@ -492,6 +492,44 @@ struct SubscribeMachineBehaviourTests {
         #expect(c.machine.stateName == "stopped")
     }
 
+    /// `cancelAutomaticRetry()` on an outage's status stops that outage wherever it is: waiting
+    /// for the network (which coming back must not restart it), or already given up on its own
+    /// and probing (whose Time probes and network-up restart must stop).
+    @Test func cancellingRetriesWhileWaitingForTheNetworkOrAfterAGiveUpStaysStopped() {
+        var h = Harness()
+        h.subscribe(["a"]); h.succeed(100)
+        h.fail(.networkIssues)
+        h.record(h.machine.networkDown(now: h.now))
+        #expect(h.machine.stateName == "waitingForNetwork")
+        let requestBefore = h.lastRequest
+        h.record(h.machine.cancelAutomaticRetry(episode: h.episodes[0], now: h.now))
+        #expect(h.machine.stateName == "stopped")
+        #expect(h.machine.connectionState == .failed(.disconnectedUnexpectedly))
+        h.record(h.machine.networkUp(now: h.now))
+        #expect(h.lastRequest == requestBefore, "no handshake on network up")
+        #expect(h.timers[.timeProbe] == nil)
+
+        // Retries that ran out on their own: Time probes and the network coming back would
+        // restart; the outage's cancel stops both.
+        var g = Harness(.init(retry: RetryConfiguration(policy: .linear(delay: .seconds(2), maximumRetries: 1), jitter: .zero ... .zero, fastReconnect: nil)))
+        g.subscribe(["a"]); g.succeed(100)
+        g.fail(.networkIssues)
+        #expect(g.fireNextTimer() == .retry)
+        g.fail(.networkIssues)
+        #expect(g.machine.stateName == "stopped")
+        #expect(g.timers[.timeProbe] != nil)
+        let gaveUp = g.lastRequest
+        g.record(g.machine.cancelAutomaticRetry(episode: g.episodes[0], now: g.now))
+        #expect(g.timers[.timeProbe] == nil, "no more Time probes")
+        g.record(g.machine.networkDown(now: g.now))
+        g.record(g.machine.networkUp(now: g.now))
+        #expect(g.lastRequest == gaveUp, "no handshake on network up")
+        #expect(g.machine.connectionState == .failed(.disconnectedUnexpectedly))
+        // `reconnect()` still restarts it.
+        g.record(g.machine.reconnect(timetoken: nil, now: g.now))
+        #expect(g.lastRequest != gaveUp)
+    }
+
     @Test func malformedFilterExpressionDisablesRetry() {
         var h = Harness()
         h.subscribe(["a"])

@@ -85,6 +85,9 @@ package struct SubscribeMachine: Sendable {
         /// The retries ran out on their own (not `cancelAutomaticRetry()`): a network that comes
         /// back restarts the subscription even when no Time probe runs.
         var restartsOnNetworkUp = false
+        /// The outage whose retries ran out on their own: its statuses' `cancelAutomaticRetry()`
+        /// still stops what follows a give-up (Time probes, the restart on network up).
+        var episode: Int? = nil
     }
 
     /// Can transition to: idle → handshaking, waitingForNetwork.
@@ -364,6 +367,17 @@ package struct SubscribeMachine: Sendable {
             let connectedBefore = h.handshake.connectedBefore
             actions += giveUp(cursor: h.handshake.last, connectedBefore: connectedBefore, cause: nil, byApp: true)
             return actions + connectionChange(from: before)
+        case .waitingForNetwork(let p) where p.outage?.episode == episode, .background(let p) where p.outage?.episode == episode:
+            // The outage waits for the network (or the foreground): what it would retry then is
+            // what the app cancelled.
+            let actions = giveUp(cursor: p.cursor, connectedBefore: p.connectedBefore, cause: nil, byApp: true)
+            return actions + connectionChange(from: before)
+        case .stopped(var s) where (s.episode ?? s.outage?.episode) == episode && (s.afterwards == .probeTime || s.restartsOnNetworkUp):
+            // Already given up, still probing to restart on its own: the app says not to.
+            s.afterwards = .waitForApp
+            s.restartsOnNetworkUp = false
+            state = .stopped(s)
+            return [.cancelTimer(.timeProbe)] + connectionChange(from: before)
         case .idle, .handshaking, .receiving, .retrying, .waitingForNetwork, .stopped, .disconnected, .background, .resuming:
             return []
         }
@@ -867,7 +881,7 @@ package struct SubscribeMachine: Sendable {
             return actions + connectionChange(from: before)
         case .giveUp:
             var actions: [Action] = [.cancelTimer(.longPollWatchdog)]
-            actions += giveUp(cursor: cursor, connectedBefore: connectedBefore, cause: status)
+            actions += giveUp(cursor: cursor, connectedBefore: connectedBefore, cause: status, episode: outage.episode)
             return actions + connectionChange(from: before)
         }
     }
@@ -877,7 +891,8 @@ package struct SubscribeMachine: Sendable {
     /// give-up the app asked for (`cancelAutomaticRetry()`) stays given up: no Time probe and no
     /// restart on network up undo it; `reconnect()` does. Otherwise a network that comes back
     /// restarts the subscription, also for a client that never connected.
-    private mutating func giveUp(cursor: Cursor?, connectedBefore: Bool, cause: Status?, byApp: Bool = false) -> [Action] {
+    private mutating func giveUp(cursor: Cursor?, connectedBefore: Bool, cause: Status?, byApp: Bool = false,
+                                 episode: Int? = nil) -> [Action] {
         let category: StatusCategory = connectedBefore ? .disconnectedUnexpectedly : .connectionError
         var actions: [Action] = []
         let last = cursor?.timetoken
@@ -894,7 +909,7 @@ package struct SubscribeMachine: Sendable {
         }
         let afterwards: Afterwards = connectedBefore && !byApp ? .probeTime : .waitForApp
         state = .stopped(Stopped(cursor: cursor, connectedBefore: connectedBefore, reason: category, afterwards: afterwards,
-                                 restartsOnNetworkUp: !byApp))
+                                 restartsOnNetworkUp: !byApp, episode: episode))
         if afterwards == .probeTime { actions.append(.schedule(.timeProbe, after: configuration.timeProbeInterval)) }
         return actions
     }
