@@ -131,4 +131,33 @@ import TetherTestingServer
         await client.close()
         await inProcess.stop()
     }
+
+    /// After a resume on another socket took the session over, what the old socket still sends
+    /// is dropped: its late `unsubscribe` does not take names from the session the new socket
+    /// carries, and its late `publish` is not stored (its `ack` could no longer be sent).
+    @Test func framesOnATakenOverSocketChangeNothing() async throws {
+        let inProcess = try await WebSocketTests.start()
+        let rest = TestServer(inProcess: inProcess)
+        let (first, welcome, _) = try await WebSocketTests.session(inProcess, channels: ["a", "b"])
+        let token = try #require(welcome["resumeToken"]?.stringValue)
+        let session = try #require(welcome["sessionId"]?.stringValue.flatMap { UInt64($0.dropFirst(2)) })
+        first.pauseReading()  // it does not see the takeover's close, and keeps sending
+        let second = WebSocketTestClient(baseURL: inProcess.baseURL)
+        second.send(WebSocketTests.hello(resume: (token, nil)))
+        #expect(await second.frame(ofType: "welcome")?["resumed"] == .bool(true))
+
+        first.send(.object(["type": "unsubscribe", "channels": ["b"], "groups": []]))
+        first.send(.object(["type": "publish", "requestId": "late", "channel": "a", "message": "late"]))
+        first.drop()
+        #expect(await eventually { inProcess.server.webSocketCounts.connections == 1 })
+        #expect(inProcess.server.webSockets.state(of: session)?.channels == ["a", "b"])
+        let timetoken = try await rest.publish("b", "1")
+        #expect(await WebSocketTests.envelopes(second, count: 1).map(\.tt) == [String(timetoken.rawValue)],
+                "the new socket still gets `b`")
+        let (status, history, _) = try await rest.get("/v2/history/sub-key/demo/channel/a")
+        #expect(status == 200 && history.hasPrefix("[[]"), "the late publish was not stored: \(history)")
+        await second.close()
+        await first.close()
+        await inProcess.stop()
+    }
 }

@@ -150,6 +150,10 @@ final class WebSocketConnection: Sendable {
     /// Handles what needs no task (a `ping`, a `pong`, a frame that closes the socket); other
     /// frames go to ``handle(_:)``. On the connection's event loop.
     func handleAtOnce(_ message: Inbound) -> AtOnce {
+        // After the server's close (a takeover, a drain, a ping timeout, an error), what the
+        // client still sends is read and dropped: a late `unsubscribe` must not change a
+        // session another socket now carries, nor a `publish` be stored with its `ack` lost.
+        if queue.isClosing { return .handled }
         guard case .text(let text) = message else {
             fail(WebSocketCloseCode.malformed, "malformed", "binary frames are not part of tether.v1.json")
             return .closing
@@ -379,7 +383,9 @@ final class WebSocketConnection: Sendable {
         let now = state.hub.currentCursor
         var requested: Timetoken?
         if let cursor = request.cursor { requested = await state.hub.readPoint(for: cursor) }
-        guard let updated = sessions.update(session, { s in
+        // Only while this socket carries the session (a resume elsewhere may have taken it over
+        // while this frame waited).
+        guard let updated = sessions.update(session, on: id, { s in
             let filter: String?? = request.filter.map { $0.isEmpty ? nil : $0 }
             if !(addedChannels.isEmpty && addedGroups.isEmpty) || filter.map({ $0 != s.filter }) == true {
                 s.widenings &+= 1
@@ -417,7 +423,7 @@ final class WebSocketConnection: Sendable {
         guard let before = sessions.state(of: session) else { return }
         let removedChannels = before.channels.filter { channels.contains($0) }
         let removedGroups = before.groups.filter { groups.contains($0) }
-        guard let after = sessions.update(session, { s in
+        guard let after = sessions.update(session, on: id, { s in
             s.channels.removeAll { channels.contains($0) }
             s.groups.removeAll { groups.contains($0) }
             s.forgetStates()
