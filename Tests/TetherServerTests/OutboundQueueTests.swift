@@ -50,6 +50,26 @@ import TetherProtocol
         _ = try channel.finish()
     }
 
+    /// A close frame's payload fits a control frame (RFC 6455 §5.5: 125 bytes, the code included)
+    /// whatever the reason: a long one is cut at a character's end, never inside one.
+    @Test func aCloseReasonIsCutToAControlFramesSize() throws {
+        let channel = EmbeddedChannel()
+        let queue = OutboundQueue(channel: channel, maxFrames: 4, maxBytes: 1024)
+        queue.attach()
+        let reason = "unknown frame type \"" + String(repeating: "😀", count: 90) + "\""
+        queue.close(code: 4404, reason: reason)
+        let frame = try #require(try channel.readOutbound(as: WebSocketFrame.self))
+        #expect(frame.opcode == .connectionClose)
+        #expect(frame.data.readableBytes <= 125, "\(frame.data.readableBytes) bytes")
+        var payload = frame.data
+        let code = payload.readInteger(as: UInt16.self)
+        #expect(code == 4404)
+        let text = payload.readString(length: payload.readableBytes) ?? ""
+        #expect(reason.hasPrefix(text) && text.hasSuffix("😀"), "cut after a whole character: \(text)")
+        #expect(OutboundQueue.closeReason("short") == "short")
+        _ = try channel.finish()
+    }
+
     /// A delivery frame counts as undelivered until its write succeeds: held, dropped, failed or
     /// discarded ones keep the oldest such frame's `after`.
     @Test func deliveryFramesCountAsUndeliveredUntilWritten() throws {

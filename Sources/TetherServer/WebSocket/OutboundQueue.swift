@@ -136,7 +136,23 @@ final class OutboundQueue: Sendable {
     /// Sends the close frame (the first one wins) after the frames sent before it. `answering`:
     /// it answers the client's close frame, and the connection closes once it is written (not
     /// when the client answers it).
+    /// A close frame's payload is at most 125 bytes, 2 of them the code (RFC 6455 §5.5): a
+    /// longer reason is cut to 123 bytes of UTF-8, at a character's end.
+    static func closeReason(_ reason: String) -> String {
+        guard reason.utf8.count > 123 else { return reason }
+        var bytes = 0
+        var end = reason.startIndex
+        for character in reason {
+            let size = character.utf8.count
+            guard bytes + size <= 123 else { break }
+            bytes += size
+            end = reason.index(after: end)
+        }
+        return String(reason[..<end])
+    }
+
     func close(code: UInt16, reason: String, answering: Bool = false) {
+        let reason = Self.closeReason(reason)
         let next = state.withLock { s -> Bool in
             guard !s.finished, s.close == nil else { return false }
             s.close = (code, reason)

@@ -142,7 +142,7 @@ final class WebSocketConnection: Sendable {
 
     private func fail(_ code: UInt16, _ errorCode: String, _ message: String) {
         send(WebSocketServerFrame.error(code: errorCode, message: message))
-        queue.close(code: code, reason: message.count > 100 ? String(message.prefix(100)) : message)
+        queue.close(code: code, reason: message)  // cut to a close frame's size by the queue
     }
 
     // MARK: - Reading
