@@ -238,6 +238,28 @@ struct SubscribeMachineBehaviourTests {
         #expect(h.changes.compactMap(\.reconnectEvent) == [.started, .succeeded])
     }
 
+    /// In the background (the `keep` policy) nothing connects on its own: a path change runs no
+    /// early retry and restarts no given-up subscription; the foreground does.
+    @Test func aPathChangeInTheBackgroundConnectsNothing() throws {
+        var configuration = SubscribeMachine.Configuration(retry: RetryConfiguration(jitter: .zero ... .zero))
+        configuration.lifecycle = LifecycleOptions(backgroundPolicy: .keep)
+        var h = Harness(configuration)
+        h.subscribe(["a"]); h.succeed(100)
+        h.record(h.machine.networkUp(now: h.now))
+        h.fail(.networkIssues)
+        h.record(h.machine.enterBackground(now: h.now))
+        let before = h.lastRequest
+        h.record(h.machine.networkChanged(now: h.now))
+        #expect(h.lastRequest == before, "no early retry in the background")
+        h.now += .seconds(5)
+        h.record(h.machine.networkChanged(now: h.now))
+        #expect(h.lastRequest == before)
+        h.record(h.machine.enterForeground(now: h.now))
+        let probe = try #require(h.foregroundProbes.last, "the foreground probes first")
+        h.record(h.machine.foregroundProbeSucceeded(probe.id, counts: nil, now: h.now))
+        #expect(h.lastRequest != before, "then reconnects")
+    }
+
     @Test func networkPathChangeRestartsTheLongPollQuietly() {
         var h = Harness()
         h.subscribe(["a"])

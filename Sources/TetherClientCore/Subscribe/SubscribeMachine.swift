@@ -793,9 +793,11 @@ package struct SubscribeMachine: Sendable {
                 + startHandshake(purpose: h.handshake.purpose, resume: h.handshake.resume, last: h.handshake.last, outage: h.outage)
                 + connectionChange(from: before)
         case .retrying(let r):
-            // The server's Retry-After still holds on the new path; and a flapping interface
-            // list must not turn back-off into a tight loop (one early attempt per second at most).
-            if r.outage.honorsRetryAfter { return [] }
+            // In the background nothing connects on its own (the retries wait for the
+            // foreground). The server's Retry-After still holds on the new path; and a flapping
+            // interface list must not turn back-off into a tight loop (one early attempt per
+            // second at most).
+            if inBackground || r.outage.honorsRetryAfter { return [] }
             switch network.claimEarlyAttempt(now: now) {
             case .allowed: break
             case .tooSoon: return []
@@ -804,7 +806,7 @@ package struct SubscribeMachine: Sendable {
                 + startHandshake(purpose: r.connectedBefore ? .restore : .connect,
                                  resume: resumePoint(r.cursor, connectedBefore: r.connectedBefore), last: r.cursor, outage: r.outage)
                 + connectionChange(from: before)
-        case .stopped(let s) where s.afterwards == .probeTime || s.restartsOnNetworkUp:
+        case .stopped(let s) where !inBackground && (s.afterwards == .probeTime || s.restartsOnNetworkUp):
             return [.cancelTimer(.timeProbe)] + resume(from: s) + connectionChange(from: before)
         case .idle, .stopped, .waitingForNetwork, .disconnected, .background, .resuming:
             return []
