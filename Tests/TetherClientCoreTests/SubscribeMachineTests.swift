@@ -215,6 +215,45 @@ struct SubscribeMachineBehaviourTests {
         #expect(h.machine.connectionState == .idle)
     }
 
+    /// A catch-up that another outage cuts short is continued by the next reconnect's: the gap
+    /// the server reported on its first page (and will not report again: the next catch-up
+    /// starts past it) and what it recovered are reported once the client is current, with the
+    /// cursor the client first resumed from.
+    @Test func aCatchUpCutShortByAnotherOutageKeepsItsGapAndCount() {
+        var h = Harness(.init(retry: RetryConfiguration(jitter: .zero ... .zero), backfill: .never, catchUpPageSize: 2))
+        h.subscribe(["a"]); h.succeed(100)
+        h.fail(.networkIssues)
+        h.fire(.retry)
+        h.succeed(500)                                         // the handshake: catch up 100 → 500
+        h.succeed(250, events: [event("a", 200), event("a", 250)],
+                  gaps: [RetentionGap(channel: "a", from: Timetoken(100), through: Timetoken(150))])
+        #expect(h.continuity.isEmpty, "a full page: the catch-up goes on")
+        h.fail(.networkIssues)                                 // cut short
+        h.fire(.retry)
+        h.succeed(600)                                         // catch up 250 → 600
+        h.succeed(600, events: [event("a", 300)])
+        #expect(h.delivered.map(\.timetoken.rawValue) == [200, 250, 300])
+        #expect(h.continuity == [ChannelContinuity(channel: "a", outcome: .gap(from: Timetoken(100), through: Timetoken(150), recovered: 3),
+                                                   resumedFrom: Timetoken(100))])
+    }
+
+    /// Cut short on its last page: the reconnect finds nothing more, and what the catch-up had
+    /// found is still reported (not "continuous").
+    @Test func aCatchUpCutShortWithNothingLeftStillReportsItsGap() {
+        var h = Harness(.init(retry: RetryConfiguration(jitter: .zero ... .zero), backfill: .never, catchUpPageSize: 2))
+        h.subscribe(["a"]); h.succeed(100)
+        h.fail(.networkIssues)
+        h.fire(.retry)
+        h.succeed(500)
+        h.succeed(250, events: [event("a", 200), event("a", 250)],
+                  gaps: [RetentionGap(channel: "a", from: Timetoken(100), through: Timetoken(150))])
+        h.fail(.networkIssues)
+        h.fire(.retry)
+        h.succeed(250)                                         // the server is where the client is
+        #expect(h.continuity == [ChannelContinuity(channel: "a", outcome: .gap(from: Timetoken(100), through: Timetoken(150), recovered: 2),
+                                                   resumedFrom: Timetoken(100))])
+    }
+
     @Test func outageRetriesThenReconnectsFromTheLastCursor() {
         var h = Harness()
         h.subscribe(["a"])

@@ -32,6 +32,19 @@ package struct CatchUpPlanner: Sendable, Hashable {
         self.filtered = filtered
     }
 
+    /// This catch-up, cut short by another outage, continued by the catch-up after it: still
+    /// from the cursor it resumed from, now up to `upTo` (the server's cursor at the new
+    /// reconnect), with what it counted and the gaps the server reported (a gap reported once is
+    /// not reported again: the next catch-up starts past it).
+    package func continued(upTo newUpTo: Timetoken, channels more: [String]) -> CatchUpPlanner {
+        var next = CatchUpPlanner(channels: channels, resumedFrom: resumedFrom, upTo: max(upTo, newUpTo), pageSize: pageSize,
+                                  filtered: filtered)
+        for channel in more where !next.channels.contains(channel) { next.channels.append(channel) }
+        next.recovered = recovered
+        next.gaps = gaps
+        return next
+    }
+
     /// Counts delivered events that were published during the outage.
     package mutating func recordDelivered(_ events: [ReceivedEvent]) {
         for event in events where event.timetoken <= upTo {

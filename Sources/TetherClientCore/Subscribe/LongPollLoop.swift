@@ -58,6 +58,9 @@ package struct LongPollLoop: Sendable {
         return (LongPollLoop(state: .backfilling(id, held: nil), cursor: cursor, catchUp: catchUp), [.backfill(id, ranges)])
     }
 
+    /// The catch-up in progress (until its continuity outcomes are reported).
+    package var catchUpInProgress: CatchUpPlanner? { catchUp }
+
     /// The running poll, if the loop is polling.
     package var pollRequest: RequestID? {
         switch state {

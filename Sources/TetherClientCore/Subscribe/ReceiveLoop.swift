@@ -26,6 +26,13 @@ package enum ReceiveLoop: Sendable {
         }
     }
 
+    /// The catch-up in progress, if the loop is still catching up after a reconnect.
+    package var catchUp: CatchUpPlanner? {
+        switch self {
+        case .longPoll(let loop): return loop.catchUpInProgress
+        }
+    }
+
     /// The state's name, for tests and logs.
     package var stateName: String {
         switch self {

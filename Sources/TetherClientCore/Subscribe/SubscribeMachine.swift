@@ -115,7 +115,13 @@ package struct SubscribeMachine: Sendable {
     /// The settings.
     package let configuration: Configuration
     private let receiveSettings: ReceiveSettings
-    private var state: State = .idle
+    private var state: State = .idle {
+        didSet { noteCatchUp(leaving: oldValue) }
+    }
+    /// A catch-up an outage cut short (the loop left while catching up): the next reconnect's
+    /// catch-up continues it, so the gaps it was told of and what it recovered are reported once
+    /// the client is current, with the cursor it first resumed from.
+    private var interruptedCatchUp: CatchUpPlanner?
     private var channels: [String] = []
     private var groups: [String] = []
     private var network = NetworkWatch()
@@ -419,8 +425,10 @@ package struct SubscribeMachine: Sendable {
             switch established.continuation {
             case .catchUp(let resume, let server):
                 let plain = channels.filter { !NameRules.isPresence($0) && !$0.hasSuffix(".*") }
-                let planner = CatchUpPlanner(channels: plain, resumedFrom: resume, upTo: server, pageSize: configuration.catchUpPageSize,
-                                             filtered: configuration.filtered)
+                let planner = interruptedCatchUp.map { $0.continued(upTo: server, channels: plain) }
+                    ?? CatchUpPlanner(channels: plain, resumedFrom: resume, upTo: server, pageSize: configuration.catchUpPageSize,
+                                      filtered: configuration.filtered)
+                interruptedCatchUp = nil
                 switch configuration.backfill {
                 case .onEveryReconnect where !plain.isEmpty:
                     let ranges = plain.map { BackfillRange(channel: $0, after: resume, through: server) }
@@ -434,13 +442,21 @@ package struct SubscribeMachine: Sendable {
                     (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: planner, ids: &requestIDs)
                 }
             case .continuous(let resume):
-                if skipped == nil {
+                if let earlier = interruptedCatchUp {
+                    // The catch-up an outage cut short had reached the server's cursor: its
+                    // outcomes are the ones to report.
+                    interruptedCatchUp = nil
+                    if skipped == nil { actions.append(.continuity(earlier.outcomes())) }
+                } else if skipped == nil {
                     actions.append(.continuity(channels.filter { !NameRules.isPresence($0) }.map {
                         ChannelContinuity(channel: $0, outcome: .continuous, resumedFrom: resume)
                     }))
                 }
                 (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: nil, ids: &requestIDs)
             case .live:
+                // Not resumed from a cursor: what a catch-up cut short had found is still told.
+                if let earlier = interruptedCatchUp, skipped == nil { actions.append(.continuity(earlier.outcomes())) }
+                interruptedCatchUp = nil
                 (loop, receive) = LongPollLoop.polling(from: established.cursor, catchUp: nil, ids: &requestIDs)
             }
             actions += perform(startHeartbeat, failure: nil)
@@ -972,6 +988,22 @@ package struct SubscribeMachine: Sendable {
                                          outage: outage))
         return [.startSubscribe(id, channels: channels, groups: groups, cursor: nil),
                 .schedule(.longPollWatchdog, after: configuration.longPollWatchdog)]
+    }
+
+    /// Keeps the catch-up of a receiving loop that the machine leaves (``interruptedCatchUp``);
+    /// forgets it when the subscription ends.
+    private mutating func noteCatchUp(leaving old: State) {
+        switch state {
+        case .idle:
+            interruptedCatchUp = nil
+        case .receiving:
+            break
+        case .handshaking, .retrying, .waitingForNetwork, .stopped, .disconnected, .background, .resuming:
+            // (A loop that continued an earlier interrupted catch-up carries it: entering
+            // `receiving` always takes ``interruptedCatchUp``.)
+            guard case .receiving(let r) = old, let planner = r.loop.catchUp else { return }
+            interruptedCatchUp = planner
+        }
     }
 
     private func stopEverything() -> [Action] {
