@@ -150,6 +150,8 @@ final class SubscribeEngine: Sendable {
             }
         case .cancelSubscribe:
             slots.cancel(.subscribe)
+            // A backfill belongs to the loop being abandoned (its answer would be stale).
+            slots.cancel(.backfill)
             session.endReceive()
         case .schedule(let timer, let delay):
             let slot = SubscribeSlot.timer(timer)
@@ -323,8 +325,8 @@ final class SubscribeEngine: Sendable {
                     do throws(TetherError) {
                         var events: [ReceivedEvent] = []
                         for range in ranges {
-                            let messages = try await client.messages(since: range.after, channels: [range.channel])
-                            events += messages.filter { $0.timetoken <= range.through }.map(ReceivedEvent.init(history:))
+                            let messages = try await client.messages(after: range.after, through: range.through, channel: range.channel)
+                            events += messages.map(ReceivedEvent.init(history:))
                         }
                         let collected = events
                         send { machine, now in machine.backfillCompleted(id, events: collected, now: now) }

@@ -41,6 +41,18 @@ extension TetherClient {
         return all.sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
     }
 
+    /// Every stored message on `channel` in `(after, through]`, oldest first: a catch-up's
+    /// backfill of a gap. Paged from `through` down, so nothing newer is fetched.
+    func messages(after: Timetoken, through: Timetoken, channel: String) async throws(TetherError) -> [HistoryMessage] {
+        var options = FetchOptions()
+        options.end = after.successor
+        options.start = through.successor
+        var all: [HistoryMessage] = []
+        var pages = historyPages(channels: [channel], options: options).makeAsyncIterator()
+        while let page = try await pages.next() { all += page.messages }
+        return all.filter { $0.timetoken > after && $0.timetoken <= through }.sorted { ($0.timetoken, $0.channel) < ($1.timetoken, $1.channel) }
+    }
+
     func decrypted(_ message: HistoryMessage, operation: TetherOperation) -> HistoryMessage {
         guard let module = configuration.cryptoModule else { return message }
         var message = message

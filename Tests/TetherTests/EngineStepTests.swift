@@ -276,6 +276,40 @@ struct EngineStepTests {
         await client.shutdown()
     }
 
+    /// A reported gap is backfilled from history for that range only: paged down from the gap's
+    /// end, not from now (on a busy channel, everything newer was fetched and thrown away).
+    @Test func aGapIsBackfilledForItsRangeOnly() async throws {
+        let (client, transport, _) = try makeStepClient()
+        var statuses = client.statuses().makeAsyncIterator()
+        let (poll, subscription) = try await connect(client, transport, &statuses, channels: ["a"])
+        var messages = subscription.messages.makeAsyncIterator()
+        poll.respond(json: subscribeBody(timetoken: 400, envelopes: [envelope("a", 350, #""live""#)]),
+                     headers: ["x-tether-gap": "a;from=100;through=300"])
+        let history = try #require(await transport.next(path: "/v3/history"))
+        #expect(history.query["end"] == "101", "after the gap's start")
+        #expect(history.query["start"] == "301", "and not past its end")
+        history.respond(json: #"{"status":200,"error":false,"error_message":"","channels":{"a":[{"message":"kept","timetoken":"200"}]}}"#)
+        #expect(await messages.next()?.timetoken == Timetoken(200))
+        #expect(await messages.next()?.timetoken == Timetoken(350))
+        #expect(try #require(await transport.next(path: "/v2/subscribe")).query["tt"] == "400")
+        await client.shutdown()
+    }
+
+    /// A backfill that fails is told: its history request's status (what it would have
+    /// recovered is missing; the gap stays in the continuity outcome), and the loop goes on.
+    @Test func aFailedBackfillIsReported() async throws {
+        let (client, transport, _) = try makeStepClient()
+        var statuses = client.statuses().makeAsyncIterator()
+        let (poll, _) = try await connect(client, transport, &statuses, channels: ["a"])
+        poll.respond(json: subscribeBody(timetoken: 400, envelopes: [envelope("a", 350, #""live""#)]),
+                     headers: ["x-tether-gap": "a;from=100;through=300"])
+        try #require(await transport.next(path: "/v3/history")).fail(.timedOut)
+        let failed = try #require(await statuses.next())
+        #expect(failed.category == .timeout, "\(failed)")
+        #expect(try #require(await transport.next(path: "/v2/subscribe")).query["tt"] == "400")
+        await client.shutdown()
+    }
+
     /// A probe still out when its connection fails belongs to that connection: when it times out
     /// after the client has reconnected, the new connection is not declared dead (it was, with a
     /// second `unexpectedDisconnect` and its long-poll cut off).

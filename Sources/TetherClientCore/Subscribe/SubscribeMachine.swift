@@ -507,9 +507,13 @@ package struct SubscribeMachine: Sendable {
         return perform(receive)
     }
 
-    /// A backfill failed: what the server sent is delivered, and the gap stays reported.
+    /// A backfill failed: the app is told (the history request's status), what the server sent
+    /// is delivered, and the gap stays reported.
     package mutating func backfillFailed(_ id: RequestID, status: Status, now: Duration) -> [Action] {
-        backfillCompleted(id, events: [], now: now)
+        let actions = backfillCompleted(id, events: [], now: now)
+        // Only the running backfill's failure (a stale one completes nothing).
+        guard !actions.isEmpty, status.category != .cancelled else { return actions }
+        return [report(.backfillFailed(status))] + actions
     }
 
     // MARK: Events — timers and probes

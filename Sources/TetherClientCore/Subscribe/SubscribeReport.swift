@@ -39,6 +39,10 @@ package struct SubscribeReport: Sendable {
         case heartbeatFailed(Status)
         /// A delivered message could not be decrypted, as the event carries it.
         case decryptionFailed(Status)
+        /// The history a catch-up fetched to fill a gap (or on every reconnect) could not be
+        /// read, as the history request reported it: what it would have recovered was not
+        /// delivered (a reported gap stays in the continuity outcome).
+        case backfillFailed(Status)
     }
 
     /// What happened.
@@ -102,7 +106,7 @@ extension Status {
             self.init(category: .networkUp, operation: .subscribe, subscribedChannels: channels, subscribedGroups: groups)
         case .heartbeatSucceeded:
             self.init(category: .acknowledgment, operation: .heartbeat, statusCode: 200, affectedChannels: channels, affectedGroups: groups)
-        case .heartbeatFailed(let status), .decryptionFailed(let status):
+        case .heartbeatFailed(let status), .decryptionFailed(let status), .backfillFailed(let status):
             self = status
         }
     }
