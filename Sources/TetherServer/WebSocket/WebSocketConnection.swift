@@ -679,7 +679,12 @@ final class WebSocketConnection: Sendable {
             check = now
         }
         let marking = locked.withLock { $0.markReplayEnd }
-        return .round(DeliveryRound(spec: current.spec, after: from ?? min(current.cursor, state.hub.currentCursor),
+        // The session's cursor came from this hub's pages or was bounded when it was set
+        // (``LongPollHub/readPoint(for:)``). On one node it is never above the hub's cursor; in
+        // a cluster it may be one another node handed out, ahead of this node's reader: kept, as
+        // the REST subscribe keeps it (lowering it would deliver what is in between again).
+        let after = from ?? (state.hub.shared == nil ? min(current.cursor, state.hub.currentCursor) : current.cursor)
+        return .round(DeliveryRound(spec: current.spec, after: after,
                                     limit: limits.maxEnvelopesPerResponse, timeout: marking || finishing ? .zero : state.subscribeTimeout,
                                     check: check, recheck: recheck, filter: filter, marking: marking, uuid: current.uuid,
                                     widenings: current.widenings))
