@@ -73,14 +73,14 @@ import TetherTesting
         return (try JSONSerialization.jsonObject(with: Data(response.body.utf8))) as? [String] ?? []
     }
 
-    static func apnsServer(_ gateway: PushGatewayServer, files: Files, key: P256.Signing.PrivateKey,
+    static func apnsServer(_ gateway: PushGatewayServer, files: Files, key: P256.Signing.PrivateKey, keysets: [Keyset] = [],
                            push: (inout ConfigurationFile.Push) -> Void = { _ in }) async throws -> TestServer {
         let keyPath = try files.write("AuthKey.p8", key.pemRepresentation)
         var settings = ConfigurationFile.Push(apns: .init(keyPath: keyPath, keyId: "KEY1234567", teamId: "TEAM123456", topic: topic,
                                                           baseURL: gateway.baseURL, caCertificatePath: files.caPath))
         settings.retryBaseDelayMilliseconds = 1
         push(&settings)
-        var file = ConfigurationFile(subscribeTimeoutSeconds: 30)
+        var file = ConfigurationFile(keysets: keysets, subscribeTimeoutSeconds: 30)
         file.push = settings
         return try await TestServer.start(file: file)
     }
@@ -544,6 +544,48 @@ import TetherTesting
         await server.server.state.push.waitUntilIdle()
         #expect(gateway.requests.count == 2)
         await back.close()
+        await server.stop()
+        await gateway.stop()
+    }
+
+    /// A suspended session's pushes carry its messages: each checks the session's read access
+    /// when it goes, as the socket's deliveries do. A revoked grant stops them.
+    @Test func aRevokedGrantStopsTheSuspendedSessionsPushes() async throws {
+        let files = try PushTests.Files()
+        let key = P256.Signing.PrivateKey()
+        let gateway = try await PushGatewayServer.start { _ in .init(status: 200) }
+        let keyset = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
+        let server = try await PushTests.apnsServer(gateway, files: files, key: key, keysets: [keyset])
+        func grant(read: Bool) async throws {
+            let answer = try await server.get(signedPath("/v2/auth/grant/sub-key/sub-s",
+                                                         ["channel": "inbox", "auth": "ak", "r": read ? "1" : "0", "w": "0", "ttl": "5",
+                                                          "uuid": "admin"], keyset: keyset))
+            #expect(answer.status == 200, "\(answer.body)")
+        }
+        func publish(_ text: String) async throws {
+            let answer = try await server.get(signedPath("/publish/pub-s/sub-s/0/inbox/0/\(PercentCoding.encode(text))", ["uuid": "admin"],
+                                                         keyset: keyset))
+            #expect(answer.status == 200, "\(answer.body)")
+        }
+        try await grant(read: true)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(.object(["type": "hello", "v": 1, "subscribeKey": "sub-s", "publishKey": "pub-s", "uuid": "alice", "auth": "ak"]))
+        #expect(await client.frame(ofType: "welcome") != nil)
+        client.send(WebSocketTests.subscribe(["inbox"]))
+        #expect(await client.frame(ofType: "subscribed")?["channels"] == ["inbox"])
+        client.send(.object(["type": "suspend", "keepAliveSeconds": 600,
+                             "push": ["token": .string(PushTests.apnsToken), "type": "apns2", "environment": "development",
+                                      "topic": .string(PushTests.topic)]]))
+        #expect(await client.frame(ofType: "suspended") != nil)
+        await client.close()
+
+        try await publish(#"{"text":"allowed"}"#)
+        await server.server.state.push.waitUntilIdle()
+        #expect(gateway.requests.count == 1, "pushed while the grant holds")
+        try await grant(read: false)
+        try await publish(#"{"text":"secret"}"#)
+        await server.server.state.push.waitUntilIdle()
+        #expect(gateway.requests.count == 1, "nothing pushed once read is revoked")
         await server.stop()
         await gateway.stop()
     }

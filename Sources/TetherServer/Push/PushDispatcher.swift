@@ -42,6 +42,9 @@ package final class PushDispatcher: Sendable {
         var held: [HeldKey: [UInt64: PushDevice]] = [:]
         /// The channels each owner holds a device on.
         var heldBy: [UInt64: [HeldKey]] = [:]
+        /// Whether each owner may still read a channel (its grant or token, checked when a
+        /// message is pushed: a revoked grant or an expired token stops the pushes).
+        var mayRead: [UInt64: @Sendable (String) -> Bool] = [:]
     }
 
     private struct HeldKey: Hashable {
@@ -77,12 +80,14 @@ package final class PushDispatcher: Sendable {
     /// there — its `pn_apns` / `pn_fcm` part when it has one, otherwise a notification made from
     /// the message (``defaultNotification(_:channel:timetoken:apple:)``). Not stored: a held device
     /// lasts as long as the session, which does not outlive the process.
-    package func holdDevice(_ device: PushDevice, channels: [String], owner: UInt64) {
+    package func holdDevice(_ device: PushDevice, channels: [String], owner: UInt64,
+                            mayRead: @escaping @Sendable (String) -> Bool = { _ in true }) {
         releaseDevice(owner: owner)
         let keys = channels.map { HeldKey(subscribeKey: device.subscribeKey, channel: $0) }
         state.withLock { s in
             for key in keys { s.held[key, default: [:]][owner] = device }
             s.heldBy[owner] = keys
+            s.mayRead[owner] = mayRead
         }
     }
 
@@ -93,12 +98,17 @@ package final class PushDispatcher: Sendable {
                 s.held[key]?[owner] = nil
                 if s.held[key]?.isEmpty == true { s.held[key] = nil }
             }
+            s.mayRead[owner] = nil
         }
     }
 
-    /// Devices held on a channel.
+    /// Devices held on a channel whose sessions may still read it.
     private func heldDevices(subscribeKey: String, channel: String) -> [PushDevice] {
-        state.withLock { Array(($0.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] ?? [:]).values) }
+        let held = state.withLock { s in
+            (s.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] ?? [:]).map { (device: $0.value, mayRead: s.mayRead[$0.key]) }
+        }
+        // Checked outside the lock: a check reads the access manager.
+        return held.filter { $0.mayRead?(channel) ?? true }.map(\.device)
     }
 
     /// Queues a committed message when it may carry push parts or a suspended session's device

@@ -216,7 +216,19 @@ final class WebSocketConnection: Sendable {
             return false
         case .suspend(let seconds, let presence, let push):
             // The app goes to the background: the session outlives its socket this long.
-            if let granted = await sessions.suspend(id, seconds: seconds, presence: presence, push: push) {
+            // Pushes while suspended carry the messages: each one re-checks the session's read
+            // access, as its deliveries do (a revoked grant or an expired token stops them).
+            var mayRead: (@Sendable (String) -> Bool)?
+            if let current = sessions.state(of: session), current.keyset.secretKey != nil {
+                let (access, keyset, uuid, auth) = (state.access, current.keyset, current.uuid, current.auth)
+                mayRead = { channel in
+                    let check = access.check(AccessRequest(channels: [channel], groups: [], permission: .read, uuid: uuid),
+                                             keyset: keyset, auth: auth, signature: .absent)
+                    if case .denied = check.decision { return false }
+                    return true
+                }
+            }
+            if let granted = await sessions.suspend(id, seconds: seconds, presence: presence, push: push, mayRead: mayRead) {
                 send(WebSocketServerFrame.suspended(keepAliveSeconds: granted))
             }
             return true

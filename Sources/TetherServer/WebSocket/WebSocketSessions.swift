@@ -214,10 +214,10 @@ final class WebSocketSessions: Sendable {
     /// again on resume.
     ///
     /// With `device`, what is published on the session's channels while it is suspended is pushed
-    /// to that device (``PushDispatcher/holdDevice(_:channels:owner:)``) until it is resumed,
-    /// ended or expired.
+    /// to that device (``PushDispatcher/holdDevice(_:channels:owner:mayRead:)``) until it is
+    /// resumed, ended or expired, while `mayRead` allows the channel (the session's access).
     func suspend(_ connection: Table.ConnectionID, seconds: Int?, presence: Bool,
-                 push device: WebSocketClientFrame.SuspendPush? = nil) async -> Int? {
+                 push device: WebSocketClientFrame.SuspendPush? = nil, mayRead: (@Sendable (String) -> Bool)? = nil) async -> Int? {
         let granted = min(seconds ?? settings.maxSuspendSeconds, settings.maxSuspendSeconds)
         let (held, leaving, pushing) = locked.withLock { s -> (Bool, SessionState?, (Table.SessionID, SessionState)?) in
             guard s.table.suspend(connection, keepAlive: .seconds(granted)), let id = s.table.session(on: connection),
@@ -233,7 +233,7 @@ final class WebSocketSessions: Sendable {
             push.holdDevice(PushDevice(subscribeKey: state.keyset.subscribeKey, token: device.token, gateway: gateway,
                                        environment: gateway == .apns2 ? device.environment : "",
                                        topic: gateway == .apns2 ? device.topic : ""),
-                            channels: state.channels.filter { !NameRules.isPresence($0) }, owner: id)
+                            channels: state.channels.filter { !NameRules.isPresence($0) }, owner: id, mayRead: mayRead ?? { _ in true })
         }
         if let leaving {
             await self.presence.leave(subscribeKey: leaving.keyset.subscribeKey, uuid: leaving.uuid, channels: leaving.channels,
