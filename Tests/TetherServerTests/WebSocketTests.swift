@@ -196,6 +196,45 @@ import TetherTestingServer
         await server.stop()
     }
 
+    /// A resumed session with a filter: its replay ends with a frame at (or past) the cursor the
+    /// welcome named, however few messages of each page the filter keeps. (A page the filter
+    /// made short ended the replay: the rest, filtered out, sent no frame, and a client waited
+    /// for the end of its catch-up until a message or the quiet answer came.)
+    @Test func aFilteredReplayEndsAtTheWelcomesCursor() async throws {
+        let server = try await Self.start()
+        let rest = TestServer(inProcess: server)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(Self.hello())
+        let token = try #require(await client.frame()?["resumeToken"]?.stringValue)
+        client.send(.object(["type": "subscribe", "channels": ["f"], "filter": "priority == 'high'"]))
+        let start = try #require(await client.frame(ofType: "subscribed")?["cursor"]?.stringValue)
+        client.drop()
+        _ = await client.closeCode()
+        #expect(await eventually { server.server.webSocketCounts.kept == 1 })
+        let high = "&meta=" + PercentCoding.encode(#"{"priority":"high"}"#)
+        let low = "&meta=" + PercentCoding.encode(#"{"priority":"low"}"#)
+        var kept: [String] = []
+        for index in 0..<250 {
+            let timetoken = try await rest.publish("f", "\(index)", query: index < 5 ? high : low)
+            if index < 5 { kept.append(String(timetoken.rawValue)) }
+        }
+        let again = WebSocketTestClient(baseURL: server.baseURL)
+        again.send(Self.hello(resume: (token, start)))
+        let welcome = try #require(await again.frame(ofType: "welcome"))
+        #expect(welcome["resumed"] == .bool(true))
+        let end = try #require(welcome["cursor"]?.stringValue.flatMap { UInt64($0) })
+        var received: [String] = []
+        var reached: UInt64 = 0
+        while reached < end, let frame = await again.frame(ofType: "messages") {
+            received += (frame["m"]?.arrayValue ?? []).compactMap { $0["p"]?["t"]?.stringValue }
+            reached = frame["t"]?["t"]?.stringValue.flatMap { UInt64($0) } ?? 0
+        }
+        #expect(reached >= end, "a frame reached the welcome's cursor \(end): \(reached)")
+        #expect(received == kept)
+        await again.close()
+        await server.stop()
+    }
+
     @Test func resumeWithinTheWindowLosesNothingAndDuplicatesNothing() async throws {
         let server = try await Self.start()
         let rest = TestServer(inProcess: server)

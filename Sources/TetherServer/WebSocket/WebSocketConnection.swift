@@ -653,6 +653,10 @@ final class WebSocketConnection: Sendable {
         /// After a resume, pages are read without waiting until one is not full: that one —
         /// empty or not — is sent at the cursor it reached (docs/websocket-protocol.md).
         var marking: Bool
+        /// With a filter a page is short because the filter left messages out, not because the
+        /// replay ended: the replay ends at a page that reaches this cursor (the hub's when the
+        /// round was planned).
+        var replayEnd: Timetoken
         var uuid: String
         /// The session's ``SessionState/widenings`` when the round was planned.
         var widenings: UInt64
@@ -698,7 +702,8 @@ final class WebSocketConnection: Sendable {
         let after = from ?? (state.hub.shared == nil ? min(current.cursor, state.hub.currentCursor) : current.cursor)
         return .round(DeliveryRound(spec: current.spec, after: after,
                                     limit: limits.maxEnvelopesPerResponse, timeout: marking || finishing ? .zero : state.subscribeTimeout,
-                                    check: check, recheck: recheck, filter: filter, marking: marking, uuid: current.uuid,
+                                    check: check, recheck: recheck, filter: filter, marking: marking,
+                                    replayEnd: marking && filter != nil ? state.hub.currentCursor : .zero, uuid: current.uuid,
                                     widenings: current.widenings))
     }
 
@@ -721,7 +726,7 @@ final class WebSocketConnection: Sendable {
         // without them, and its cursor may pass their messages. Nothing of it is sent and the
         // cursor stays; the next round reads again from there with the whole subscription.
         if widened { return true }
-        let endsReplay = round.marking && page.envelopes.count < round.limit
+        let endsReplay = round.marking && page.envelopes.count < round.limit && (round.filter == nil || page.cursor >= round.replayEnd)
         if endsReplay { locked.withLock { $0.markReplayEnd = false } }
         guard page.cursor > round.after || !page.envelopes.isEmpty || endsReplay else {
             return !sessions.isDraining  // the hub answers at once while shutting down
