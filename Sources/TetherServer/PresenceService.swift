@@ -106,25 +106,56 @@ public final class PresenceService: Sendable {
         return result.sorted()
     }
 
+    /// What a heartbeat joined: the channels `uuid` was not present on, until `deadline`
+    /// (``withdraw(_:)`` takes them back).
+    public struct Joined: Sendable {
+        let subscribeKey: String
+        let uuid: String
+        let channels: [String]
+        let deadline: Duration
+    }
+
     /// A heartbeat (or subscribe) of `uuid`; returns once a join or new timeout or state it
-    /// caused is durable.
+    /// caused is durable, with what it joined (nil when it joined nothing, or in a cluster).
+    @discardableResult
     public nonisolated(nonsending) func heartbeat(subscribeKey: String, uuid: String, channels: [String], groups: [String], timeoutSeconds: Int?,
-                          states: [String: String] = [:]) async {
+                          states: [String: String] = [:]) async -> Joined? {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
-        guard !concrete.isEmpty else { return }
+        guard !concrete.isEmpty else { return nil }
         if let shared {
             let timeout = configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
             await report("heartbeat") {
                 try await shared.heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, states: states)
             }
-            return
+            return nil
         }
         let now = clock.now()
+        let joined = Mutex<Joined?>(nil)
         await durableTransition { tracker in
             let timeout = tracker.configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
-            return tracker.heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, states: states, now: now)
+            var channels: [String] = []
+            let events = tracker.heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, states: states,
+                                           now: now, joined: &channels)
+            if !channels.isEmpty {
+                joined.withLock { $0 = Joined(subscribeKey: subscribeKey, uuid: uuid, channels: channels, deadline: now + timeout) }
+            }
+            return events
         }
         warnIfJoinsWereRefused()
+        return joined.withLock { $0 }
+    }
+
+    /// Takes back what a subscribe's heartbeat joined when its client abandoned it before it was
+    /// served (its connection already closed): an SDK cancels its long-poll and sends the leave
+    /// on another connection, and a long-poll that reached the server after that leave joined the
+    /// uuid again until the presence timeout. Only joins nothing has extended since are taken
+    /// back (a `leave` each), and returns once that is durable.
+    public func withdraw(_ joined: Joined) async {
+        let now = clock.now()
+        await durableTransition {
+            $0.withdraw(subscribeKey: joined.subscribeKey, uuid: joined.uuid, channels: joined.channels, joinedUntil: joined.deadline,
+                        now: now)
+        }
     }
 
     /// At most once a minute: a warning that `maxPresenceMemberships` is reached (an operator

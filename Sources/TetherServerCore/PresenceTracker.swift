@@ -346,6 +346,17 @@ public struct PresenceTracker: Sendable {
         subscribeKey: String, uuid: String, channels names: [String], timeout: Duration,
         states: [String: String] = [:], now: Duration
     ) -> [PresenceEvent] {
+        var joined: [String] = []
+        return heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: names, timeout: timeout, states: states, now: now,
+                         joined: &joined)
+    }
+
+    /// ``heartbeat(subscribeKey:uuid:channels:timeout:states:now:)``, adding to `joined` the
+    /// channels the uuid was not present on and now is.
+    public mutating func heartbeat(
+        subscribeKey: String, uuid: String, channels names: [String], timeout: Duration,
+        states: [String: String] = [:], now: Duration, joined: inout [String]
+    ) -> [PresenceEvent] {
         var events: [PresenceEvent] = []
         let config = configuration(for: subscribeKey)
         let deadline = now + timeout
@@ -380,6 +391,7 @@ public struct PresenceTracker: Sendable {
                 unsaved.insert(MemberID(channel: key, uuid: uuid))
             }
             if isNew {
+                joined.append(name)
                 channelsByUUID[subscribeKey, default: [:]][uuid, default: []].insert(name)
                 events += channels[key, default: Channel()].announce(.join, uuid: uuid, key: key, config: config, now: now)
                 settle(key)
@@ -407,6 +419,21 @@ public struct PresenceTracker: Sendable {
             heap.push(PresenceDeadline(at: deadline, channel: key, uuid: uuid, generation: candidate))
         }
         compactIfNeeded()
+    }
+
+    /// Takes back joins a heartbeat made at `deadline` (its `now` plus timeout) on `channels`,
+    /// where nothing has extended them since: the subscribe that made them was abandoned by its
+    /// client before it was served (its connection closed), so the uuid never came back.
+    /// Emits `leave` for each.
+    public mutating func withdraw(subscribeKey: String, uuid: String, channels names: [String], joinedUntil deadline: Duration,
+                                  now: Duration) -> [PresenceEvent] {
+        var events: [PresenceEvent] = []
+        for name in Self.unique(names) {
+            let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
+            guard channels[key]?.members[uuid]?.deadline == deadline else { continue }
+            events += remove(uuid, from: key, action: .leave, now: now)
+        }
+        return events
     }
 
     /// Removes `uuid` from `channels` at once (an explicit leave).

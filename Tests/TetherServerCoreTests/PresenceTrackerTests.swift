@@ -19,6 +19,29 @@ import Testing
         #expect(tracker.occupants(subscribeKey: "k", channel: "a").map(\.uuid) == ["u1"])
     }
 
+    /// A heartbeat says which channels it joined, and only those joins — when nothing extended
+    /// them since — can be taken back (a subscribe its client abandoned): a uuid present before,
+    /// or heartbeating again after, stays.
+    @Test func onlyAJoinNothingExtendedSinceIsWithdrawn() {
+        var tracker = PresenceTracker()
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "old", channels: ["a"], timeout: timeout, now: .zero)
+        var joined: [String] = []
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "old", channels: ["a", "b"], timeout: timeout, now: .seconds(1), joined: &joined)
+        #expect(joined == ["b"], "present on `a` already")
+        let withdrawn = tracker.withdraw(subscribeKey: "k", uuid: "old", channels: joined, joinedUntil: .seconds(1) + timeout,
+                                         now: .seconds(1))
+        #expect(actions(withdrawn) == ["leave:old@b=0"])
+        #expect(tracker.channels(subscribeKey: "k", uuid: "old") == ["a"])
+
+        var fresh: [String] = []
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "new", channels: ["c"], timeout: timeout, now: .seconds(2), joined: &fresh)
+        #expect(fresh == ["c"])
+        // Its client heartbeats again before the withdrawal: that join stands.
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "new", channels: ["c"], timeout: timeout, now: .seconds(3))
+        #expect(tracker.withdraw(subscribeKey: "k", uuid: "new", channels: fresh, joinedUntil: .seconds(2) + timeout, now: .seconds(3)).isEmpty)
+        #expect(tracker.channels(subscribeKey: "k", uuid: "new") == ["c"])
+    }
+
     @Test func membershipsAreCappedByConfigurationNotByClients() {
         var tracker = PresenceTracker(maximumMemberships: 3)
         _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a", "b"], timeout: timeout, now: .zero)

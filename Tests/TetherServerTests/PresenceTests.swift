@@ -1,9 +1,11 @@
 import Clocks
 import Foundation
 import NIOCore
+import NIOPosix
 import Testing
 import TetherProtocol
 import TetherServer
+import TetherTesting
 
 @Suite(.serialized) struct PresenceTests {
     private func presenceEvents(_ messages: [[String: Any]]) -> [String] {
@@ -26,6 +28,30 @@ import TetherServer
             cursor = page.cursor
         }
         return collected
+    }
+
+    /// An SDK leaving a channel cancels its long-poll (closing that connection) and sends the
+    /// leave on another; a long-poll that reaches the server after the leave joins the uuid again.
+    /// Its client is gone, so the join is taken back at once — not left standing until the
+    /// presence timeout.
+    @Test func aSubscribeItsClientAbandonedAfterALeaveDoesNotJoinAgain() async throws {
+        let server = try await TestServer.start()
+        var cursor = try await server.handshake("room-pnpres")
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/room/heartbeat?heartbeat=60&uuid=ann")
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/room/leave?uuid=ann")
+        #expect(try await events(server, "room-pnpres", from: &cursor, count: 2) == ["join:ann=1", "leave:ann=0"])
+        let long = cursor  // any recent cursor (a handshake on `room` would join its own uuid)
+
+        let port = Int(server.baseURL.split(separator: ":").last!)!
+        let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton).connect(host: "127.0.0.1", port: port).get()
+        let request = "GET /v2/subscribe/demo/room/0?tt=\(long.rawValue)&tr=1&heartbeat=60&uuid=ann HTTP/1.1\r\nHost: t\r\n\r\n"
+        try await channel.writeAndFlush(ByteBuffer(string: request))
+        try await channel.close()
+        #expect(try await events(server, "room-pnpres", from: &cursor, count: 2) == ["join:ann=1", "leave:ann=0"])
+        let whereNow = try await server.object("/v2/presence/sub-key/demo/uuid/ann?uuid=ann")
+        #expect((whereNow["payload"] as? [String: Any])?["channels"] as? [String] == [])
+
+        await server.stop()
     }
 
     @Test func joinThenExactlyOneTimeoutAtTheDeadline() async throws {

@@ -92,8 +92,12 @@ extension TetherResponder {
         var heartbeatAt: Duration?
         if let uuid = options.uuid, resumed == nil {
             heartbeatAt = state.presence.now()
-            await state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
-                                           timeoutSeconds: options.heartbeat, states: options.states)
+            let joined = await state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
+                                                        timeoutSeconds: options.heartbeat, states: options.states)
+            // Its client already closed the connection (an SDK that cancelled this long-poll
+            // and then left on another connection, whose leave this request came after): what it
+            // joined is taken back, or the uuid would be present until its timeout.
+            if let joined, !context.channel.isActive { await state.presence.withdraw(joined) }
         }
         if options.cursor == .zero {
             state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress,
