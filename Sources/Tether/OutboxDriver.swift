@@ -100,6 +100,10 @@ actor OutboxDriver {
                 logger.warning("outbox journal had a damaged tail", metadata: ["path": "\(path)",
                                                                                  "discardedBytes": "\(opened.recovery.discardedBytes)"])
             }
+            if opened.recovery.unreadableRecords > 0 {
+                logger.error("outbox journal had records this version cannot read; they were skipped",
+                             metadata: ["path": "\(path)", "records": "\(opened.recovery.unreadableRecords)"])
+            }
             journal = opened
             nextID = opened.nextID.rawValue
             let restored = opened.restored

@@ -75,6 +75,9 @@ package final class OutboxJournal {
         package var records: Int
         /// Bytes after the last valid record, cut off (a torn or damaged tail); 0 normally.
         package var discardedBytes: Int
+        /// Whole, intact records this version could not read (skipped; the records after them
+        /// are kept); 0 normally.
+        package var unreadableRecords = 0
     }
 
     private let path: String
@@ -274,10 +277,17 @@ package final class OutboxJournal {
         let bytes = try readAll()
         var offset = 0
         var count = 0
+        var unreadable = 0
         while let (record, size) = Self.decodeFrame(bytes, at: offset, limit: limits.maximumRecordBytes) {
-            apply(record)
+            // An intact frame (its checksum holds) that does not decode is one record lost, not
+            // the end of the log: what was written after it is kept.
+            if let record {
+                apply(record)
+                count += 1
+            } else {
+                unreadable += 1
+            }
             offset += size
-            count += 1
         }
         if offset < bytes.count {
             // A torn or damaged tail: keep what precedes it, so the next append starts clean.
@@ -286,7 +296,7 @@ package final class OutboxJournal {
             }
         }
         fileBytes = offset
-        recovery = Recovery(records: count, discardedBytes: bytes.count - offset)
+        recovery = Recovery(records: count, discardedBytes: bytes.count - offset, unreadableRecords: unreadable)
     }
 
     private func readAll() throws(OutboxJournalError) -> [UInt8] {
@@ -370,14 +380,16 @@ package final class OutboxJournal {
     }
 
     /// The record at `offset` and its framed size, or `nil` where the valid log ends.
-    static func decodeFrame(_ bytes: [UInt8], at offset: Int, limit: Int) -> (Record, Int)? {
+    /// The frame at `offset`: its record (nil when the frame is intact but its record cannot be
+    /// read) and its size; nil when there is no intact frame there (the end, or a torn tail).
+    static func decodeFrame(_ bytes: [UInt8], at offset: Int, limit: Int) -> (Record?, Int)? {
         guard bytes.count - offset >= 8 else { return nil }
         let length = Int(bytes.readLittleEndianUInt32(at: offset))
         let crc = bytes.readLittleEndianUInt32(at: offset + 4)
         guard length > 0, length <= limit, bytes.count - offset - 8 >= length else { return nil }
         let body = Array(bytes[(offset + 8)..<(offset + 8 + length)])
-        guard CRC32.checksum(body) == crc, let record = decode(body) else { return nil }
-        return (record, 8 + length)
+        guard CRC32.checksum(body) == crc else { return nil }
+        return (decode(body), 8 + length)
     }
 
     static func encode(_ record: Record) -> [UInt8] {
@@ -421,7 +433,9 @@ package final class OutboxJournal {
                   let channel = reader.field().map({ String(decoding: $0, as: UTF8.self) }),
                   let payload = reader.field(),
                   let optionsText = reader.field(),
-                  let optionsJSON = try? JSONValue(parsing: optionsText),
+                  // As deep as any answer may be: `meta` is refused deeper than a kept value
+                  // (``JSONText/maximumValueDepth``), and the options object adds a level.
+                  let optionsJSON = try? JSONValue(parsing: optionsText, maximumDepth: JSONText.maximumAnswerDepth),
                   let options = decodeOptions(optionsJSON)
             else { return nil }
             record = .accepted(OutboxMessage(id: id, requestID: requestID, kind: kind, channel: channel, payload: payload,

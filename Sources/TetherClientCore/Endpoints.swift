@@ -60,7 +60,12 @@ package struct Endpoints: Sendable {
         }
         if let meta = options.meta {
             guard case .object = meta else { throw .invalidArgument("meta must be a JSON object") }
-            query.append(QueryItem("meta", meta.jsonText))
+            let text = meta.jsonText
+            // As deep as a server keeps (Tether refuses deeper with a 400 every time).
+            guard (try? JSONText.validate(Array(text.utf8), maximumDepth: JSONText.maximumValueDepth)) != nil else {
+                throw .invalidArgument("meta must be nested at most \(JSONText.maximumValueDepth) levels deep")
+            }
+            query.append(QueryItem("meta", text))
         }
         if let cmt = options.customMessageType { query.append(QueryItem("custom_message_type", cmt)) }
         if let id = requestID ?? options.requestId {

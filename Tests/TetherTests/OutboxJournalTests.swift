@@ -52,6 +52,29 @@ struct OutboxJournalTests {
         #expect(reopened.recovery == .init(records: 3, discardedBytes: 0))
     }
 
+    @Test("an intact record this version cannot read is skipped, and every record after it is kept")
+    func anUnreadableRecordDoesNotEndTheLog() throws {
+        let dir = try TemporaryDirectory()
+        // `meta` as deep as the SDK lets through, inside the journal's options object.
+        let deep = (1..<48).reduce(JSONValue.object(["x": 1])) { inner, _ in .object(["x": inner]) }
+        do {
+            let journal = try OutboxJournal(path: dir.journal)
+            try journal.append(.accepted(Self.message(1, options: PublishOptions(meta: deep))))
+        }
+        // A whole frame, its checksum right, of a kind this version does not know.
+        func frame(_ body: [UInt8]) -> [UInt8] {
+            func littleEndian(_ value: UInt32) -> [UInt8] { (0..<4).map { UInt8(truncatingIfNeeded: value >> (8 * $0)) } }
+            return littleEndian(UInt32(body.count)) + littleEndian(CRC32.checksum(body)) + body
+        }
+        try appendRaw(frame([0xEE, 1, 2, 3]), to: dir.journal)
+        // And a message accepted after it, in the same file.
+        try appendRaw(frame(OutboxJournal.encode(.accepted(Self.message(2)))), to: dir.journal)
+        let reopened = try OutboxJournal(path: dir.journal)
+        #expect(reopened.restored.map(\.message.id) == [.init(1), .init(2)])
+        #expect(reopened.restored.first?.message.options.meta == deep)
+        #expect(reopened.recovery == .init(records: 2, discardedBytes: 0, unreadableRecords: 1))
+    }
+
     @Test("settled, failed and resent messages come back as they were left")
     func settle() throws {
         let dir = try TemporaryDirectory()

@@ -64,6 +64,23 @@ struct OutboxStepTests {
         await client.shutdown()
     }
 
+    /// `meta` deeper than a server keeps is refused at once, as a bad request: the server would
+    /// refuse every attempt, and the outbox journal (which keeps `meta`) must read back whatever
+    /// it took.
+    @Test func metaNestedTooDeepIsRefusedAtOnce() async throws {
+        let (client, transport, _) = try makeOutboxClient()
+        func nested(_ depth: Int) -> JSONValue {
+            (1..<depth).reduce(JSONValue.object(["x": 1])) { inner, _ in .object(["x": inner]) }
+        }
+        let status = await failure { try await client.publish(channel: "a", message: 1, options: PublishOptions(meta: nested(49))) }
+        #expect(status?.category == .badRequest)
+        #expect(transport.requests.isEmpty, "nothing sent")
+        let publish = Task { try await client.publish(channel: "a", message: 1, options: PublishOptions(meta: nested(48))) }
+        try #require(await transport.next(path: "/publish")).respond(json: #"[1,"Sent","17000000000000001"]"#)
+        _ = try await publish.value
+        await client.shutdown()
+    }
+
     @Test func aSignalCarriesItsRequestIdToo() async throws {
         let (client, transport, _) = try makeOutboxClient()
         let signal = Task { try await client.signal(channel: "a", message: "typing") }
