@@ -111,10 +111,14 @@ actor OutboxDriver {
                 headers[item.message.id] = Header(requestID: item.message.requestID, kind: item.message.kind, channel: item.message.channel)
             }
             phase = .open
+            // What the network monitor reported before the outbox opened: nothing is sent, and
+            // no retry used, while the link is down.
+            if networkLink != .online { perform(machine.linkChanged(networkLink, now: clock.now())) }
             perform(machine.restore(restored, now: clock.now()))
             logger.debug("outbox restored", metadata: ["messages": "\(restored.count)"])
         } else {
             phase = .open
+            if networkLink != .online { perform(machine.linkChanged(networkLink, now: clock.now())) }
         }
     }
 

@@ -211,6 +211,28 @@ struct OutboxStepTests {
         await client.shutdown()
     }
 
+    /// The network went down before the outbox opened (its journal could not be opened yet): the
+    /// outbox knows once it opens, and sends nothing until the link returns.
+    @Test func aLinkThatWentDownBeforeTheOutboxOpenedHoldsItsSends() async throws {
+        let monitor = SteppedNetworkMonitor()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("tether-late-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (client, transport, clock) = try makeOutboxClient(monitor: monitor) { $0.outbox.journalPath = directory + "/outbox.journal" }
+        await #expect(throws: OutboxError.self) { try await client.outbox.open() }
+        await monitor.send(.down)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try await client.outbox.open()
+        var changes = client.outbox.changes().makeAsyncIterator()
+        let publish = Task { try await client.publish(channel: "a", message: "offline") }
+        #expect(await changes.next()?.state == .pending)
+        #expect(transport.requests.isEmpty, "nothing is sent while the network is down")
+        #expect(clock.sleepers.isEmpty, "and no retry is counted")
+        await monitor.send(.up)
+        try #require(await transport.next(path: "/publish")).respond(json: #"[1,"Sent","17000000000000022"]"#)
+        _ = try await publish.value
+        await client.shutdown()
+    }
+
     @Test func aFailureWhileTheLinkIsDownWaitsForTheLinkWithoutUsingRetries() async throws {
         let monitor = SteppedNetworkMonitor()
         let (client, transport, clock) = try makeOutboxClient(monitor: monitor)
