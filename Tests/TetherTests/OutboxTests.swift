@@ -225,6 +225,7 @@ struct OutboxStepTests {
         var changes = client.outbox.changes().makeAsyncIterator()
         let publish = Task { try await client.publish(channel: "a", message: "offline") }
         #expect(await changes.next()?.state == .pending)
+        #expect(try await client.outbox.messages.map(\.state) == [.pending], "not being sent: the link is down")
         #expect(transport.requests.isEmpty, "nothing is sent while the network is down")
         #expect(clock.sleepers.isEmpty, "and no retry is counted")
         await monitor.send(.up)
