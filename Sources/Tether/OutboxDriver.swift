@@ -313,9 +313,7 @@ actor OutboxDriver {
     func confirmLink() {
         guard linkSuspect, networkLink == .online, case .open = phase else { return }
         linkSuspect = false
-        let now = clock.now()
-        perform(machine.linkChanged(.offline, now: now))
-        perform(machine.linkChanged(.online, now: now))
+        perform(machine.linkConfirmed(now: clock.now()))
     }
 
     // MARK: Acting

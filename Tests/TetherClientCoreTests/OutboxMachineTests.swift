@@ -564,3 +564,22 @@ struct OutboxRestoreTests {
         #expect(h.machine.entries.map(\.message.id.rawValue) == [1])
     }
 }
+
+@Suite("OutboxMachine: a message whose own sends keep failing")
+struct OutboxMachineStubbornFailureTests {
+    /// Another channel's success confirming the link ends a back-off at once, but the message
+    /// keeps its count: one whose sends keep failing runs out of retries and fails, instead of
+    /// starting over every time the link is confirmed, with its `publish` never returning.
+    @Test func aBackOffEndedByAConfirmedLinkKeepsItsCount() {
+        var h = OutboxHarness(.init(retry: RetryConfiguration(policy: .linear(delay: .seconds(2), maximumRetries: 1), jitter: .zero ... .zero)))
+        h.publish(1)
+        h.fail(1, .timeout)
+        #expect(h.timers[.retry(.init(1))] != nil, "backing off")
+        h.record(h.machine.linkConfirmed(now: h.now))
+        #expect(h.timers[.retry(.init(1))] == nil, "the wait ended at once")
+        #expect(h.sends.map(\.attempt) == [1, 2])
+        h.fail(1, .timeout)
+        #expect(h.state(1) == .failed(.timeout), "its one retry was used")
+    }
+}
+

@@ -358,6 +358,28 @@ package struct OutboxMachine: Sendable {
         }
     }
 
+    /// Something reached the server after sends had failed at the transport level (another
+    /// channel's send, the subscribe loop): the link works, so the back-off waits end at once —
+    /// but, unlike the link coming back, each message keeps its count. A message whose own sends
+    /// keep failing while others get through (a request a middlebox always cuts) still runs out
+    /// of retries and fails, instead of starting over every time another channel succeeds.
+    package mutating func linkConfirmed(now: Duration) -> [Action] {
+        guard link == .online else { return [] }
+        var actions: [Action] = []
+        for id in queues.values.compactMap(\.first).sorted() {
+            guard var record = records[id] else { continue }
+            switch record.phase {
+            case .backingOff(.policy, let outage):
+                record.phase = .ready(outage)
+                records[id] = record
+                actions.append(.cancelTimer(.retry(id)))
+            case .backingOff(.serverRetryAfter, _), .ready, .sending, .failed:
+                break
+            }
+        }
+        return actions + pump()
+    }
+
     /// The app resends a failed message: it joins the back of its channel's queue, with a fresh
     /// retry budget and the same request id.
     package mutating func resend(_ id: OutboxMessage.ID, now: Duration) -> Outcome {
