@@ -15,6 +15,9 @@ public struct Limits: Sendable, Codable, Equatable {
     public var maxEnvelopesPerResponse: Int = 100
     /// Channels in one channel group (PubNub: 2,000).
     public var maxChannelsPerGroup: Int = 2000
+    /// Channel groups in one keyset (each holds up to ``maxChannelsPerGroup`` channels in memory
+    /// and in the store). Creating one more → 400 `Maximum channel group count exceeded.`
+    public var maxGroupsPerKeyset: Int = 10_000
     /// Publishes and signals per second per client (its `uuid`, else its address); 0 = no
     /// limit. Over it → 429 with `Retry-After`. Default 100 (Ably's default is 50 per connection).
     public var publishRatePerSecond: Double = 100
@@ -58,6 +61,7 @@ public struct Limits: Sendable, Codable, Equatable {
         try check("maxChannelsPerSubscribe", maxChannelsPerSubscribe, 1...10_000)
         try check("maxEnvelopesPerResponse", maxEnvelopesPerResponse, 1...10_000)
         try check("maxChannelsPerGroup", maxChannelsPerGroup, 1...100_000)
+        try check("maxGroupsPerKeyset", maxGroupsPerKeyset, 1...1_000_000)
         try check("publishRatePerSecond", publishRatePerSecond, 0...1_000_000)
         try check("publishBurst", publishBurst, 1...1_000_000)
         try check("requestRatePerSecond", requestRatePerSecond, 0...1_000_000)
@@ -79,6 +83,7 @@ public struct Limits: Sendable, Codable, Equatable {
         maxChannelsPerSubscribe = try c.decodeIfPresent(Int.self, forKey: .maxChannelsPerSubscribe) ?? d.maxChannelsPerSubscribe
         maxEnvelopesPerResponse = try c.decodeIfPresent(Int.self, forKey: .maxEnvelopesPerResponse) ?? d.maxEnvelopesPerResponse
         maxChannelsPerGroup = try c.decodeIfPresent(Int.self, forKey: .maxChannelsPerGroup) ?? d.maxChannelsPerGroup
+        maxGroupsPerKeyset = try c.decodeIfPresent(Int.self, forKey: .maxGroupsPerKeyset) ?? d.maxGroupsPerKeyset
         publishRatePerSecond = try c.decodeIfPresent(Double.self, forKey: .publishRatePerSecond) ?? d.publishRatePerSecond
         publishBurst = try c.decodeIfPresent(Double.self, forKey: .publishBurst) ?? d.publishBurst
         requestRatePerSecond = try c.decodeIfPresent(Double.self, forKey: .requestRatePerSecond) ?? d.requestRatePerSecond

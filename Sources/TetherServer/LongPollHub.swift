@@ -569,6 +569,11 @@ public final class LongPollHub: Sendable {
         state.withLock { $0.core.channels(subscribeKey: subscribeKey, group: group) }
     }
 
+    /// Number of channel groups in a keyset (as this node has them).
+    public func groupCount(subscribeKey: String) -> Int {
+        state.withLock { $0.core.groupCount(subscribeKey: subscribeKey) }
+    }
+
     /// Serves a subscribe continuation from cursor `after`: returns at once when events are
     /// available (from memory or the store, at most `limit`), otherwise waits until one
     /// arrives, `timeout` passes, the server shuts down, or the client disconnects (throws

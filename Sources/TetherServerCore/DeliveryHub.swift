@@ -265,6 +265,9 @@ public struct DeliveryHub: Sendable {
     }
 
     /// The channels of a group.
+    /// Number of channel groups (with at least one channel) in a keyset.
+    public func groupCount(subscribeKey: String) -> Int { groupMembers[subscribeKey]?.count ?? 0 }
+
     public func channels(subscribeKey: String, group: String) -> Set<String> {
         groupMembers[subscribeKey]?[group] ?? []
     }

@@ -122,6 +122,24 @@ import TetherServerCore
         #expect(throws: ServerConfigurationError.self) { try ConfigurationFile.load(path: path) }
     }
 
+    /// Channel groups per keyset are bounded: a new group past `maxGroupsPerKeyset` is refused
+    /// with the registry's 400, while existing groups still change, and a group emptied makes room.
+    @Test func channelGroupsPerKeysetAreBounded() async throws {
+        var limits = Limits()
+        limits.maxGroupsPerKeyset = 2
+        let server = try await TestServer.start(file: .init(limits: limits, subscribeTimeoutSeconds: 1))
+        let base = "/v1/channel-registration/sub-key/demo/channel-group/"
+        #expect(try await server.get(base + "g1?add=a,b").status == 200)
+        #expect(try await server.get(base + "g2?add=c").status == 200)
+        let refused = try await server.get(base + "g3?add=d")
+        #expect(refused.status == 400)
+        #expect(refused.body.contains("Maximum channel group count exceeded."), "\(refused.body)")
+        #expect(try await server.get(base + "g1?add=e").status == 200, "an existing group still grows")
+        #expect(try await server.get(base + "g2?remove=c").status == 200)
+        #expect(try await server.get(base + "g3?add=d").status == 200, "an emptied group made room")
+        await server.stop()
+    }
+
     /// Handshakes are requests (each may join a uuid to 200 channels); long-polls that follow
     /// their cursor never are.
     @Test func handshakesAreRateLimitedLongPollsAreNot() async throws {

@@ -91,10 +91,15 @@ extension TetherResponder {
             w.raw("},\"service\":\"channel-registry\",\"error\":false}")
             return Reply.json(.ok, w.bytes)
         }
-        let maximum = state.keysets.limits(for: keyset).maxChannelsPerGroup
+        let limits = state.keysets.limits(for: keyset)
+        let maximum = limits.maxChannelsPerGroup
         let current = state.hub.channels(subscribeKey: key, group: group)
         if current.union(change.add).subtracting(change.remove).count > maximum {
             return ChannelGroupChange.registryError("Maximum channel count exceeded.")
+        }
+        // A new group counts against the keyset's groups (in a cluster, as this node has them).
+        if current.isEmpty, !change.add.isEmpty, state.hub.groupCount(subscribeKey: key) >= limits.maxGroupsPerKeyset {
+            return ChannelGroupChange.registryError("Maximum channel group count exceeded.")
         }
         if let shared = state.hub.shared {
             // Checked again in the writing transaction, against the group as every node has it.
