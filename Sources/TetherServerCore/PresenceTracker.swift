@@ -305,6 +305,12 @@ public struct PresenceTracker: Sendable {
     public static let defaultMaximumMemberships = 250_000
     /// Joins not recorded because ``maximumMemberships`` was reached (for metrics and logs).
     public private(set) var refusedJoins = 0
+    /// State set ahead of a join (for a uuid not present on the channel): bounded with the
+    /// memberships, as a client can set it for any number of fresh uuids and channels.
+    private var stateOnlyTotal = 0
+    /// State not kept because memberships and state set ahead of joins reached
+    /// ``maximumMemberships``.
+    public private(set) var refusedStates = 0
     /// Memberships whose stored record is out of date.
     private var unsaved: Set<MemberID> = []
 
@@ -373,6 +379,8 @@ public struct PresenceTracker: Sendable {
                 continue
             }
             if isNew {
+                // State set ahead of this join is now a member's.
+                if channels[key]?.states[uuid] != nil { stateOnlyTotal -= 1 }
                 channels[key, default: Channel()].members[uuid] = Member(deadline: deadline, timeout: timeout, queuedAt: deadline,
                                                                          queuedGeneration: candidate)
                 memberTotal += 1
@@ -452,6 +460,14 @@ public struct PresenceTracker: Sendable {
         var events: [PresenceEvent] = []
         for name in Self.unique(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
+            if channels[key]?.members[uuid] == nil, channels[key]?.states[uuid] == nil {
+                // Ahead of a join: counted with the memberships, refused when they are full.
+                guard memberTotal + stateOnlyTotal < maximumMemberships else {
+                    refusedStates += 1
+                    continue
+                }
+                stateOnlyTotal += 1
+            }
             let changed = channels[key, default: Channel()].states.updateValue(state, forKey: uuid) != state
             if changed, let occupancy = channels[key]?.members.count, channels[key]?.members[uuid] != nil {
                 unsaved.insert(MemberID(channel: key, uuid: uuid))

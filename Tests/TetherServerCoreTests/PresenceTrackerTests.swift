@@ -42,6 +42,26 @@ import Testing
         #expect(tracker.channels(subscribeKey: "k", uuid: "new") == ["c"])
     }
 
+    /// State set ahead of a join (a uuid not present) is kept, but counted with the memberships:
+    /// a client setting state for fresh uuids cannot grow it without bound. A join turns it into
+    /// the member's state, and the leave takes it away.
+    @Test func stateAheadOfAJoinIsBoundedWithTheMemberships() {
+        var tracker = PresenceTracker(maximumMemberships: 3)
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "m", channels: ["a"], timeout: timeout, now: .zero)
+        for index in 0..<5 { _ = tracker.setState(subscribeKey: "k", uuid: "u\(index)", channels: ["a"], state: #"{"n":1}"#) }
+        let kept = (0..<5).filter { tracker.state(subscribeKey: "k", uuid: "u\($0)", channel: "a") != nil }
+        #expect(kept == [0, 1], "one member and two states ahead fill the three")
+        #expect(tracker.refusedStates == 3)
+        // A kept one joins: its state is the member's, and its place as state-ahead is freed...
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "u0", channels: ["a"], timeout: timeout, now: .zero)
+        #expect(tracker.state(subscribeKey: "k", uuid: "u0", channel: "a") == #"{"n":1}"#)
+        // ...and its leave takes the state with it.
+        _ = tracker.leave(subscribeKey: "k", uuid: "u0", channels: ["a"], now: .seconds(1))
+        #expect(tracker.state(subscribeKey: "k", uuid: "u0", channel: "a") == nil)
+        _ = tracker.setState(subscribeKey: "k", uuid: "u4", channels: ["a"], state: #"{"n":1}"#)
+        #expect(tracker.state(subscribeKey: "k", uuid: "u4", channel: "a") != nil, "room again")
+    }
+
     @Test func membershipsAreCappedByConfigurationNotByClients() {
         var tracker = PresenceTracker(maximumMemberships: 3)
         _ = tracker.heartbeat(subscribeKey: "k", uuid: "u1", channels: ["a", "b"], timeout: timeout, now: .zero)
