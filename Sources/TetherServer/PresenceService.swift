@@ -122,6 +122,7 @@ public final class PresenceService: Sendable {
                           states: [String: String] = [:]) async -> Joined? {
         let concrete = concreteChannels(subscribeKey: subscribeKey, channels: channels, groups: groups)
         guard !concrete.isEmpty else { return nil }
+        let states = statesByChannel(states, subscribeKey: subscribeKey, groups: groups)
         if let shared {
             let timeout = configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
             await report("heartbeat") {
@@ -143,6 +144,20 @@ public final class PresenceService: Sendable {
         }
         warnIfJoinsWereRefused()
         return joined.withLock { $0 }
+    }
+
+    /// State keyed by a group of the request applies to each of the group's channels (a
+    /// channel's own key wins).
+    private func statesByChannel(_ states: [String: String], subscribeKey: String, groups: [String]) -> [String: String] {
+        guard !states.isEmpty, !groups.isEmpty else { return states }
+        var result = states
+        for group in groups {
+            guard let state = states[group] else { continue }
+            for channel in hub.channels(subscribeKey: subscribeKey, group: group) where states[channel] == nil {
+                result[channel] = state
+            }
+        }
+        return result
     }
 
     /// Takes back what a subscribe's heartbeat joined when its client abandoned it before it was

@@ -54,6 +54,24 @@ import TetherTesting
         await server.stop()
     }
 
+    /// The JavaScript SDK sends state keyed by channel *and* by channel group
+    /// (`{"a":{…},"g":{…}}`): each channel gets its state, and the group's channels the group's —
+    /// not one flat object holding both keys.
+    @Test func stateKeyedByAGroupAppliesToItsChannels() async throws {
+        let server = try await TestServer.start()
+        #expect(try await server.get("/v1/channel-registration/sub-key/demo/channel-group/g?add=b,c").status == 200)
+        let state = PercentCoding.encode(#"{"a":{"mood":"x"},"g":{"mood":"y"}}"#)
+        let beat = try await server.get("/v2/presence/sub-key/demo/channel/a/heartbeat?channel-group=g&state=\(state)&uuid=u1")
+        #expect(beat.status == 200, "\(beat.body)")
+        func stateOf(_ channel: String) async throws -> Any? {
+            (try await server.object("/v2/presence/sub-key/demo/channel/\(channel)/uuid/u1?uuid=u1"))["payload"]
+        }
+        #expect(try await stateOf("a") as? [String: String] == ["mood": "x"])
+        #expect(try await stateOf("b") as? [String: String] == ["mood": "y"])
+        #expect(try await stateOf("c") as? [String: String] == ["mood": "y"])
+        await server.stop()
+    }
+
     @Test func joinThenExactlyOneTimeoutAtTheDeadline() async throws {
         let clock = TestClock()
         let server = try await TestServer.start(clock: clock)

@@ -89,7 +89,7 @@ extension TetherResponder {
             try authorize(keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
                           groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
             let timeout = try RequestValidation.heartbeatSeconds(wire)
-            let states = try RequestValidation.channelStates(wire, service: "Presence", channels: channels)
+            let states = try RequestValidation.channelStates(wire, service: "Presence", channels: channels, groups: groups)
             await state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
             return Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#)
         case .leave:

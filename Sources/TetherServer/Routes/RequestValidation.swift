@@ -69,16 +69,20 @@ enum RequestValidation {
         try wire.integer("heartbeat", in: ParameterBounds.heartbeatSeconds)
     }
 
-    /// `state=` as sent on subscribe and heartbeat: a JSON object keyed by channel
-    /// (`{"ch1":{"k":"v"}}`), or — as the Python SDK's heartbeat sends it — one flat state object
-    /// for every channel in the request.
-    static func channelStates(_ wire: WireRequest, service: String, channels: [String]) throws(RequestError) -> [String: String] {
+    /// `state=` as sent on subscribe and heartbeat: a JSON object keyed by channel or channel
+    /// group of the request (`{"ch1":{"k":"v"},"g1":{"k":"v"}}`, as the JavaScript SDK sends it
+    /// for groups too), or — as the Python SDK's heartbeat sends it — one flat state object for
+    /// every channel in the request. A group's key is kept as the group's name: the presence
+    /// service applies it to the group's channels (``PresenceService``).
+    static func channelStates(_ wire: WireRequest, service: String, channels: [String], groups: [String] = [])
+        throws(RequestError) -> [String: String]
+    {
         guard let text = wire.query["state"], !text.isEmpty else { return [:] }
         guard case .object(let object)? = try? JSONValue(parsing: text) else {
             throw RequestError(response: Reply.error(.badRequest, service: service, "Invalid state: expected a JSON object"))
         }
         let keyedByChannel = !object.isEmpty && object.allSatisfy { key, value in
-            if case .object = value { return channels.contains(key) }
+            if case .object = value { return channels.contains(key) || groups.contains(key) }
             return false
         }
         // Kept and handed out again (presence events, here-now): no deeper than a kept value may be.

@@ -61,11 +61,11 @@ struct SubscribeRequest {
         /// `uuid`, when not empty.
         var uuid: String?
 
-        init(_ wire: WireRequest, channels: [String]) throws {
+        init(_ wire: WireRequest, channels: [String], groups: [String]) throws {
             cursor = try wire.timetoken("tt") ?? .zero
             _ = try wire.integer("tr", in: ParameterBounds.region)
             heartbeat = try RequestValidation.heartbeatSeconds(wire)
-            states = try RequestValidation.channelStates(wire, service: "Subscribe", channels: channels)
+            states = try RequestValidation.channelStates(wire, service: "Subscribe", channels: channels, groups: groups)
             uuid = wire.query["uuid"].flatMap { $0.isEmpty ? nil : $0 }
         }
     }
@@ -87,7 +87,7 @@ extension TetherResponder {
             : state.access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: []))
         let check = try authorize(keyset, wire, channels: names, groups: groups, permission: .read, verified: signature)
         slot?.signature.withLock { $0 = signature }
-        let options = try SubscribeRequest.Options(wire, channels: names)
+        let options = try SubscribeRequest.Options(wire, channels: names, groups: groups)
         // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
         var heartbeatAt: Duration?
         if let uuid = options.uuid, resumed == nil {
