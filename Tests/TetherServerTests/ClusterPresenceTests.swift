@@ -121,6 +121,34 @@ struct ClusterPresenceTests {
         }
     }
 
+    /// On a crowded channel a leave is announced inside an interval event (`"leave":[…]`), not
+    /// as its own event: a node that wrote the membership must forget it from that too, or the
+    /// uuid's next heartbeat through it writes nothing and the uuid stays absent.
+    @Test func aLeaveAnnouncedInAnIntervalIsForgottenToo() async throws {
+        try await TestPostgres.withDatabase { url in
+            let reader = RunningLog(try await TestPostgres.open(url))
+            let logA = try await TestPostgres.open(url)
+            let logB = try await TestPostgres.open(url)
+            let now = Mutex<Int64>(5_000_000)
+            let a = SharedPresence(log: logA, now: { now.withLock { $0 } })
+            let b = SharedPresence(log: logB, now: { now.withLock { $0 } })
+            try await a.heartbeat(subscribeKey: "k", uuid: "dan", channels: ["room"], timeout: .seconds(60), states: [:])
+            try await b.leave(subscribeKey: "k", uuid: "dan", channels: ["room"])
+            _ = await Self.waitForEvents(reader, count: 2)
+            // What a crowded channel sends instead of the leave event.
+            let interval = SubscribeEnvelope(
+                timetoken: Timetoken(1), subscribeKey: "k", channel: "room-pnpres",
+                payload: #"{"action":"interval","timestamp":5000,"occupancy":30,"join":[],"leave":["dan"],"timeout":[],"here_now_refresh":false}"#,
+                publisher: nil, meta: nil)
+            a.observe([BufferedEvent(envelope: interval, isStored: false)])
+            try await a.heartbeat(subscribeKey: "k", uuid: "dan", channels: ["room"], timeout: .seconds(60), states: [:])
+            #expect(await Self.waitForEvents(reader, count: 3).last == "room join:dan=1", "dan is written and joins again")
+            logA.close()
+            logB.close()
+            await reader.stop()
+        }
+    }
+
     @Test func aCrowdedChannelAnnouncesIntervalsFromOneNode() async throws {
         try await TestPostgres.withDatabase { url in
             let reader = RunningLog(try await TestPostgres.open(url))

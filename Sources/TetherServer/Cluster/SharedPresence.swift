@@ -336,6 +336,13 @@ final class SharedPresence: Sendable {
         }
     }
 
+    /// Forgets every membership this node wrote on `channel`.
+    private func forgetChannel(subscribeKey: String, channel: String) {
+        written.withLock { cache in
+            cache = cache.filter { $0.key.subscribeKey != subscribeKey || $0.key.channel != channel }
+        }
+    }
+
     /// Forgets the memberships a delivered presence event ended: a leave or timeout (from any
     /// node), or every membership of a channel named by an event this node cannot read.
     func observe(_ events: [BufferedEvent]) {
@@ -344,6 +351,23 @@ final class SharedPresence: Sendable {
             guard envelope.kind == .message, envelope.channel.hasSuffix(NameRules.presenceSuffix) else { continue }
             let channel = String(envelope.channel.dropLast(NameRules.presenceSuffix.count))
             let payload = envelope.payload
+            if payload.hasPrefix(#"{"action":"interval""#) {
+                // A crowded channel announces leaves and timeouts in its interval events; one
+                // that says here-now must be asked again names nobody, so every membership this
+                // node wrote on the channel is forgotten.
+                guard let data = payload.data(using: .utf8),
+                      let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] else {
+                    forgetChannel(subscribeKey: envelope.subscribeKey, channel: channel)
+                    continue
+                }
+                if object["here_now_refresh"] as? Bool == true {
+                    forgetChannel(subscribeKey: envelope.subscribeKey, channel: channel)
+                    continue
+                }
+                let ended = ((object["leave"] as? [String]) ?? []) + ((object["timeout"] as? [String]) ?? [])
+                for uuid in ended { forget(subscribeKey: envelope.subscribeKey, uuid: uuid, channels: [channel]) }
+                continue
+            }
             guard payload.hasPrefix(#"{"action":"leave""#) || payload.hasPrefix(#"{"action":"timeout""#) else { continue }
             guard let uuid = Self.uuid(in: payload) else { continue }
             forget(subscribeKey: envelope.subscribeKey, uuid: uuid, channels: [channel])
