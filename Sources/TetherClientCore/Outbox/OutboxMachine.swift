@@ -341,20 +341,8 @@ package struct OutboxMachine: Sendable {
         case .offline:
             return []
         case .online:
-            var actions: [Action] = []
-            for id in queues.values.compactMap(\.first).sorted() {
-                guard var record = records[id] else { continue }
-                switch record.phase {
-                case .backingOff(.policy, _):
-                    // The outage it waited out is over: the policy's count starts again.
-                    record.phase = .ready(nil)
-                    records[id] = record
-                    actions.append(.cancelTimer(.retry(id)))
-                case .backingOff(.serverRetryAfter, _), .ready, .sending, .failed:
-                    break
-                }
-            }
-            return actions + pump()
+            // The outage the waits sat out is over: the policy's count starts again.
+            return endBackOffs(keepingCounts: false)
         }
     }
 
@@ -365,12 +353,18 @@ package struct OutboxMachine: Sendable {
     /// of retries and fails, instead of starting over every time another channel succeeds.
     package mutating func linkConfirmed(now: Duration) -> [Action] {
         guard link == .online else { return [] }
+        return endBackOffs(keepingCounts: true)
+    }
+
+    /// Ends each channel head's policy back-off at once (a server's `Retry-After` still holds),
+    /// keeping or resetting its count, and sends what may go.
+    private mutating func endBackOffs(keepingCounts: Bool) -> [Action] {
         var actions: [Action] = []
         for id in queues.values.compactMap(\.first).sorted() {
             guard var record = records[id] else { continue }
             switch record.phase {
             case .backingOff(.policy, let outage):
-                record.phase = .ready(outage)
+                record.phase = .ready(keepingCounts ? outage : nil)
                 records[id] = record
                 actions.append(.cancelTimer(.retry(id)))
             case .backingOff(.serverRetryAfter, _), .ready, .sending, .failed:
