@@ -35,7 +35,9 @@ import TetherTesting
     /// Its client is gone, so the join is taken back at once — not left standing until the
     /// presence timeout.
     @Test func aSubscribeItsClientAbandonedAfterALeaveDoesNotJoinAgain() async throws {
-        let server = try await TestServer.start()
+        // The presence clock stands still: "within a second of the heartbeat" holds however
+        // slowly the machine runs.
+        let server = try await TestServer.start(clock: TestClock())
         var cursor = try await server.handshake("room-pnpres")
         _ = try await server.get("/v2/presence/sub-key/demo/channel/room/heartbeat?heartbeat=60&uuid=ann")
         _ = try await server.get("/v2/presence/sub-key/demo/channel/room/leave?uuid=ann")
@@ -50,6 +52,13 @@ import TetherTesting
         #expect(try await events(server, "room-pnpres", from: &cursor, count: 2) == ["join:ann=1", "leave:ann=0"])
         let whereNow = try await server.object("/v2/presence/sub-key/demo/uuid/ann?uuid=ann")
         #expect((whereNow["payload"] as? [String: Any])?["channels"] as? [String] == [])
+
+        // The close seen only once the long-poll waits: the same.
+        let waiting = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton).connect(host: "127.0.0.1", port: port).get()
+        try await waiting.writeAndFlush(ByteBuffer(string: request.replacingOccurrences(of: "uuid=ann", with: "uuid=cy")))
+        #expect(await server.longPollsWaiting(1))
+        try await waiting.close()
+        #expect(try await events(server, "room-pnpres", from: &cursor, count: 2) == ["join:cy=1", "leave:cy=0"])
 
         await server.stop()
     }

@@ -90,14 +90,29 @@ extension TetherResponder {
         let options = try SubscribeRequest.Options(wire, channels: names, groups: groups)
         // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
         var heartbeatAt: Duration?
+        // What this request's heartbeat joined, taken back if its client turns out to have
+        // abandoned it (``PresenceService/withdraw(_:)``).
+        var joined: PresenceService.Joined?
         if let uuid = options.uuid, resumed == nil {
             heartbeatAt = state.presence.now()
-            let joined = await state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
-                                                        timeoutSeconds: options.heartbeat, states: options.states)
+            joined = await state.presence.heartbeat(subscribeKey: keyset.subscribeKey, uuid: uuid, channels: names, groups: groups,
+                                                    timeoutSeconds: options.heartbeat, states: options.states)
             // Its client already closed the connection (an SDK that cancelled this long-poll
             // and then left on another connection, whose leave this request came after): what it
             // joined is taken back, or the uuid would be present until its timeout.
-            if let joined, !context.channel.isActive { await state.presence.withdraw(joined) }
+            if let made = joined, !context.channel.isActive {
+                await state.presence.withdraw(made)
+                joined = nil
+            }
+        }
+        // The same when the connection's close is seen a moment later (while the long-poll
+        // waits): a client gone within a second of the heartbeat abandoned the request. A
+        // long-poll its client drops later (a proxy's idle timeout, a dead link) leaves its
+        // join to the presence timeout, as any heartbeat's.
+        let presence = state.presence
+        let abandoned: @Sendable () -> Void = { [joined, heartbeatAt] in
+            guard let joined, let heartbeatAt, presence.now() - heartbeatAt < .seconds(1) else { return }
+            Task { await presence.withdraw(joined) }
         }
         if options.cursor == .zero {
             state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress,
@@ -140,6 +155,7 @@ extension TetherResponder {
                 $0 = {
                     console?.longPollEnded(uuid: uuid, channel: channel, page: nil)
                     metrics.recordRequest(endpoint: "client-closed", status: 499)
+                    abandoned()
                 }
             }
         }
@@ -156,6 +172,7 @@ extension TetherResponder {
             throw LongPollParked()
         } catch {
             state.console?.longPollEnded(uuid: options.uuid, channel: context.channel, page: nil)
+            if !context.channel.isActive { abandoned() }
             throw error
         }
         state.console?.longPollEnded(uuid: options.uuid, channel: context.channel, page: page)
