@@ -106,8 +106,8 @@ public final class PresenceService: Sendable {
         return result.sorted()
     }
 
-    /// What a heartbeat joined: the channels `uuid` was not present on, until `deadline`
-    /// (``withdraw(_:)`` takes them back).
+    /// What a heartbeat joined again right after `uuid` left explicitly, until `deadline`
+    /// (``withdraw(_:)`` takes it back if the request turns out abandoned).
     public struct Joined: Sendable {
         let subscribeKey: String
         let uuid: String
@@ -136,7 +136,7 @@ public final class PresenceService: Sendable {
             let timeout = tracker.configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
             var channels: [String] = []
             let events = tracker.heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, states: states,
-                                           now: now, joined: &channels)
+                                           now: now, rejoined: &channels)
             if !channels.isEmpty {
                 joined.withLock { $0 = Joined(subscribeKey: subscribeKey, uuid: uuid, channels: channels, deadline: now + timeout) }
             }

@@ -313,6 +313,8 @@ public struct PresenceTracker: Sendable {
     public private(set) var refusedStates = 0
     /// Memberships whose stored record is out of date.
     private var unsaved: Set<MemberID> = []
+    /// Explicit leaves of the last ``recentLeaveWindow`` (at least), by membership: when.
+    private var recentLeaves: [MemberID: Duration] = [:]
 
     private struct MemberID: Hashable, Sendable {
         var channel: ChannelKey
@@ -352,16 +354,17 @@ public struct PresenceTracker: Sendable {
         subscribeKey: String, uuid: String, channels names: [String], timeout: Duration,
         states: [String: String] = [:], now: Duration
     ) -> [PresenceEvent] {
-        var joined: [String] = []
+        var rejoined: [String] = []
         return heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: names, timeout: timeout, states: states, now: now,
-                         joined: &joined)
+                         rejoined: &rejoined)
     }
 
-    /// ``heartbeat(subscribeKey:uuid:channels:timeout:states:now:)``, adding to `joined` the
-    /// channels the uuid was not present on and now is.
+    /// ``heartbeat(subscribeKey:uuid:channels:timeout:states:now:)``, adding to `rejoined` the
+    /// channels the uuid joins again within ``recentLeaveWindow`` of leaving them explicitly:
+    /// the joins a stale subscribe, read after its client's leave, would make.
     public mutating func heartbeat(
         subscribeKey: String, uuid: String, channels names: [String], timeout: Duration,
-        states: [String: String] = [:], now: Duration, joined: inout [String]
+        states: [String: String] = [:], now: Duration, rejoined: inout [String]
     ) -> [PresenceEvent] {
         var events: [PresenceEvent] = []
         let config = configuration(for: subscribeKey)
@@ -399,7 +402,9 @@ public struct PresenceTracker: Sendable {
                 unsaved.insert(MemberID(channel: key, uuid: uuid))
             }
             if isNew {
-                joined.append(name)
+                if let left = recentLeaves.removeValue(forKey: MemberID(channel: key, uuid: uuid)), now - left < Self.recentLeaveWindow {
+                    rejoined.append(name)
+                }
                 channelsByUUID[subscribeKey, default: [:]][uuid, default: []].insert(name)
                 events += channels[key, default: Channel()].announce(.join, uuid: uuid, key: key, config: config, now: now)
                 settle(key)
@@ -447,12 +452,24 @@ public struct PresenceTracker: Sendable {
     /// Removes `uuid` from `channels` at once (an explicit leave).
     public mutating func leave(subscribeKey: String, uuid: String, channels names: [String], now: Duration) -> [PresenceEvent] {
         var events: [PresenceEvent] = []
+        if recentLeaves.count >= Self.recentLeavesPruneAt {
+            recentLeaves = recentLeaves.filter { now - $0.value < Self.recentLeaveWindow }
+            // Still full: a flood of leaves; the oldest knowledge goes (it only narrows ghosts).
+            if recentLeaves.count >= Self.recentLeavesPruneAt { recentLeaves.removeAll(keepingCapacity: true) }
+        }
         for name in Self.unique(names) {
             let key = ChannelKey(subscribeKey: subscribeKey, channel: name)
             events += remove(uuid, from: key, action: .leave, now: now)
+            recentLeaves[MemberID(channel: key, uuid: uuid)] = now
         }
         return events
     }
+
+    /// How long after an explicit leave a join of the same uuid and channel counts as a rejoin
+    /// (``heartbeat(subscribeKey:uuid:channels:timeout:states:now:rejoined:)``).
+    public static let recentLeaveWindow = Duration.seconds(5)
+    /// Leaves remembered before the old ones are dropped.
+    private static let recentLeavesPruneAt = 65_536
 
     /// Sets `uuid`'s state on `channels` (state is kept while the uuid is present, and set
     /// ahead of its join otherwise). Emits `state-change` where the uuid is present.

@@ -19,27 +19,39 @@ import Testing
         #expect(tracker.occupants(subscribeKey: "k", channel: "a").map(\.uuid) == ["u1"])
     }
 
-    /// A heartbeat says which channels it joined, and only those joins — when nothing extended
-    /// them since — can be taken back (a subscribe its client abandoned): a uuid present before,
-    /// or heartbeating again after, stays.
-    @Test func onlyAJoinNothingExtendedSinceIsWithdrawn() {
+    /// A heartbeat says which channels it joined again right after the uuid left them
+    /// explicitly (what a stale subscribe, read after its client's leave, does), and only those
+    /// joins — when nothing extended them since — can be taken back. A first join, a uuid
+    /// present before, or one heartbeating again after, stays.
+    @Test func onlyARejoinNothingExtendedSinceIsWithdrawn() {
         var tracker = PresenceTracker()
-        _ = tracker.heartbeat(subscribeKey: "k", uuid: "old", channels: ["a"], timeout: timeout, now: .zero)
-        var joined: [String] = []
-        _ = tracker.heartbeat(subscribeKey: "k", uuid: "old", channels: ["a", "b"], timeout: timeout, now: .seconds(1), joined: &joined)
-        #expect(joined == ["b"], "present on `a` already")
-        let withdrawn = tracker.withdraw(subscribeKey: "k", uuid: "old", channels: joined, joinedUntil: .seconds(1) + timeout,
+        var rejoined: [String] = []
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "old", channels: ["a"], timeout: timeout, now: .zero, rejoined: &rejoined)
+        #expect(rejoined.isEmpty, "a first join is no rejoin")
+        _ = tracker.leave(subscribeKey: "k", uuid: "old", channels: ["b"], now: .zero)
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "old", channels: ["a", "b"], timeout: timeout, now: .seconds(1), rejoined: &rejoined)
+        #expect(rejoined == ["b"], "present on `a` already; `b` left a second ago")
+        let withdrawn = tracker.withdraw(subscribeKey: "k", uuid: "old", channels: rejoined, joinedUntil: .seconds(1) + timeout,
                                          now: .seconds(1))
         #expect(actions(withdrawn) == ["leave:old@b=0"])
         #expect(tracker.channels(subscribeKey: "k", uuid: "old") == ["a"])
 
         var fresh: [String] = []
-        _ = tracker.heartbeat(subscribeKey: "k", uuid: "new", channels: ["c"], timeout: timeout, now: .seconds(2), joined: &fresh)
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "new", channels: ["c"], timeout: timeout, now: .seconds(2))
+        _ = tracker.leave(subscribeKey: "k", uuid: "new", channels: ["c"], now: .seconds(2))
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "new", channels: ["c"], timeout: timeout, now: .seconds(2), rejoined: &fresh)
         #expect(fresh == ["c"])
         // Its client heartbeats again before the withdrawal: that join stands.
         _ = tracker.heartbeat(subscribeKey: "k", uuid: "new", channels: ["c"], timeout: timeout, now: .seconds(3))
         #expect(tracker.withdraw(subscribeKey: "k", uuid: "new", channels: fresh, joinedUntil: .seconds(2) + timeout, now: .seconds(3)).isEmpty)
         #expect(tracker.channels(subscribeKey: "k", uuid: "new") == ["c"])
+
+        // A join long after the leave is no rejoin.
+        var late: [String] = []
+        _ = tracker.leave(subscribeKey: "k", uuid: "new", channels: ["c"], now: .seconds(4))
+        _ = tracker.heartbeat(subscribeKey: "k", uuid: "new", channels: ["c"], timeout: timeout,
+                              now: .seconds(4) + PresenceTracker.recentLeaveWindow, rejoined: &late)
+        #expect(late.isEmpty)
     }
 
     /// State set ahead of a join (a uuid not present) is kept, but counted with the memberships:

@@ -54,11 +54,25 @@ import TetherTesting
         #expect((whereNow["payload"] as? [String: Any])?["channels"] as? [String] == [])
 
         // The close seen only once the long-poll waits: the same.
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/room/heartbeat?heartbeat=60&uuid=cy")
+        _ = try await server.get("/v2/presence/sub-key/demo/channel/room/leave?uuid=cy")
+        #expect(try await events(server, "room-pnpres", from: &cursor, count: 2) == ["join:cy=1", "leave:cy=0"])
         let waiting = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton).connect(host: "127.0.0.1", port: port).get()
         try await waiting.writeAndFlush(ByteBuffer(string: request.replacingOccurrences(of: "uuid=ann", with: "uuid=cy")))
         #expect(await server.longPollsWaiting(1))
         try await waiting.close()
         #expect(try await events(server, "room-pnpres", from: &cursor, count: 2) == ["join:cy=1", "leave:cy=0"])
+
+        // A first subscribe that its client drops at once (an app changing its subscription
+        // right after subscribing) is no rejoin: its join stands, as any heartbeat's, so a
+        // subscription change does not make presence flap.
+        let first = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton).connect(host: "127.0.0.1", port: port).get()
+        try await first.writeAndFlush(ByteBuffer(string: request.replacingOccurrences(of: "uuid=ann", with: "uuid=dee")))
+        try await first.close()
+        #expect(try await events(server, "room-pnpres", from: &cursor, count: 1) == ["join:dee=1"])
+        #expect(await server.longPollsWaiting(0))
+        let present = try await server.object("/v2/presence/sub-key/demo/channel/room?uuid=x")
+        #expect(present["uuids"] as? [String] == ["dee"])
 
         await server.stop()
     }

@@ -90,7 +90,8 @@ extension TetherResponder {
         let options = try SubscribeRequest.Options(wire, channels: names, groups: groups)
         // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
         var heartbeatAt: Duration?
-        // What this request's heartbeat joined, taken back if its client turns out to have
+        // What this request's heartbeat joined again right after the uuid left (a stale
+        // long-poll read after its client's leave), taken back if its client turns out to have
         // abandoned it (``PresenceService/withdraw(_:)``).
         var joined: PresenceService.Joined?
         if let uuid = options.uuid, resumed == nil {
