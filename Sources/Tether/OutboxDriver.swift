@@ -132,9 +132,19 @@ actor OutboxDriver {
             logger.warning("outbox journal is behind and could not be rewritten; the next launch sees the messages as last written",
                            metadata: ["error": "\(error)"])
         }
+        let durable = journal != nil
         journal = nil
-        waiters.failAll(TetherError(Status(category: .cancelled, operation: .publish,
-                                           serverMessage: "the client was shut down; the message stays in the outbox")))
+        // Each with its request id: without a journal the message is gone, and an app that
+        // publishes it again with that id is not stored twice (within the dedup window).
+        waiters.failAll { id in
+            let header = headers[id]
+            var status = Status(category: .cancelled, operation: header?.kind == .signal ? .signal : .publish,
+                                serverMessage: durable ? "the client was shut down; the message stays in the outbox"
+                                    : "the client was shut down before the message was confirmed; send it again with its request id",
+                                affectedChannels: header.map { [$0.channel] } ?? [])
+            status.requestId = header?.requestID
+            return TetherError(status)
+        }
         workSink.finish()
     }
 
@@ -512,12 +522,13 @@ final class OutboxWaiters: Sendable {
         for continuation in matched { continuation.resume(returning: result) }
     }
 
-    func failAll(_ error: TetherError) {
-        let all = state.withLock { state -> [Continuation] in
+    /// Fails every waiter, each with the error `error` makes for its message.
+    func failAll(_ error: (OutboxMessageID) -> TetherError) {
+        let all = state.withLock { state -> [(id: OutboxMessageID, continuation: Continuation)] in
             defer { state.waiting = [:] }
-            return state.waiting.values.map(\.continuation)
+            return Array(state.waiting.values)
         }
-        for continuation in all { continuation.resume(returning: .failure(error)) }
+        for (id, continuation) in all { continuation.resume(returning: .failure(error(id))) }
     }
 }
 

@@ -81,6 +81,24 @@ struct OutboxStepTests {
         await client.shutdown()
     }
 
+    /// A publish still waiting when the client shuts down fails `cancelled` with its request id
+    /// (without a journal the message is gone; publishing it again with that id is not stored
+    /// twice), and as the kind it is.
+    @Test func aShutdownFailsAWaitingPublishWithItsRequestId() async throws {
+        let (client, transport, _) = try makeOutboxClient()
+        let publish = Task { try await client.publish(channel: "a", message: 1) }
+        let signal = Task { try await client.signal(channel: "b", message: 2) }
+        let sent = try #require(await transport.next(path: "/publish"))
+        _ = try #require(await transport.next(path: "/signal"))
+        await client.shutdown()
+        let failed = await failure { try await publish.value }
+        #expect(failed?.category == .cancelled)
+        #expect(failed?.requestId != nil && failed?.requestId == sent.query["requestid"])
+        #expect(failed?.operation == .publish)
+        let failedSignal = await failure { try await signal.value }
+        #expect(failedSignal?.operation == .signal && failedSignal?.requestId != nil)
+    }
+
     @Test func aSignalCarriesItsRequestIdToo() async throws {
         let (client, transport, _) = try makeOutboxClient()
         let signal = Task { try await client.signal(channel: "a", message: "typing") }
