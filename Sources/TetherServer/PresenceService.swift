@@ -131,19 +131,19 @@ public final class PresenceService: Sendable {
             return nil
         }
         let now = clock.now()
-        let joined = Mutex<Joined?>(nil)
+        var joined: Joined?
         await durableTransition { tracker in
             let timeout = tracker.configuration(for: subscribeKey).timeout(requestedSeconds: timeoutSeconds)
             var channels: [String] = []
             let events = tracker.heartbeat(subscribeKey: subscribeKey, uuid: uuid, channels: concrete, timeout: timeout, states: states,
                                            now: now, rejoined: &channels)
             if !channels.isEmpty {
-                joined.withLock { $0 = Joined(subscribeKey: subscribeKey, uuid: uuid, channels: channels, deadline: now + timeout) }
+                joined = Joined(subscribeKey: subscribeKey, uuid: uuid, channels: channels, deadline: now + timeout)
             }
             return events
         }
         warnIfJoinsWereRefused()
-        return joined.withLock { $0 }
+        return joined
     }
 
     /// State keyed by a group of the request applies to each of the group's channels (a

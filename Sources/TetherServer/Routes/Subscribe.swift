@@ -110,11 +110,16 @@ extension TetherResponder {
         // waits): a client gone within a second of the heartbeat abandoned the request. A
         // long-poll its client drops later (a proxy's idle timeout, a dead link) leaves its
         // join to the presence timeout, as any heartbeat's.
+        // (Made only for a rejoin: no closure per ordinary long-poll.)
         let presence = state.presence
-        let abandoned: @Sendable () -> Void = { [joined, heartbeatAt] in
-            guard let joined, let heartbeatAt, presence.now() - heartbeatAt < .seconds(1) else { return }
-            Task { await presence.withdraw(joined) }
+        var withdrawal: (@Sendable () -> Void)?
+        if let joined, let heartbeatAt {
+            withdrawal = {
+                guard presence.now() - heartbeatAt < .seconds(1) else { return }
+                Task { await presence.withdraw(joined) }
+            }
         }
+        let abandoned = withdrawal
         if options.cursor == .zero {
             state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress,
                                          channels: names, groups: groups, cursor: .zero, channel: nil)
@@ -156,7 +161,7 @@ extension TetherResponder {
                 $0 = {
                     console?.longPollEnded(uuid: uuid, channel: channel, page: nil)
                     metrics.recordRequest(endpoint: "client-closed", status: 499)
-                    abandoned()
+                    abandoned?()
                 }
             }
         }
@@ -173,7 +178,7 @@ extension TetherResponder {
             throw LongPollParked()
         } catch {
             state.console?.longPollEnded(uuid: options.uuid, channel: context.channel, page: nil)
-            if !context.channel.isActive { abandoned() }
+            if !context.channel.isActive { abandoned?() }
             throw error
         }
         state.console?.longPollEnded(uuid: options.uuid, channel: context.channel, page: page)
