@@ -15,6 +15,7 @@ import Testing
         ("publishRatePerSecond", 0...1_000_000), ("publishBurst", 1...1_000_000), ("requestRatePerSecond", 0...1_000_000),
         ("requestBurst", 1...1_000_000), ("publishRatePerAddress", 0...1_000_000), ("publishBurstPerAddress", 1...1_000_000),
         ("requestRatePerAddress", 0...1_000_000), ("requestBurstPerAddress", 1...1_000_000), ("maxGroupsPerRequest", 1...1_000),
+        ("maxGroupsPerKeyset", 1...1_000_000),
     ]
     static let topRanges: [(String, ClosedRange<Double>)] = [("subscribeTimeoutSeconds", 1...300)]
     static let keysetRanges: [(String, ClosedRange<Double>)] = [
