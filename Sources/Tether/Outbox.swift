@@ -23,7 +23,10 @@ public struct OutboxConfiguration: Sendable, Hashable {
     /// With a path, every accepted message is on disk (`fsync`ed) before `publish` or
     /// ``Outbox/enqueue(channel:message:options:)`` accepts it, and what the app was killed with
     /// is sent at the next launch, with its original request ids, once the outbox is first used
-    /// (see ``Outbox/open()``). One client at a time may use a journal file.
+    /// (see ``Outbox/open()``). One client at a time may use a journal file: while one holds it
+    /// (a lock on `<path>.lock`, released at ``TetherClient/shutdown()`` or when the client is
+    /// freed), another client's outbox — in this process or another — fails to open with
+    /// ``OutboxError/Code/journal`` and leaves the file alone.
     public var journalPath: String?
 
     /// Creates the settings with the documented defaults.
@@ -132,8 +135,8 @@ public struct Outbox: Sendable {
     /// the last launch left pending; messages that had failed come back failed. Calling it again
     /// does nothing. Every other call opens the outbox implicitly.
     ///
-    /// Throws ``OutboxError/Code/journal`` when the journal cannot be opened (the next call tries
-    /// again) and ``OutboxError/Code/shutDown`` after ``TetherClient/shutdown()``.
+    /// Throws ``OutboxError/Code/journal`` when the journal cannot be opened, also while another
+    /// client holds it (the next call tries again) and ``OutboxError/Code/shutDown`` after ``TetherClient/shutdown()``.
     public func open() async throws(OutboxError) {
         client.startOutboxIfNeeded()
         try await client.outboxDriver.open()

@@ -39,6 +39,11 @@ import TetherProtocol
 /// the middle of the file (disk corruption, not a torn write) ends the log there: the records
 /// after it are lost, which is reported in ``recovery``.
 ///
+/// **One owner at a time.** Two clients on one file would each send its messages (twice in all)
+/// and cut each other's records, so opening takes an exclusive `flock` on `<path>.lock`, held until
+/// the journal is closed; a second opener (another client in this process or another process) is
+/// refused with ``OutboxJournalError/Code/inUse`` at once, without reading or changing the file.
+///
 /// Not `Sendable`: one owner (the outbox shell's actor) appends and compacts.
 package final class OutboxJournal {
     /// Size limits.
@@ -83,6 +88,9 @@ package final class OutboxJournal {
     private let path: String
     private let limits: Limits
     private var descriptor: Int32
+    /// `<path>.lock`, held with an exclusive `flock` for the journal's life; -1 where the file
+    /// system has no locks.
+    private var lockDescriptor: Int32 = -1
     /// The live messages, with where each was left and its place in the outbox.
     private var live: [OutboxMessage.ID: Live] = [:]
     /// The place the next acceptance or resend takes.
@@ -107,21 +115,64 @@ package final class OutboxJournal {
     package init(path: String, limits: Limits = Limits()) throws(OutboxJournalError) {
         self.path = path
         self.limits = limits
-        let fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw OutboxJournalError(.io, "cannot open the outbox journal at \(path)", errno: errno) }
-        descriptor = fd
+        descriptor = -1
         recovery = Recovery(records: 0, discardedBytes: 0)
+        // The lock first: a file another client owns is neither read nor cut (its last record may
+        // be half-way through its write, which recovery would take for a torn tail).
+        lockDescriptor = try Self.lock(path + ".lock", journal: path)
+        let fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            let error = OutboxJournalError(.io, "cannot open the outbox journal at \(path)", errno: errno)
+            close(lockDescriptor)
+            lockDescriptor = -1
+            throw error
+        }
+        descriptor = fd
         do {
             try recover()
         } catch {
             close(fd)
             descriptor = -1
+            close(lockDescriptor)
+            lockDescriptor = -1
             throw error
         }
     }
 
     deinit {
         if descriptor >= 0 { close(descriptor) }
+        // Closing the lock file's last descriptor releases the lock.
+        if lockDescriptor >= 0 { close(lockDescriptor) }
+    }
+
+    /// Opens `lockPath` and takes an exclusive, non-blocking `flock` on it. `flock` locks belong to
+    /// the open file, not the process, so a second journal in this process is refused as well. A
+    /// file system without locks (`ENOLCK`, `EOPNOTSUPP`) opens unlocked, as SQLite does.
+    private static func lock(_ lockPath: String, journal: String) throws(OutboxJournalError) -> Int32 {
+        let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw OutboxJournalError(.io, "cannot open the outbox journal's lock file \(lockPath)", errno: errno) }
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            let failure = errno
+            if failure == EINTR { continue }
+            if failure == ENOLCK || failure == EOPNOTSUPP { return fd }
+            close(fd)
+            if failure == EWOULDBLOCK {
+                throw OutboxJournalError(.inUse,
+                                         "the outbox journal at \(journal) is in use by another client (in this process or another); one journal serves one client at a time, or its messages would be sent twice")
+            }
+            throw OutboxJournalError(.io, "cannot lock the outbox journal's lock file \(lockPath)", errno: failure)
+        }
+        return fd
+    }
+
+    /// `fsync`, and on Apple platforms `F_FULLFSYNC`, without which a drive may keep the data in
+    /// its cache past a power loss (Apple's `fsync(2)`); `fsync` where the file system has no
+    /// full sync.
+    static func durableSync(_ fd: Int32) -> Bool {
+        #if canImport(Darwin)
+        if fcntl(fd, F_FULLFSYNC) == 0 { return true }
+        #endif
+        return fsync(fd) == 0
     }
 
     // MARK: Reading
@@ -159,12 +210,12 @@ package final class OutboxJournal {
         try catchUp()
         do throws(OutboxJournalError) {
             try writeAll(Self.frame(body), to: descriptor)
-            guard fsync(descriptor) == 0 else { throw OutboxJournalError(.io, "cannot fsync the outbox journal", errno: errno) }
+            guard Self.durableSync(descriptor) else { throw OutboxJournalError(.io, "cannot fsync the outbox journal", errno: errno) }
         } catch {
             // Nothing of a record that failed may stay: a torn one would end the log at the next
             // launch (and every record after it with it), and a whole one whose sync failed
             // could still reach the disk and take effect although its caller was told it failed.
-            if ftruncate(descriptor, off_t(fileBytes)) != 0 || fsync(descriptor) != 0 {
+            if ftruncate(descriptor, off_t(fileBytes)) != 0 || !Self.durableSync(descriptor) {
                 broken = OutboxJournalError(.io, "the outbox journal could not be cut back after a failed write; nothing more is appended until it is rewritten whole",
                                             errno: errno)
             }
@@ -255,7 +306,7 @@ package final class OutboxJournal {
         guard fd >= 0 else { throw OutboxJournalError(.io, "cannot create \(temporary)", errno: errno) }
         do throws(OutboxJournalError) {
             try writeAll(bytes, to: fd)
-            guard fsync(fd) == 0 else { throw OutboxJournalError(.io, "cannot fsync \(temporary)", errno: errno) }
+            guard Self.durableSync(fd) else { throw OutboxJournalError(.io, "cannot fsync \(temporary)", errno: errno) }
             guard rename(temporary, path) == 0 else { throw OutboxJournalError(.io, "cannot replace the outbox journal", errno: errno) }
         } catch {
             close(fd)
@@ -291,7 +342,7 @@ package final class OutboxJournal {
         }
         if offset < bytes.count {
             // A torn or damaged tail: keep what precedes it, so the next append starts clean.
-            guard ftruncate(descriptor, off_t(offset)) == 0, fsync(descriptor) == 0 else {
+            guard ftruncate(descriptor, off_t(offset)) == 0, Self.durableSync(descriptor) else {
                 throw OutboxJournalError(.io, "cannot cut the damaged tail of the outbox journal", errno: errno)
             }
         }
@@ -345,7 +396,7 @@ package final class OutboxJournal {
         let directory = path.lastIndex(of: "/").map { $0 == path.startIndex ? "/" : String(path[..<$0]) } ?? "."
         let fd = open(directory, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { return }
-        _ = fsync(fd)
+        _ = Self.durableSync(fd)
         close(fd)
     }
 
@@ -492,6 +543,8 @@ package struct OutboxJournalError: Error, Sendable, Hashable, CustomStringConver
         package static let io = Code(description: "io")
         /// The record is larger than ``OutboxJournal/Limits/maximumRecordBytes``; nothing was written.
         package static let recordTooLarge = Code(description: "recordTooLarge")
+        /// Another client holds the journal (its `<path>.lock`); nothing was read or changed.
+        package static let inUse = Code(description: "inUse")
     }
 
     /// What kind of failure.

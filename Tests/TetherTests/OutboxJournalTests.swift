@@ -286,6 +286,66 @@ struct OutboxJournalTests {
         #expect(try OutboxJournal(path: dir.journal).restored.map(\.message.id) == [.init(2)])
     }
 
+    @Test("a second owner is refused at once and changes nothing; it opens once the first is closed")
+    func oneOwnerAtATime() throws {
+        let dir = try TemporaryDirectory()
+        var first: OutboxJournal? = try OutboxJournal(path: dir.journal)
+        try first?.append(.accepted(Self.message(1)))
+        // What the first owner's next append looks like half-way through its write.
+        let frame = OutboxJournal.frame(OutboxJournal.encode(.accepted(Self.message(2))))
+        try appendRaw(Array(frame.prefix(frame.count / 2)), to: dir.journal)
+        let size = try fileSize(dir.journal)
+
+        do {
+            _ = try OutboxJournal(path: dir.journal)
+            Issue.record("a second owner opened the journal")
+        } catch {
+            #expect(error.code == .inUse)
+            #expect(error.description.contains("in use by another client"))
+        }
+        #expect(try fileSize(dir.journal) == size, "the half-written record was not cut")
+
+        first = nil
+        let second = try OutboxJournal(path: dir.journal)
+        #expect(second.restored.map(\.message.id) == [.init(1)])
+        #expect(second.recovery.discardedBytes == frame.count / 2)
+        withExtendedLifetime(first) {}
+    }
+
+    @Test("a journal another process holds is refused; it opens once that process lets go")
+    func heldByAnotherProcess() throws {
+        let dir = try TemporaryDirectory()
+        let python = Process()
+        python.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        python.arguments = ["python3", "-c", """
+            import fcntl, sys
+            f = open(sys.argv[1], "a")
+            fcntl.flock(f, fcntl.LOCK_EX)
+            print("locked", flush=True)
+            sys.stdin.read()
+            """, dir.journal + ".lock"]
+        let input = Pipe(), output = Pipe()
+        python.standardInput = input
+        python.standardOutput = output
+        do { try python.run() } catch {
+            Issue.record("python3 is needed for this test (scripts/test installs it): \(error)")
+            return
+        }
+        let line = String(decoding: output.fileHandleForReading.readData(ofLength: 7), as: UTF8.self)
+        #expect(line == "locked\n")
+        do {
+            _ = try OutboxJournal(path: dir.journal)
+            Issue.record("opened a journal another process holds")
+        } catch {
+            #expect(error.code == .inUse)
+        }
+        try input.fileHandleForWriting.close()
+        python.waitUntilExit()
+        let journal = try OutboxJournal(path: dir.journal)
+        try journal.append(.accepted(Self.message(1)))
+        #expect(journal.restored.count == 1)
+    }
+
     @Test("an unreadable path is a clear error")
     func unopenable() {
         #expect(throws: OutboxJournalError.self) { try OutboxJournal(path: "/nonexistent-dir-\(UUID().uuidString)/outbox") }

@@ -565,6 +565,39 @@ struct OutboxStepTests {
         #expect(secondTransport.requests.allSatisfy { !$0.url.contains("refused") }, "the failed message was not sent again")
     }
 
+    /// Two clients on one journal would both send its messages: the second is refused until the
+    /// first shuts down, and then sends what the first left.
+    @Test func aJournalAnotherClientHoldsIsRefusedUntilItLetsGo() async throws {
+        let directory = try OutboxJournalTests.TemporaryDirectory()
+        defer { withExtendedLifetime(directory) {} }
+        let path = directory.journal
+        let monitor = SteppedNetworkMonitor()
+        let (first, firstTransport, _) = try makeOutboxClient(monitor: monitor) { $0.outbox.journalPath = path }
+        try await first.outbox.open()
+        await monitor.send(.down)
+        let held = try await first.outbox.enqueue(channel: "a", message: "held")
+
+        let (second, transport, _) = try makeOutboxClient { $0.outbox.journalPath = path }
+        do {
+            try await second.outbox.open()
+            Issue.record("a second client opened a journal the first holds")
+        } catch {
+            #expect(error.code == .journal)
+            #expect(error.message.contains("in use by another client"))
+        }
+        let status = await failure { try await second.outbox.enqueue(channel: "b", message: "refused") }
+        #expect(status?.category == .unknown && status?.serverMessage?.contains("in use") == true)
+        #expect(transport.requests.isEmpty && firstTransport.requests.isEmpty)
+
+        await first.shutdown()
+        try await second.outbox.open()
+        let exchange = try #require(await transport.next(path: "/publish"))
+        #expect(exchange.query["requestid"] == held.requestId)
+        exchange.respond(json: #"[1,"Sent","17000000000000001"]"#)
+        _ = try await second.outbox.result(of: held.id)
+        await second.shutdown()
+    }
+
     @Test func aJournalThatCannotBeOpenedRefusesWithAClearError() async throws {
         let (client, _, _) = try makeOutboxClient { $0.outbox.journalPath = "/nonexistent-\(UUID().uuidString)/outbox.journal" }
         do {
