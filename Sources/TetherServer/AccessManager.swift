@@ -293,8 +293,10 @@ public final class AccessManager: Sendable {
     // MARK: - Signatures (§12)
 
     /// Verifies `signature`/`timestamp` against the keyset's secret key. Accepts the v2 form
-    /// (`METHOD\npub\npath\nquery\nbody`), the v1 form Python uses for POST publish, and the
-    /// v2-as-GET form JavaScript uses for POST publish.
+    /// (`METHOD\npub\npath\nquery\nbody`), and for a POST publish only, the v1 form Python uses
+    /// and the v2-as-GET form JavaScript uses. Neither covers the method or the body, so taken
+    /// anywhere else a signed GET (whose signature travels in the URL, into proxy and access logs)
+    /// could be sent again as a `DELETE` or `PATCH` of the same path.
     public func verifySignature(keyset: Keyset, method: String, rawPath: String, rawQuery: String?, body: [UInt8]) -> SignatureVerdict {
         // Split on bytes, as routing does (``WireRequest``): split on `Character`s, a raw
         // combining mark after `&` or `=` would glue two parameters together here only.
@@ -327,17 +329,23 @@ public final class AccessManager: Sendable {
         }.joined(separator: "&")
         let key = SymmetricKey(data: Array(secret.utf8))
         let bodyText = String(decoding: body, as: UTF8.self)
+        let postPublish = method == "POST" && rawPath.hasPrefix("/publish/")
+        let presented = PercentCoding.decode(signature) ?? signature
         for query in Set([decodedOnce, rawReencoded, pythonMix]) {
             let v2 = "\(method)\n\(keyset.publishKey)\n\(rawPath)\n\(query)\n\(bodyText)"
-            let v2Get = "GET\n\(keyset.publishKey)\n\(rawPath)\n\(query)\n"
-            let v1 = "\(keyset.subscribeKey)\n\(keyset.publishKey)\n\(rawPath)\n\(query)"
-            let candidates = [
+            var candidates = [
                 "v2." + Base64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v2.utf8), using: key)), urlSafe: true, padding: false),
-                "v2." + Base64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v2Get.utf8), using: key)), urlSafe: true, padding: false),
-                Base64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v1.utf8), using: key)), urlSafe: true, padding: true),
             ]
-            let presented = PercentCoding.decode(signature) ?? signature
-            if candidates.contains(presented) { return .valid }
+            if postPublish {
+                let v2Get = "GET\n\(keyset.publishKey)\n\(rawPath)\n\(query)\n"
+                let v1 = "\(keyset.subscribeKey)\n\(keyset.publishKey)\n\(rawPath)\n\(query)"
+                candidates.append("v2." + Base64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v2Get.utf8), using: key)),
+                                                        urlSafe: true, padding: false))
+                candidates.append(Base64.encode(Array(HMAC<SHA256>.authenticationCode(for: Array(v1.utf8), using: key)),
+                                                urlSafe: true, padding: true))
+            }
+            // Compared in constant time, as tokens and file signatures are.
+            if candidates.contains(where: { AdminSessions.constantTimeEquals($0, presented) }) { return .valid }
         }
         return .invalid("Signature does not match")
     }

@@ -342,6 +342,11 @@ public struct ConfigurationFile: Sendable, Codable, Equatable {
                 throw ServerConfigurationError("subscribe key \"\(keyset.subscribeKey)\" is configured twice")
             }
             let owner = "keyset \"\(keyset.subscribeKey)\""
+            // An empty secret (a templated variable left unset) would leave the keyset open while
+            // it looks protected: refused, not taken for "no Access Manager".
+            if let secret = keyset.secretKey, secret.isEmpty {
+                throw ServerConfigurationError("\(owner): secretKey is empty; leave it out for a keyset without Access Manager, or set a secret")
+            }
             if !ParameterBounds.publishTTLHours.contains(keyset.historyRetentionHours) {
                 throw ServerConfigurationError("\(owner): historyRetentionHours must be 0 (forever) or up to 876000 (100 years)")
             }

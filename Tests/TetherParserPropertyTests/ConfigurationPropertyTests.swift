@@ -112,4 +112,14 @@ import Testing
             if wait.isFinite, wait >= 1, wait <= 86_400 { #expect(Double(seconds) == wait.rounded(.up)) }
         }
     }
+
+    /// An empty secret (a templated variable left unset) would leave the keyset open while it
+    /// looks protected: refused at load.
+    @Test func anEmptySecretKeyIsRefused() throws {
+        let empty = #"{"keysets":[{"publishKey":"pub-a","subscribeKey":"sub-a","secretKey":""}]}"#
+        let file = try JSONDecoder().decode(ConfigurationFile.self, from: Data(empty.utf8))
+        #expect(throws: ServerConfigurationError.self) { try file.validate() }
+        let set = #"{"keysets":[{"publishKey":"pub-a","subscribeKey":"sub-a","secretKey":"s"}]}"#
+        try JSONDecoder().decode(ConfigurationFile.self, from: Data(set.utf8)).validate()
+    }
 }

@@ -232,9 +232,64 @@ import TetherServerCore
         #expect(try await server.get("\(setState("alice"))&uuid=alice&auth=\(alice)").status == 200)
         #expect(try await server.get("\(setState("bob"))&uuid=alice&auth=\(alice)").status == 403)
         #expect(try await server.get("\(setState("bob"))&uuid=bob&auth=\(alice)").status == 403)
+        // A heartbeat or a subscribe that sets state acts for its uuid too; without state it
+        // only needs read.
+        let heartbeat = "/v2/presence/sub-key/\(Self.keyset.subscribeKey)/channel/room/heartbeat"
+        let subscribe = "/v2/subscribe/\(Self.keyset.subscribeKey)/room/0"
+        let state = "state=%7B%22room%22%3A%7B%22x%22%3A1%7D%7D"
+        #expect(try await server.get("\(heartbeat)?uuid=bob&auth=\(unbound)&\(state)").status == 403)
+        #expect(try await server.get("\(heartbeat)?uuid=bob&auth=\(alice)&\(state)").status == 403)
+        #expect(try await server.get("\(subscribe)?tt=0&uuid=bob&auth=\(unbound)&\(state)").status == 403)
+        #expect(try await server.get("\(heartbeat)?uuid=alice&auth=\(alice)&\(state)").status == 200)
+        #expect(try await server.get("\(subscribe)?tt=0&uuid=alice&auth=\(alice)&\(state)").status == 200)
+        #expect(try await server.get("\(heartbeat)?uuid=bob&auth=\(unbound)").status == 200)
+        #expect(try await server.get("\(subscribe)?tt=0&uuid=bob&auth=\(unbound)").status == 200)
+        let bobState = signedPath("/v2/presence/sub-key/\(Self.keyset.subscribeKey)/channel/room/uuid/bob", ["uuid": "admin"],
+                                  keyset: Self.keyset)
+        #expect(try await server.get(bobState).body.contains(#""payload":{}"#), "bob's state was never set")
         // A server signing with the secret key may act for anybody.
         let signedLeave = signedPath(leave, ["uuid": "bob"], keyset: Self.keyset)
         #expect(try await server.get(signedLeave).status == 200)
+        let signedHeartbeat = signedPath(heartbeat, ["uuid": "bob", "state": #"{"room":{"x":1}}"#], keyset: Self.keyset)
+        #expect(try await server.get(signedHeartbeat).status == 200)
+        await server.stop()
+    }
+
+    /// A signature that covers neither method nor body (v1, and v2 signed as a GET) is taken for a
+    /// POST publish only, as the SDKs that send them use it: elsewhere a signed GET, whose
+    /// signature travels in the URL, could be sent again as a DELETE or PATCH of the same path.
+    @Test func aSignedReadCannotBeReplayedAsADeleteOrAPatch() async throws {
+        let server = try await TestServer.start(file: .init(keysets: [Self.keyset], subscribeTimeoutSeconds: 5))
+        let key = Self.keyset.subscribeKey
+        #expect(try await server.get(signedPath("/publish/pub-t/\(key)/0/keep/0/1", ["uuid": "admin"], keyset: Self.keyset)).status == 200)
+        let fetch = signedPath("/v3/history/sub-key/\(key)/channel/keep", ["uuid": "admin"], keyset: Self.keyset)
+        #expect(try await server.get(fetch).status == 200)
+        #expect(try await server.send(fetch, method: .DELETE, body: nil).status == 403)
+        let object = signedPath("/v2/objects/\(key)/uuids/alice", ["uuid": "admin"], keyset: Self.keyset)
+        #expect(try await server.send(object, method: .PATCH, body: Array(#"{"name":"x"}"#.utf8),
+                                      headers: [("Content-Type", "application/json")]).status == 403)
+        let history = try await server.get(signedPath("/v3/history/sub-key/\(key)/channel/keep", ["uuid": "admin"], keyset: Self.keyset))
+        #expect(history.body.contains(#""message":1"#), "the message is still there: \(history.body)")
+        // A POST publish signed as a GET (JavaScript) is still taken.
+        let body = "2"
+        let asGet = signedPath("/publish/pub-t/\(key)/0/keep/0", ["uuid": "admin"], method: "GET", keyset: Self.keyset)
+        #expect(try await server.send(asGet, method: .POST, body: Array(body.utf8),
+                                      headers: [("Content-Type", "application/json")]).status == 200)
+        await server.stop()
+    }
+
+    /// An empty name in a v2 grant's lists is refused: dropped, an empty `auth` list would grant
+    /// every client and an empty target list the whole keyset.
+    @Test func aV2GrantWithAnEmptyNameIsRefused() async throws {
+        let server = try await TestServer.start(file: .init(keysets: [Self.keyset], subscribeTimeoutSeconds: 5))
+        let grant = "/v2/auth/grant/sub-key/\(Self.keyset.subscribeKey)"
+        for query in [["channel": "private", "auth": "", "r": "1"], ["channel": "", "auth": "ak", "r": "1", "w": "1"],
+                      ["channel-group": "", "auth": "ak", "r": "1"]] {
+            let response = try await server.get(signedPath(grant, query.merging(["uuid": "admin"]) { a, _ in a }, keyset: Self.keyset))
+            #expect(response.status == 400, "\(query): \(response.body)")
+        }
+        let read = try await server.get("/v2/history/sub-key/\(Self.keyset.subscribeKey)/channel/private?uuid=x")
+        #expect(read.status == 403)
         await server.stop()
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import NIOHTTP1
 import NIOSSL
 import TetherProtocol
 import TetherServer
@@ -733,6 +734,49 @@ import TetherTestingServer
         #expect(published.status == 200, "\(published.body)")
         #expect(await Self.envelopes(client, count: 1).map(\.payload) == ["3"])
         await client.close()
+        await server.stop()
+    }
+
+    /// `hello` names a uuid nobody proves: with a token bound to no uuid (or another), the session
+    /// may subscribe but not set the uuid's state or send its leave, as REST refuses both.
+    @Test func aSessionActsForItsUUIDOnlyWithATokenBoundToIt() async throws {
+        let keyset = Keyset(name: "secure", publishKey: "pub-s", subscribeKey: "sub-s", secretKey: "s3cret")
+        let server = try await Self.start(file: .init(keysets: [keyset], subscribeTimeoutSeconds: 30))
+        let rest = TestServer(inProcess: server)
+        func token(_ uuid: String?) async throws -> String {
+            let bound = uuid.map { #","uuid":"\#($0)""# } ?? ""
+            let body = #"{"ttl":5,"permissions":{"resources":{"channels":{"room":3}}\#(bound)}}"#
+            let response = try await rest.send(signedPath("/v3/pam/sub-s/grant", ["uuid": "admin"], method: "POST", body: body, keyset: keyset),
+                                               method: .POST, body: Array(body.utf8), headers: [("Content-Type", "application/json")])
+            let object = (try? JSONSerialization.jsonObject(with: Data(response.body.utf8))) as? [String: Any]
+            return try #require((object?["data"] as? [String: Any])?["token"] as? String, "\(response.body)")
+        }
+        func occupants() async throws -> String {
+            try await rest.get(signedPath("/v2/presence/sub-key/sub-s/channel/room", ["uuid": "admin", "state": "1"], keyset: keyset)).body
+        }
+        for (uuid, bound) in [("bob", nil), ("carol", "carol")] as [(String, String?)] {
+            let client = WebSocketTestClient(baseURL: server.baseURL)
+            client.send(.object(["type": "hello", "v": 1, "subscribeKey": "sub-s", "publishKey": "pub-s", "uuid": .string(uuid),
+                                 "auth": .string(try await token(bound))]))
+            #expect(await client.frame()?.type == "welcome")
+            client.send(.object(["type": "subscribe", "channels": ["room"], "groups": [], "state": ["room": ["x": 1]]]))
+            let answer = try #require(await client.frame())
+            if bound == nil {
+                #expect(answer["code"] == "invalidState", "\(answer)")
+                client.send(Self.subscribe(["room"]))
+                #expect(await client.frame(ofType: "subscribed") != nil)
+            } else {
+                #expect(answer.type == "subscribed", "\(answer)")
+            }
+            #expect(try await occupants().contains(#""\#(uuid)""#))
+            client.send(.object(["type": "unsubscribe", "channels": ["room"], "groups": []]))
+            #expect(await client.frame(ofType: "unsubscribed") != nil)
+            let after = try await occupants()
+            // Bound: the leave is sent. Unbound: no leave for the uuid (it times out there).
+            #expect(after.contains(#""\#(uuid)""#) == (bound == nil), "\(after)")
+            #expect(!after.contains(#""x":1"#) || bound != nil, "the unbound session set no state: \(after)")
+            await client.close()
+        }
         await server.stop()
     }
 

@@ -46,6 +46,16 @@ extension TetherResponder {
             throw RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: reason)))
         case .absent: break
         }
+        try requireActing(as: uuid, keyset, wire, verdict: verdict)
+        try authorize(keyset, wire, channels: channels, groups: groups, permission: permission)
+    }
+
+    /// The proof ``authorizeActing(as:_:_:channels:groups:permission:)`` asks for, without the
+    /// permission check: for requests authorized otherwise that also change what `uuid` shows
+    /// others (a heartbeat or subscribe that sets presence state). Nothing on a keyset without a
+    /// secret key, or for a request signed with it.
+    func requireActing(as uuid: String, _ keyset: Keyset, _ wire: WireRequest, verdict: AccessManager.SignatureVerdict) throws(RequestError) {
+        guard keyset.secretKey != nil, verdict != .valid else { return }
         func refuse(_ message: String) -> RequestError {
             RequestError(response: Reply.json(.forbidden, ErrorBody.service(status: 403, service: "Access Manager", message: message),
                                               extraHeaders: [.pnCause: "9500"]))
@@ -55,7 +65,6 @@ extension TetherResponder {
            token.grant.authorizedUUID != uuid {
             throw refuse("Forbidden: the token is not authorized for this uuid")
         }
-        try authorize(keyset, wire, channels: channels, groups: groups, permission: permission)
     }
 
     /// The 403 body of §3, with `X-Pn-Cause`. A revoked token gets the recorded body, which

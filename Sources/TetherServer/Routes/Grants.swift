@@ -29,10 +29,16 @@ struct GrantRequest {
     }
 
     /// The names a grant parameter lists. A grant is kept (in a cluster, in PostgreSQL, whose
-    /// text cannot hold a NUL), so a name that is empty or holds a control character is refused
-    /// here with 400 instead of failing in the store — in a cluster, with every publish its
-    /// write was batched with.
+    /// text cannot hold a NUL), so a name that holds a control character is refused here with 400
+    /// instead of failing in the store — in a cluster, with every publish its write was batched
+    /// with. An empty name is refused too (`auth=`, `channel=`, `channel=a,,b`): the list split
+    /// without it would be empty, and an empty `auth` list grants every client, an empty target
+    /// list the whole keyset — wider than anything the request named.
     private static func names(_ parameter: String, _ wire: WireRequest) throws(ParameterError) -> [String] {
+        if let raw = wire.rawQueryValue(parameter),
+           raw.utf8.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false).contains(where: \.isEmpty) {
+            throw ParameterError(name: parameter, expected: "one or more names, none of them empty, separated by commas")
+        }
         let names = wire.queryNames(parameter)
         for name in names where name.isEmpty || name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
             throw ParameterError(name: parameter, expected: "names without control characters, separated by commas")

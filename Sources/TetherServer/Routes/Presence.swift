@@ -86,10 +86,14 @@ extension TetherResponder {
         case .heartbeat:
             let (channels, groups) = try request.targets(wire.pathNames(5), wire)
             let uuid = try RequestValidation.requiredUserId(wire, service: "Presence")
+            let verdict = keyset.secretKey == nil ? AccessManager.SignatureVerdict.absent
+                : state.access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: [])
             try authorize(keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
-                          groups: groups.filter { !NameRules.isPresence($0) }, permission: .read)
+                          groups: groups.filter { !NameRules.isPresence($0) }, permission: .read, verified: verdict)
             let timeout = try RequestValidation.heartbeatSeconds(wire)
             let states = try RequestValidation.channelStates(wire, service: "Presence", channels: channels, groups: groups)
+            // Setting state is acting for the uuid, as set-state is (docs/security.md).
+            if !states.isEmpty { try requireActing(as: uuid, keyset, wire, verdict: verdict) }
             await state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
             return Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#)
         case .leave:

@@ -88,6 +88,8 @@ extension TetherResponder {
         let check = try authorize(keyset, wire, channels: names, groups: groups, permission: .read, verified: signature)
         slot?.signature.withLock { $0 = signature }
         let options = try SubscribeRequest.Options(wire, channels: names, groups: groups)
+        // Setting state is acting for the uuid, as set-state is (docs/security.md).
+        if let uuid = options.uuid, !options.states.isEmpty { try requireActing(as: uuid, keyset, wire, verdict: signature) }
         // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
         var heartbeatAt: Duration?
         // What this request's heartbeat joined again right after the uuid left (a stale

@@ -370,6 +370,12 @@ final class WebSocketConnection: Sendable {
                                                 + "not a channel or channel group of the subscription"))
             return true
         }
+        // Setting state is acting for the uuid, as REST's set-state is (docs/security.md).
+        if !request.states.isEmpty, !mayActFor(current) {
+            send(WebSocketServerFrame.error(code: "invalidState", message: "Forbidden: setting presence state acts for the uuid, "
+                                                + "and the session's token is not authorized for \(String(reflecting: current.uuid))"))
+            return true
+        }
         if let text = request.filter, !text.isEmpty {
             do { _ = try state.filters.expression(text) } catch {
                 send(WebSocketServerFrame.error(code: "invalidFilter",
@@ -431,6 +437,16 @@ final class WebSocketConnection: Sendable {
         return true
     }
 
+    /// Whether the session may act for its uuid (leave, set state), as REST's
+    /// ``TetherResponder/requireActing(as:_:_:verdict:)`` decides: always on a keyset without a
+    /// secret key and with a v2 auth key (which binds no uuid); with a v3 token, only when the
+    /// token's authorized uuid is the session's (`hello` names a uuid nobody proves).
+    private func mayActFor(_ session: SessionState) -> Bool {
+        guard session.keyset.secretKey != nil, let auth = session.auth, !auth.isEmpty,
+              let token = try? state.access.verifiedToken(auth, keyset: session.keyset) else { return true }
+        return token.grant.authorizedUUID == session.uuid
+    }
+
     private func unsubscribe(channels: [String], groups: [String], session: Table.SessionID) async {
         guard let before = sessions.state(of: session) else { return }
         let removedChannels = before.channels.filter { channels.contains($0) }
@@ -440,7 +456,9 @@ final class WebSocketConnection: Sendable {
             s.groups.removeAll { groups.contains($0) }
             s.forgetStates()
         }) else { return }
-        if !(removedChannels.isEmpty && removedGroups.isEmpty) {
+        // A leave acts for the uuid, as REST's is refused for a token bound to another uuid or to
+        // none: then the names leave the subscription and the uuid times out there.
+        if !(removedChannels.isEmpty && removedGroups.isEmpty), mayActFor(after) {
             await state.presence.leave(subscribeKey: after.keyset.subscribeKey, uuid: after.uuid, channels: removedChannels, groups: removedGroups)
         }
         send(WebSocketServerFrame.unsubscribed(channels: after.channels, groups: after.groups))
