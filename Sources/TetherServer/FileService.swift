@@ -103,6 +103,9 @@ public final class FileService: Sendable {
     public init(settings: FileSettings, dataDirectory: String, scheme: String = "http", storage: (any FileStorage)? = nil) throws {
         self.settings = settings
         self.scheme = scheme
+        if storage == nil, settings.storage == nil, let directory = settings.directory {
+            try Self.checkSeparate(files: directory, data: dataDirectory)
+        }
         self.storage = try storage ?? settings.storage ?? LocalFileStorage(directory: settings.directory ?? (dataDirectory as NSString).appendingPathComponent("files"))
         let keyPath = (dataDirectory as NSString).appendingPathComponent("files-signing-key")
         if let existing = FileManager.default.contents(atPath: keyPath), existing.count == 32 {
@@ -115,6 +118,20 @@ public final class FileService: Sendable {
                 throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: keyPath])
             }
             signingKey = key
+        }
+    }
+
+    /// Refuses a files directory that is the data directory or holds it: the server removes
+    /// what it finds there that is not an upload's object, and the store, its lock and the
+    /// signing key must not share a directory with that.
+    static func checkSeparate(files: String, data: String) throws {
+        func resolved(_ path: String) -> String {
+            URL(fileURLWithPath: path).standardizedFileURL.resolvingSymlinksInPath().path
+        }
+        let filesPath = resolved(files), dataPath = resolved(data)
+        if filesPath == dataPath || dataPath.hasPrefix(filesPath.hasSuffix("/") ? filesPath : filesPath + "/") {
+            throw ServerConfigurationError("the files directory \(files) is the data directory \(data) or holds it: "
+                                           + "give uploaded files a directory of their own (the default is <data-dir>/files)")
         }
     }
 

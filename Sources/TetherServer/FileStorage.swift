@@ -123,10 +123,23 @@ public struct LocalFileStorage: FileStorage {
         }
     }
 
+    /// The objects this storage wrote: regular files whose names decode to a key of the server's
+    /// form (`<subscribe key>/<file id>`, the id a UUID). Anything else in the directory — another
+    /// program's files, a directory — is not an object, and is never listed for removal.
     public func list() throws -> [String] {
         try FileManager.default.contentsOfDirectory(atPath: directory.path).compactMap { name in
-            name.hasPrefix(".") ? nil : Self.key(fileName: name)
+            guard !name.hasPrefix("."), let key = Self.key(fileName: name), Self.isObjectKey(key) else { return nil }
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: directory.appendingPathComponent(name).path, isDirectory: &isDirectory),
+                  !isDirectory.boolValue else { return nil }
+            return key
         }
+    }
+
+    /// Whether `key` has the form the server gives objects: `<subscribe key>/<file id>`.
+    static func isObjectKey(_ key: String) -> Bool {
+        let parts = key.split(separator: "/", omittingEmptySubsequences: false)
+        return parts.count == 2 && !parts[0].isEmpty && UUID(uuidString: String(parts[1])) != nil
     }
 }
 
