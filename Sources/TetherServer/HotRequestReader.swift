@@ -41,7 +41,13 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
         case closing
     }
 
+    /// Read bytes at the buffer's start beyond which they are dropped when more arrive.
+    static let discardThreshold = 4096
+
     private var state = State.reading
+    /// Requests wait in the buffer while the socket takes no more (the answers already written
+    /// are what the client has not read): set when one waited, read on when it is writable.
+    private var waitingForWritable = false
     /// Set while ``readRequests(context:)`` runs.
     private var inReadRequests = false
     private var buffer: ByteBuffer?
@@ -88,6 +94,9 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
             if buffer == nil || buffer!.readableBytes == 0 {
                 buffer = bytes
             } else {
+                // What was read is dropped before more is added: a client whose every read ends
+                // inside its next request would otherwise grow the buffer by all it ever sent.
+                if buffer!.readerIndex >= Self.discardThreshold { buffer!.discardReadBytes() }
                 buffer!.writeBuffer(&bytes)
             }
             // Body bytes of a head already read count as activity for the idle timeout; the
@@ -116,6 +125,13 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
         defer { inReadRequests = false }
         while case .reading = state, let readable = buffer?.readableBytes, readable > 0 {
             if let pendingBytes, readable < pendingBytes { return }
+            // A client that sends requests and does not read their answers fills the socket,
+            // then NIO's write queue, which has no bound of its own: the next request waits
+            // until the answers before it are taken.
+            guard context.channel.isWritable else {
+                waitingForWritable = true
+                return
+            }
             switch buffer!.withUnsafeReadableBytes({ HotRequestHead.parse($0, maxBodyBytes: hotPath.maxBodyBytes) }) {
             case .incomplete:
                 return
@@ -215,6 +231,9 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
         pendingBytes = nil
     }
 
+    /// The input buffer's capacity in bytes (tests: what a connection's reads make it hold).
+    var bufferCapacity: Int { buffer?.capacity ?? 0 }
+
     /// Whether part of a request has arrived and not all of it, with no answer in flight (for
     /// the idle timeout, ``HotPathHandler``).
     var isMidRequest: Bool {
@@ -229,14 +248,38 @@ final class HotRequestReader: ChannelDuplexHandler, RemovableChannelHandler {
         return false
     }
 
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable, waitingForWritable, case .reading = state {
+            waitingForWritable = false
+            readRequests(context: context)
+            if passedOn, !inRead {
+                passedOn = false
+                context.fireChannelReadComplete()
+            }
+            if readPending, case .reading = state, context.channel.isWritable {
+                readPending = false
+                context.read()
+            }
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
     // MARK: Outbound
 
     /// Reading stops while a request waits behind an answer (what a pipelining client can make
-    /// the reader hold stays a read or two).
+    /// the reader hold stays a read or two), and while the socket takes no more of the answers.
     func read(context: ChannelHandlerContext) {
-        if case .answering = state, (buffer?.readableBytes ?? 0) > 0 {
+        switch state {
+        case .answering where (buffer?.readableBytes ?? 0) > 0:
             readPending = true
-        } else {
+        case .reading, .answering:
+            if context.channel.isWritable {
+                context.read()
+            } else {
+                readPending = true
+                waitingForWritable = true
+            }
+        case .handedOver, .closing:
             context.read()
         }
     }

@@ -676,6 +676,46 @@ import TetherServerCore
         _ = try? connection2.channel.finish()
     }
 
+    /// A client that pipelines requests and reads none of the answers: once the socket takes no
+    /// more, the requests wait in the buffer and nothing more is read, until it takes them again
+    /// (NIO's write queue has no bound of its own).
+    @Test func requestsWaitWhileTheSocketTakesNoMoreOfTheAnswers() throws {
+        let answers = Answers()
+        let connection = try connection(answers)
+        connection.channel.isWritable = false
+        connection.channel.pipeline.fireChannelWritabilityChanged()
+        try connection.channel.writeInbound(ByteBuffer(string: String(repeating: "GET /time/0 HTTP/1.1\r\n\r\n", count: 1_000)))
+        connection.channel.embeddedEventLoop.run()
+        #expect(answers.answered.withLock { $0.count } == 0)
+        let reads = connection.reads.count
+        connection.channel.read()
+        #expect(connection.reads.count == reads, "nothing more is read while the answers are not taken")
+
+        connection.channel.isWritable = true
+        connection.channel.pipeline.fireChannelWritabilityChanged()
+        connection.channel.embeddedEventLoop.run()
+        #expect(answers.answered.withLock { $0.count } == 1_000)
+        #expect(connection.reads.count == reads + 1, "and reading resumes")
+        #expect(try connection.written() == String(repeating: Self.answer("/time/0"), count: 1_000))
+        _ = try connection.channel.finish()
+    }
+
+    /// Every read ends inside the next request, so the buffer never empties: what was read is
+    /// dropped as more arrives, and the buffer stays a few KiB whatever the connection sent.
+    @Test func theInputBufferDropsWhatItReadWhenItNeverEmpties() throws {
+        let answers = Answers()
+        let connection = try connection(answers)
+        try connection.channel.writeInbound(ByteBuffer(string: "GET /time/0 HTTP/1.1\r\n\r\nG"))
+        for _ in 0..<20_000 {
+            try connection.channel.writeInbound(ByteBuffer(string: "ET /time/0 HTTP/1.1\r\n\r\nG"))
+            connection.channel.embeddedEventLoop.run()
+            _ = try connection.written()
+        }
+        #expect(answers.answered.withLock { $0.count } == 20_001)
+        #expect(connection.reader.bufferCapacity <= 16 << 10, "\(connection.reader.bufferCapacity) bytes held")
+        _ = try connection.channel.finish()
+    }
+
     @Test func theServersPipelinePutsTheReaderInFrontOfNIOsCodec() throws {
         let answers = Answers()
         let channel = EmbeddedChannel()
