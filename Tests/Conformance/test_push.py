@@ -280,27 +280,33 @@ def push_metric(origin: str, provider: str, outcome: str) -> float:
     return 0
 
 
+def masked(token):
+    """A token as a pn_debug report shows it (docs/push.md): its first 6 and last 4 characters."""
+    return token[:6] + "\u2026" + token[-4:] if len(token) > 12 else "*" * len(token)
+
+
 def test_gone_device_is_unregistered_and_pn_debug_reports(server_factory, make_pubnub, webhook):
     server = server_factory.start(args=["--push-webhook-url", webhook.url, "--push-webhook-secret", SECRET])
     pn = make_pubnub("pusher", origin=server.origin)
     ch = unique("gone")
-    webhook.gone_tokens.add("fcm-gone")
-    webhook.flaky_tokens.add("fcm-alive")
-    add(pn, "fcm-gone", PNPushType.FCM, [ch])
-    add(pn, "fcm-alive", PNPushType.FCM, [ch])
+    webhook.gone_tokens.add("fcm-gone-device-0001")
+    webhook.flaky_tokens.add("fcm-alive-device-0002")
+    add(pn, "fcm-gone-device-0001", PNPushType.FCM, [ch])
+    add(pn, "fcm-alive-device-0002", PNPushType.FCM, [ch])
     cursor = subscribe_raw(server.origin, f"{ch}-pndebug", 0).json()["t"]["t"]
 
     publish(server.origin, ch, {"pn_debug": True, "pn_gcm": {"data": {"k": "v"}}})
     wait_until(lambda: len(webhook.received()) >= 3, what="three webhook requests (one retried)")
-    wait_until(lambda: listed(pn, "fcm-gone", PNPushType.FCM) == [], what="the gone device unregistered")
-    assert listed(pn, "fcm-alive", PNPushType.FCM) == [ch]
+    wait_until(lambda: listed(pn, "fcm-gone-device-0001", PNPushType.FCM) == [], what="the gone device unregistered")
+    assert listed(pn, "fcm-alive-device-0002", PNPushType.FCM) == [ch]
 
     r = subscribe_raw(server.origin, f"{ch}-pndebug", cursor)
     reports = [m["d"] for m in r.json()["m"]]
     assert len(reports) == 1
     results = {x["token"]: x["result"] for x in reports[0]["results"]}
-    assert results["fcm-alive"] == "sent" and results["fcm-gone"].startswith("unregistered")
-    assert reports[0]["devices"] == 2
+    assert results[masked("fcm-alive-device-0002")] == "sent" and results[masked("fcm-gone-device-0001")].startswith("unregistered")
+    assert reports[0]["devices"] == 2 and reports[0]["omitted"] == 0
+    assert "fcm-alive-device-0002" not in r.text, "no whole token in the report"
     assert push_metric(server.origin, "webhook", "unregistered") == 1
     assert push_metric(server.origin, "webhook", "retried") == 1
     assert push_metric(server.origin, "webhook", "sent") == 1
@@ -330,6 +336,7 @@ def test_pn_debug_without_a_provider_reports_skipped_devices(pubnub, origin):
     reports = [m["d"] for m in subscribe_raw(origin, f"{ch}-pndebug", cursor).json()["m"]]
     assert len(reports) == 1 and reports[0]["devices"] == 2
     results = {x["token"]: x["result"] for x in reports[0]["results"]}
-    assert results == {"fcm-no-provider": "skipped: no provider for Google devices", "mpns-device": "skipped: MPNS is not sent"}
+    assert results == {masked("fcm-no-provider"): "skipped: no provider for Google devices",
+                       masked("mpns-device"): "skipped: MPNS is not sent"}
     # A message without pn_debug and no provider configured is never queued.
     assert push_metric(origin, "queue", "dropped") == 0

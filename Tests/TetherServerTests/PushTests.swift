@@ -248,6 +248,39 @@ import TetherTesting
         await gateway.stop()
     }
 
+    /// A publisher chooses `push_type`, and so the topic: Apple's `DeviceTokenNotForTopic` is
+    /// not the device's fault, and an undocumented push type is not sent (nor retried). Neither
+    /// may unregister the device from its channels.
+    @Test func aTopicTheDeviceIsNotForLeavesItRegistered() async throws {
+        let files = try Files()
+        let gateway = try await PushGatewayServer.start { request in
+            request.header("apns-topic")?.hasSuffix(".voip") == true
+                ? .init(status: 400, body: #"{"reason":"DeviceTokenNotForTopic"}"#) : .init(status: 200)
+        }
+        let server = try await Self.apnsServer(gateway, files: files, key: P256.Signing.PrivateKey())
+        try await Self.register(server, token: Self.apnsToken, channel: "room")
+        try await Self.register(server, token: Self.apnsToken, channel: "other")
+        try await server.publish("room", #"{"pn_apns":{"aps":{"alert":"x"},"pn_push":[{"push_type":"voip","targets":[]}]}}"#)
+        try await server.publish("room", #"{"pn_apns":{"aps":{"alert":"y"},"pn_push":[{"push_type":"a\r\nb","targets":[]}]}}"#)
+        await server.server.state.push.waitUntilIdle()
+        #expect(gateway.requests.count == 1, "the undocumented push type is not sent")
+        #expect(gateway.requests.first?.header("apns-topic") == Self.topic + ".voip")
+        #expect(try await Self.channels(server, token: Self.apnsToken) == ["other", "room"])
+        // A VoIP entry for another topic does not set this APNs2 device's push type.
+        let token2 = String(repeating: "ab", count: 32)
+        try await Self.register(server, token: token2, channel: "mixed", apns2: "production")
+        try await server.publish("mixed", #"""
+            {"pn_apns":{"aps":{"alert":"z"},"pn_push":[{"push_type":"voip","targets":[{"topic":"com.other.voip","environment":"production"}]},
+            {"push_type":"alert","targets":[{"topic":"\#(Self.topic)","environment":"production"}]}]}}
+            """#)
+        await server.server.state.push.waitUntilIdle()
+        let last = try #require(gateway.requests.last)
+        #expect(last.path == "/3/device/\(token2)")
+        #expect(last.header("apns-push-type") == "alert" && last.header("apns-topic") == Self.topic)
+        await server.stop()
+        await gateway.stop()
+    }
+
     @Test func apns429And500AreRetriedThenSucceed() async throws {
         let files = try Files()
         let answers = Mutex([PushGatewayServer.Reply(status: 429, headers: [("retry-after", "0")], body: #"{"reason":"TooManyRequests"}"#),
@@ -413,6 +446,35 @@ import TetherTesting
         await gateway.stop()
     }
 
+    /// Google's validation messages repeat the publisher's field names and values; only what it
+    /// says about the token (`UNREGISTERED`, a violation on `message.token`) unregisters a device,
+    /// and a plain 404 (a proxy, a wrong base URL) does not.
+    @Test func fcmErrorsAboutOtherFieldsLeaveTheDeviceRegistered() async throws {
+        let files = try Files()
+        let key = try _RSA.Signing.PrivateKey(keySize: .bits2048)
+        let echo = #"{"error":{"code":400,"message":"Invalid value at 'message.android.priority' (type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority), \"token\"","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.BadRequest","fieldViolations":[{"field":"message.android.priority","description":"Invalid value at 'message.android.priority', \"token\""}]}]}}"#
+        let badToken = #"{"error":{"code":400,"message":"Invalid value","status":"INVALID_ARGUMENT","details":[{"@type":"type.googleapis.com/google.rpc.BadRequest","fieldViolations":[{"field":"message.token","description":"Invalid registration token"}]}]}}"#
+        let gateway = try await Self.fcmGateway(key: key) { request in
+            let token = (Self.json(request.body)?["message"] as? [String: Any])?["token"] as? String
+            switch token {
+            case "echoed": return .init(status: 400, body: echo)
+            case "proxied": return .init(status: 404, body: "<html>Not Found</html>")
+            case "bad": return .init(status: 400, body: badToken)
+            default: return .init(status: 200, body: "{}")
+            }
+        }
+        let server = try await Self.fcmServer(gateway, files: files, key: key)
+        for token in ["echoed", "proxied", "bad"] { try await Self.register(server, token: token, channel: "room", type: "gcm") }
+        try await server.publish("room", #"{"pn_fcm":{"data":{"k":"v"},"android":{"priority":"token"}}}"#)
+        await server.server.state.push.waitUntilIdle()
+        #expect(try await Self.channels(server, token: "echoed", type: "gcm") == ["room"])
+        #expect(try await Self.channels(server, token: "proxied", type: "gcm") == ["room"])
+        #expect(try await Self.channels(server, token: "bad", type: "gcm") == [])
+        await server.stop()
+        await gateway.stop()
+    }
+
+    // MARK: - Webhook
     // MARK: - Webhook
 
     @Test func webhookPostsASignedDocument() async throws {

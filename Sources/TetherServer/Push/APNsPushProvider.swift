@@ -88,6 +88,8 @@ package final class APNsPushProvider: PushProvider {
         case "complication": suffix = ".complication"
         case "fileprovider": suffix = ".pushkit.fileprovider"
         case "liveactivity": suffix = ".push-type.liveactivity"
+        case "location": suffix = ".location-query"
+        case "pushtotalk": suffix = ".voip-ptt"
         default: return bundle
         }
         return bundle.hasSuffix(suffix) ? bundle : bundle + suffix
@@ -98,9 +100,17 @@ package final class APNsPushProvider: PushProvider {
         return environment == "production" ? "https://api.push.apple.com" : "https://api.sandbox.push.apple.com"
     }
 
+    /// The `apns-push-type` values Apple documents; anything else (a publisher's typo, or bytes
+    /// that are not a header value) is refused here, not sent and retried.
+    static let pushTypes: Set<String> = ["alert", "background", "voip", "complication", "fileprovider", "mdm", "liveactivity",
+                                         "location", "pushtotalk", "widgets", "controls"]
+
     package func send(_ notification: PushNotification) async -> PushSendResult {
         guard let bundle = notification.topic.isEmpty ? settings.topic : notification.topic else {
             return .failed("no topic: the device was registered with type=apns and push.apns.topic is not set")
+        }
+        guard Self.pushTypes.contains(notification.pushType) else {
+            return .failed("unknown push_type \(String(reflecting: String(notification.pushType.prefix(40))))")
         }
         let topic = Self.topic(bundle: bundle, pushType: notification.pushType)
         let deviceToken = notification.device.token
@@ -122,8 +132,12 @@ package final class APNsPushProvider: PushProvider {
             if answer.status == 200 { return .sent }
             let reason = (try? JSONValue(parsing: answer.body))?["reason"]?.stringValue ?? ""
             switch (answer.status, reason) {
-            case (410, _), (400, "BadDeviceToken"), (400, "DeviceTokenNotForTopic"):
+            case (410, _), (400, "BadDeviceToken"):
                 return .invalidToken("\(answer.status) \(reason)")
+            case (400, "DeviceTokenNotForTopic"):
+                // The topic is the publisher's choice (`push_type`) or the configuration's, not
+                // the device's fault: the token stays registered for what it is for.
+                return .failed("400 DeviceTokenNotForTopic (topic \(topic))")
             case (403, "ExpiredProviderToken"):
                 _ = try? self.token(replacingExpired: true)
                 return .retryable("403 ExpiredProviderToken", retryAfter: nil)

@@ -127,12 +127,21 @@ package final class FCMPushProvider: PushProvider {
             let error = (try? JSONValue(parsing: answer.body))?["error"]
             let status = error?["status"]?.stringValue ?? ""
             let message = error?["message"]?.stringValue ?? ""
-            let codes = (error?["details"]?.arrayValue ?? []).compactMap { $0["errorCode"]?.stringValue }
-            if answer.status == 404 || codes.contains("UNREGISTERED") || status == "NOT_FOUND" {
+            let details = error?["details"]?.arrayValue ?? []
+            let codes = details.compactMap { $0["errorCode"]?.stringValue }
+            // Only what Google says about the token unregisters it: `UNREGISTERED`, or an
+            // `INVALID_ARGUMENT` naming the token (a `BadRequest` field violation on
+            // `message.token`, or the registration-token message). Not any 404 (a proxy or a wrong
+            // base URL) nor any message that mentions a token: Google's validation messages repeat
+            // the publisher's field names and values (`pn_fcm` is the publisher's).
+            if codes.contains("UNREGISTERED") {
                 return .invalidToken("\(answer.status) UNREGISTERED")
             }
+            let tokenViolation = details.contains { detail in
+                (detail["fieldViolations"]?.arrayValue ?? []).contains { $0["field"]?.stringValue == "message.token" }
+            }
             if answer.status == 400, status == "INVALID_ARGUMENT" || codes.contains("INVALID_ARGUMENT"),
-               message.lowercased().contains("token") {
+               tokenViolation || message.hasPrefix("The registration token is not a valid FCM registration token") {
                 return .invalidToken("400 INVALID_ARGUMENT: \(message)")
             }
             if answer.status == 401 {

@@ -310,15 +310,16 @@ package final class PushDispatcher: Sendable {
         let topic = device.gateway == .apns2 ? device.topic : ""
         var pushType = "alert"
         if let targets = part["pn_push"]?.arrayValue, !targets.isEmpty {
+            // The first entry that names this device (or names none) sets its push type: an
+            // entry for another topic (a VoIP app's) says nothing about this device.
             var matched = false
-            for target in targets {
-                if let type = target["push_type"]?.stringValue { pushType = type }
+            for target in targets where !matched {
                 let names = target["targets"]?.arrayValue ?? []
-                if names.isEmpty { matched = true; continue }
-                for name in names {
+                matched = names.isEmpty || names.contains { name in
                     let env = name["environment"]?.stringValue ?? "development"
-                    if device.gateway == .apns || (name["topic"]?.stringValue == topic && env == environment) { matched = true }
+                    return device.gateway == .apns || (name["topic"]?.stringValue == topic && env == environment)
                 }
+                if matched, let type = target["push_type"]?.stringValue { pushType = type }
             }
             guard matched else { return [] }
         }
@@ -362,6 +363,15 @@ package final class PushDispatcher: Sendable {
         }
     }
 
+    /// The most devices a `pn_debug` report lists.
+    static let debugResultLimit = 100
+
+    /// A token as a `pn_debug` report shows it: its first 6 and last 4 characters.
+    static func masked(_ token: String) -> String {
+        guard token.count > 12 else { return String(repeating: "*", count: token.count) }
+        return token.prefix(6) + "…" + token.suffix(4)
+    }
+
     /// `pn_debug`: one report on `{channel}-pndebug` listing what each device got.
     private func publishDebug(_ job: PushJob, devices: Int, outcomes: [Outcome]) async {
         guard let publisher = debugPublisher.withLock({ $0 }) else { return }
@@ -370,11 +380,16 @@ package final class PushDispatcher: Sendable {
         w.timetokenString(job.timetoken)
         w.raw(",\"devices\":")
         w.number(devices)
+        // Bounded (a channel may have 100,000 devices), and without whole tokens: whoever reads
+        // `-pndebug` must not collect the tokens, which are the capability to list and remove a
+        // device's registrations (docs/push.md).
+        w.raw(",\"omitted\":")
+        w.number(max(0, outcomes.count - Self.debugResultLimit))
         w.raw(",\"results\":[")
-        for (i, outcome) in outcomes.enumerated() {
+        for (i, outcome) in outcomes.prefix(Self.debugResultLimit).enumerated() {
             if i > 0 { w.raw(",") }
             w.raw("{\"token\":")
-            w.string(outcome.device.token)
+            w.string(Self.masked(outcome.device.token))
             w.raw(",\"type\":")
             w.string(outcome.device.gateway.rawValue)
             w.raw(",\"provider\":")
