@@ -19,7 +19,7 @@ public final class TetherClient: Sendable {
     public let configuration: TetherConfiguration
     /// The transport requests go through.
     public let transport: any Transport
-    private let token: Mutex<String?>
+    private let token: AuthTokenStore
     private let logger: Logger
     let engine: SubscribeEngine
     let engineTask = Mutex<EngineTaskState>(.idle)
@@ -100,7 +100,8 @@ public final class TetherClient: Sendable {
         configuration.webSocket = configuration.webSocket.bounded
         self.configuration = configuration
         self.transport = transport
-        self.token = Mutex(configuration.authKey)
+        let tokenStore = AuthTokenStore(configuration.authKey)
+        self.token = tokenStore
         self.logger = configuration.logger
         let elapsed = ElapsedClock(clock)
         self.engine = SubscribeEngine(configuration: configuration.subscribeMachineConfiguration, clock: elapsed,
@@ -115,7 +116,7 @@ public final class TetherClient: Sendable {
         self.webSocketConnector = webSocketConnector ?? UnavailableWebSocketConnector()
         self.hasWebSocketWire = webSocketConnector != nil
         self.session = WebSocketSession(connector: self.webSocketConnector, configuration: configuration, clock: elapsed,
-                                        origins: origins) { report in
+                                        origins: origins, authToken: tokenStore) { report in
             switch report {
             case .resumed(let sessionId): listeners.emit(event: .sessionResumed(sessionId: sessionId))
             case .expired(let message): listeners.emit(event: .sessionExpired(message: message))
@@ -222,13 +223,16 @@ public final class TetherClient: Sendable {
 
     // MARK: - Access Manager token
 
-    /// Replaces the auth key / Access Manager token sent with every later request (`nil` removes it).
+    /// Replaces the auth key / Access Manager token sent with every later request (`nil` removes
+    /// it): REST calls, the long-poll's next request, a failed call's ``Status/retry()``, and the
+    /// WebSocket wire's next `hello` (an open session keeps the token it was opened with until
+    /// it reconnects or resumes: after an `accessDenied`, call this, then ``connect()``).
     public func setToken(_ token: String?) {
-        self.token.withLock { $0 = token }
+        self.token.set(token)
     }
 
     /// The auth key or token currently sent with requests.
-    public var currentToken: String? { token.withLock { $0 } }
+    public var currentToken: String? { token.current }
 
     /// Parses an Access Manager v3 token (pubnub-wire §11.4) without any I/O.
     public static func parseToken(_ token: String) throws(TetherError) -> AccessToken {
@@ -333,7 +337,9 @@ public final class TetherClient: Sendable {
                 throw TetherError(Status(category: .cancelled, operation: operation, serverMessage: "the client was released",
                                          affectedChannels: channels, affectedGroups: groups))
             }
-            return try await self.execute(spec, channels: channels, groups: groups, decode: decode)
+            // With the token the app holds now: the documented answer to `accessDenied` is
+            // `setToken(_:)`, then `retry()`.
+            return try await self.execute(spec.withAuth(self.currentToken), channels: channels, groups: groups, decode: decode)
         }
         let origin = origins.next()
         func failure(_ category: StatusCategory, code: Int? = nil, error: (any Error)? = nil, details: ServerErrorDetails? = nil,
@@ -418,4 +424,17 @@ public final class TetherClient: Sendable {
         let mac = HMAC<SHA256>.authenticationCode(for: Array(text.utf8), using: SymmetricKey(data: Array(secretKey.utf8)))
         return RequestSigning.signatureValue(hmac: Array(mac))
     }
+}
+
+/// The auth key or token the client sends, shared by its REST calls and its WebSocket wire.
+final class AuthTokenStore: Sendable {
+    private let value: Mutex<String?>
+
+    init(_ token: String?) { value = Mutex(token) }
+
+    /// The token now.
+    var current: String? { value.withLock { $0 } }
+
+    /// Replaces it.
+    func set(_ token: String?) { value.withLock { $0 = token } }
 }

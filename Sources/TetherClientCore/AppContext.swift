@@ -220,6 +220,7 @@ extension Endpoints {
         var spec = RequestSpec(operation: operation, method: method, path: path, body: body, timeout: timeout)
         spec.append("uuid", context.userId)
         spec.append("pnsdk", context.sdkName)
+        spec.carriesAuth = true
         if let key = context.authKey, !key.isEmpty { spec.append("auth", key) }
         return spec
     }

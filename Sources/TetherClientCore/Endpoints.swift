@@ -21,6 +21,7 @@ package struct Endpoints: Sendable {
     private func common(_ spec: inout RequestSpec, auth: Bool = true) {
         spec.append("uuid", context.userId)
         spec.append("pnsdk", context.sdkName)
+        spec.carriesAuth = auth
         if auth, let key = context.authKey, !key.isEmpty { spec.append("auth", key) }
     }
 

@@ -213,6 +213,7 @@ extension Endpoints {
     private func appendFilesCommon(_ spec: inout RequestSpec) {
         spec.append("uuid", context.userId)
         spec.append("pnsdk", context.sdkName)
+        spec.carriesAuth = true
         if let key = context.authKey, !key.isEmpty { spec.append("auth", key) }
     }
 }

@@ -61,6 +61,7 @@ extension Endpoints {
         var spec = RequestSpec(operation: operation, path: path + suffix, query: extra + query, timeout: timeout)
         spec.append("uuid", context.userId)
         spec.append("pnsdk", context.sdkName)
+        spec.carriesAuth = true
         if let key = context.authKey, !key.isEmpty { spec.append("auth", key) }
         return spec
     }

@@ -41,6 +41,9 @@ package struct RequestSpec: Sendable, Hashable {
     package var timeout: Duration?
     /// Extra request header fields (App Context's `If-Match`).
     package var headers: [String: String] = [:]
+    /// Whether the request sends the client's auth key or token (most do; `time`, the admin
+    /// calls signed with the secret key do not).
+    package var carriesAuth = false
 
     /// Creates a request.
     package init(operation: TetherOperation, method: HTTPVerb = .get, path: String, query: [QueryItem] = [],
@@ -68,6 +71,16 @@ package struct RequestSpec: Sendable, Hashable {
 
     /// Appends a query parameter.
     package mutating func append(_ name: String, _ value: String) { query.append(QueryItem(name, value)) }
+
+    /// The same request with `token` as its auth (none when `nil` or empty), for a request sent
+    /// again after the app replaced its token; a request that sends no auth is unchanged.
+    package func withAuth(_ token: String?) -> RequestSpec {
+        guard carriesAuth else { return self }
+        var spec = self
+        spec.query.removeAll { $0.name == "auth" }
+        if let token, !token.isEmpty { spec.append("auth", token) }
+        return spec
+    }
 }
 
 /// The identity and keys every request is built from.

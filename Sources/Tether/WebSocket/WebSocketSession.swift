@@ -135,10 +135,13 @@ final class WebSocketSession: Sendable {
     /// Where sockets are opened (the primary or a fallback origin); told about failed openings
     /// and drains.
     private let origins: OriginRouter
+    /// The client's token (``TetherClient/setToken(_:)``), sent with every `hello`.
+    private let authToken: AuthTokenStore
 
     init(connector: any WebSocketConnector, configuration: TetherConfiguration, clock: ElapsedClock, origins: OriginRouter,
-         report: @escaping @Sendable (SessionReport) -> Void) {
+         authToken: AuthTokenStore? = nil, report: @escaping @Sendable (SessionReport) -> Void) {
         self.connector = connector
+        self.authToken = authToken ?? AuthTokenStore(configuration.authKey)
         self.origins = origins
         self.configuration = configuration
         self.clock = clock
@@ -620,7 +623,7 @@ final class WebSocketSession: Sendable {
     private func helloExchange(token: String?, resumeCursor: Timetoken?, generation: Int) async throws(SessionFailure) -> Int {
         let resume = token.flatMap { token in resumeCursor.map { (token: token, cursor: Optional($0)) } }
         try await send(SessionFrame.hello(subscribeKey: configuration.subscribeKey, publishKey: configuration.publishKey,
-                                          uuid: configuration.userId, auth: configuration.authKey, resume: resume),
+                                          uuid: configuration.userId, auth: authToken.current, resume: resume),
                        generation: generation)
         var expiredReported = false
         while true {
