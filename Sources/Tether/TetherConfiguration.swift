@@ -53,7 +53,8 @@ public struct TetherConfiguration: Sendable {
     /// Seconds the server keeps this user present without a heartbeat (default 300; 20–320 is sensible).
     public var presenceTimeout: Int
     /// Seconds between presence heartbeats; 0 (default) sends none and relies on the subscribe
-    /// long-poll as the heartbeat.
+    /// long-poll as the heartbeat (a Tether server answers a long-poll before its presence
+    /// timeout, so a short ``presenceTimeout`` needs no explicit heartbeats).
     public var heartbeatInterval: Int
     /// A subscribe filter expression (pubnub-wire §10); a malformed one yields
     /// ``StatusCategory/malformedFilterExpression``.

@@ -4,7 +4,7 @@ import NIOCore
 import NIOPosix
 import Testing
 import TetherProtocol
-import TetherServer
+@testable import TetherServer
 import TetherTesting
 
 @Suite(.serialized) struct PresenceTests {
@@ -80,6 +80,23 @@ import TetherTesting
     /// The JavaScript SDK sends state keyed by channel *and* by channel group
     /// (`{"a":{…},"g":{…}}`): each channel gets its state, and the group's channels the group's —
     /// not one flat object holding both keys.
+    /// Nothing heartbeats a uuid while its long-poll waits: a long-poll with a uuid answers
+    /// before its presence timeout (the longer of half of it and it less 10 s), so a client with a
+    /// short timeout and no explicit heartbeats does not time out and join again every hold.
+    @Test func aLongPollNeverWaitsPastItsUUIDsPresenceTimeout() async throws {
+        let server = try await TestServer.start(file: .init(subscribeTimeoutSeconds: 280))
+        let responder = TetherResponder(state: server.server.state)
+        let keyset = try #require(server.server.state.keysets.keyset(subscribeKey: "demo"))
+        #expect(responder.holdTime(keyset: keyset, uuid: "u", heartbeat: nil) == .seconds(280), "the default timeout is 300 s")
+        #expect(responder.holdTime(keyset: keyset, uuid: "u", heartbeat: 300) == .seconds(280))
+        #expect(responder.holdTime(keyset: keyset, uuid: "u", heartbeat: 120) == .seconds(110))
+        #expect(responder.holdTime(keyset: keyset, uuid: "u", heartbeat: 60) == .seconds(50))
+        #expect(responder.holdTime(keyset: keyset, uuid: "u", heartbeat: 20) == .seconds(10))
+        #expect(responder.holdTime(keyset: keyset, uuid: "u", heartbeat: 5) == .seconds(10), "raised to the 20 s minimum first")
+        #expect(responder.holdTime(keyset: keyset, uuid: nil, heartbeat: 20) == .seconds(280), "no uuid, no presence")
+        await server.stop()
+    }
+
     @Test func stateKeyedByAGroupAppliesToItsChannels() async throws {
         let server = try await TestServer.start()
         #expect(try await server.get("/v1/channel-registration/sub-key/demo/channel-group/g?add=b,c").status == 200)

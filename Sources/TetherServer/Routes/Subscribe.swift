@@ -152,7 +152,7 @@ extension TetherResponder {
             state.console?.longPollBegan(uuid: options.uuid, subscribeKey: keyset.subscribeKey, address: context.channel.remoteAddress,
                                          channels: names, groups: groups, cursor: options.cursor, channel: context.channel)
         }
-        let deadline = resumed?.deadline ?? NIODeadline.now() + state.subscribeTimeout
+        let deadline = resumed?.deadline ?? NIODeadline.now() + holdTime(keyset: keyset, uuid: options.uuid, heartbeat: options.heartbeat)
         let remaining = deadline - NIODeadline.now()
         slot?.resumePoint.withLock { $0 = (deadline, after) }
         if let slot {
@@ -199,6 +199,25 @@ extension TetherResponder {
             headers[.tetherGap] = value
         }
         return Reply.json(.ok, SubscribeResponseBody.encode(cursor: page.cursor, region: 1, envelopes: page.envelopes), extraHeaders: headers)
+    }
+}
+
+extension TetherResponder {
+    /// How long a long-poll waits before answering empty: the configured hold (280 s), but
+    /// shorter than the uuid's presence timeout when that is short (a `heartbeat` of 60, or a
+    /// keyset's low default). Nothing heartbeats a uuid while its long-poll waits; answered
+    /// after its timeout, the uuid would have timed out meanwhile and join again with the next
+    /// request, every hold: a `timeout` and a `join` each cycle for a client sitting still (an
+    /// SDK sending no explicit heartbeats). The hold is then the longer of half the timeout and
+    /// the timeout less 10 s, and the poll's end extends the presence.
+    func holdTime(keyset: Keyset, uuid: String?, heartbeat: Int?) -> TimeAmount {
+        let hold = state.subscribeTimeout
+        guard uuid != nil else { return hold }
+        let timeout = state.presence.configuration(for: keyset.subscribeKey).timeout(requestedSeconds: heartbeat)
+        let cap = max(timeout / 2, timeout - .seconds(10))
+        let (seconds, attoseconds) = cap.components
+        let capped = TimeAmount.nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
+        return min(hold, capped)
     }
 }
 
