@@ -859,7 +859,8 @@ public final class MessageStore: Sendable {
     }
 
     /// History query for one channel (pubnub-wire §9): `start` exclusive, `end` inclusive;
-    /// the newest `count` in range, or the oldest with `reverse`. Returned oldest first.
+    /// the newest `count` in range, or the oldest with `reverse` (ignored when both bounds are
+    /// given, as PubNub ignores it). Returned oldest first.
     public func history(
         subscribeKey: String, channel: String, start: Timetoken?, end: Timetoken?, count: Int, reverse: Bool
     ) async throws -> [StoredMessage] {
@@ -887,12 +888,13 @@ public final class MessageStore: Sendable {
                 break
             }
             arguments.append(count)
-            let order = reverse ? "ASC" : "DESC"
+            // With both bounds PubNub ignores `reverse`: the newest `count` of the range.
+            let oldestFirst = reverse && (start == nil || end == nil)
             let rows = try Row.fetchAll(db, sql: """
-                SELECT * FROM message WHERE \(conditions.joined(separator: " AND ")) ORDER BY timetoken \(order) LIMIT ?
+                SELECT * FROM message WHERE \(conditions.joined(separator: " AND ")) ORDER BY timetoken \(oldestFirst ? "ASC" : "DESC") LIMIT ?
                 """, arguments: StatementArguments(arguments))
             let messages = rows.map(StoredMessage.init(row:))
-            return reverse ? messages : messages.reversed()
+            return oldestFirst ? messages : messages.reversed()
         }
     }
 

@@ -93,6 +93,19 @@ struct WireRequest: Sendable {
         return found
     }
 
+    /// Every value query parameter `key` has, decoded, in the order sent (a repeated key, as
+    /// the JavaScript SDK sends an array: `sort=a&sort=b`).
+    func queryValues(_ key: String) -> [String] {
+        guard query[key] != nil, let rawQuery else { return [] }
+        var values: [String] = []
+        for pair in Self.split(rawQuery[...], on: UInt8(ascii: "&"), omittingEmpty: true) {
+            guard let equals = pair.utf8.firstIndex(of: UInt8(ascii: "=")), PercentCoding.decode(pair[..<equals]) == key else { continue }
+            let raw = pair[pair.utf8.index(after: equals)...]
+            values.append(PercentCoding.decode(raw) ?? String(raw))
+        }
+        return values
+    }
+
     private static func split(_ raw: Substring) -> [String] {
         split(raw, on: UInt8(ascii: ","), omittingEmpty: true).map { PercentCoding.decode($0) ?? String($0) }
     }

@@ -129,6 +129,20 @@ def test_if_match_etag(make_pubnub, origin, clean_if_match):
 
 # ------------------------------------------------------------------------ get all with options
 
+def test_a_repeated_sort_key_sorts_by_every_field_in_order(origin):
+    """The JavaScript SDK sends a multi-field sort as `sort=a&sort=b` (an array), Python and Swift
+    as one comma-separated value: both sort by every field, the first one first."""
+    prefix = unique("srt")
+    for i, name in enumerate(["b", "a", "a", "b"]):
+        assert raw(origin, "PATCH", objects_path("channels", f"{prefix}-{i}"), body={"name": name}).status == 200
+    expected = [f"{prefix}-2", f"{prefix}-1", f"{prefix}-3", f"{prefix}-0"]
+    base = objects_path("channels") + query({"uuid": "raw-user", "filter": f'id LIKE "{prefix}-*"'})
+    for sort in ["&sort=name%3Aasc&sort=id%3Adesc", "&sort=name%3Aasc%2Cid%3Adesc"]:
+        r = request(origin, "GET", base + sort)
+        assert r.status == 200, r
+        assert [c["id"] for c in r.json()["data"]] == expected, sort
+
+
 def test_channel_metadata_get_all_filter_sort_pages(make_pubnub):
     pn = make_pubnub("lister")
     prefix = unique("lst")

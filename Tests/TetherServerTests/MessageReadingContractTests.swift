@@ -32,6 +32,10 @@ enum MessageReadingContract {
             let reversedBounds = try await store.history(subscribeKey: "k", channel: "room.a", start: Timetoken(tts[3]),
                                                          end: Timetoken(tts[1]), count: 100, reverse: false)
             #expect(reversedBounds.map(\.payload) == ["1", "2"])
+            // With both bounds `reverse` is ignored (PubNub): the newest of the range, not the oldest.
+            let bothBoundsReversed = try await store.history(subscribeKey: "k", channel: "room.a", start: Timetoken(tts[3]),
+                                                             end: Timetoken(tts[0]), count: 2, reverse: true)
+            #expect(bothBoundsReversed.map(\.payload) == ["1", "2"])
             let counts = try await store.messageCounts(subscribeKey: "k", channels: [("room.a", Timetoken(tts[1])), ("room.b", .zero)],
                                                        through: nil)
             #expect(counts == ["room.a": 2, "room.b": 2])

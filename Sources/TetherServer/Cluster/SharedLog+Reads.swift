@@ -139,10 +139,12 @@ extension SharedLog: MessageReading {
             break
         }
         binds.append(count)
-        sql += " ORDER BY tt \(reverse ? "ASC" : "DESC") LIMIT $\(binds.count)"
+        // With both bounds PubNub ignores `reverse`: the newest `count` of the range.
+        let oldestFirst = reverse && (start == nil || end == nil)
+        sql += " ORDER BY tt \(oldestFirst ? "ASC" : "DESC") LIMIT $\(binds.count)"
         query = PostgresQuery(unsafeSQL: sql, binds: binds)
         let rows = try await messages(query)
-        return reverse ? rows : rows.reversed()
+        return oldestFirst ? rows : rows.reversed()
     }
 
     package func messageCounts(subscribeKey: String, channels: [(String, Timetoken)], through: Timetoken?) async throws

@@ -158,7 +158,9 @@ struct AppContextListOptions {
             guard let offset = AppContextCursor.decode(text) else { throw invalid("Invalid page cursor", "end") }
             end = offset
         }
-        if let text = wire.query["sort"], !text.isEmpty {
+        // Python and Swift send one comma-separated `sort`; JavaScript repeats the key, one per
+        // field, in order of precedence.
+        if let text = Optional(wire.queryValues("sort").filter { !$0.isEmpty }.joined(separator: ",")), !text.isEmpty {
             guard let keys = AppContextSort.parse(text, allowed: sortable) else {
                 throw invalid("Invalid sort: expected field[:asc|:desc] with a field from \(sortable.sorted().joined(separator: ", "))", "sort")
             }
