@@ -235,6 +235,9 @@ public final class HTTPClientTransport: Transport {
             return .tlsHandshakeFailed(String(describing: extra))
         }
         if error is NIOTooManyBytesError { return .responseTooLarge }
+        // AsyncHTTPClient reports a body cut short of its `Content-Length` (or a chunked body
+        // that ends without its last chunk) as the parser's `invalidEOFState`.
+        if let parser = error as? HTTPParserError { return .incompleteResponse(String(describing: parser)) }
         return .other(String(describing: error))
     }
 }

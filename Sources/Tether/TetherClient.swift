@@ -276,7 +276,7 @@ public final class TetherClient: Sendable {
         while true {
             do { return try await executeFailingOver(spec, channels: channels, groups: groups, decode: decode) } catch {
                 attempt += 1
-                guard RetryConfiguration.isTransient(error.status),
+                guard RetryConfiguration.isTransient(error.status), RetryConfiguration.maySendAgain(error.status, spec),
                       let delay = configuration.retry.delay(beforeRetry: attempt, elapsed: elapsedClock.now() - start,
                                                             randomness: Double.random(in: 0..<1)) else { throw error }
                 logger.debug("retrying", metadata: ["operation": "\(operation)", "attempt": "\(attempt)", "category": "\(error.status.category)"])
@@ -307,6 +307,7 @@ public final class TetherClient: Sendable {
         while true {
             do { return try await executeWithHeaders(spec, channels: channels, groups: groups, decode: decode) } catch {
                 guard hops < configuration.fallbackOrigins.count, OriginSelector.qualifiesForFailover(error.status),
+                      RetryConfiguration.maySendAgain(error.status, spec),
                       origins.failedOver(from: error.status.origin) else { throw error }
                 hops += 1
                 logger.debug("sending again to the next origin", metadata: ["operation": "\(spec.operation)", "origin": "\(origins.current)"])

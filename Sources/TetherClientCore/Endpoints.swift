@@ -179,6 +179,7 @@ package struct Endpoints: Sendable {
     package func heartbeat(channels: [String], groups: [String], presenceTimeout: Int, state: JSONValue? = nil,
                           timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard !channels.isEmpty || !groups.isEmpty else { throw .invalidArgument("at least one channel or group is required") }
+        for group in groups { try Self.check(group: group) }
         var query = [QueryItem("heartbeat", String(presenceTimeout))]
         if !groups.isEmpty { query.append(QueryItem("channel-group", groups.joined(separator: ","))) }
         if let state { query.append(QueryItem("state", state.jsonText)) }
@@ -188,6 +189,7 @@ package struct Endpoints: Sendable {
     /// Presence leave.
     package func leave(channels: [String], groups: [String], timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard !channels.isEmpty || !groups.isEmpty else { throw .invalidArgument("at least one channel or group is required") }
+        for group in groups { try Self.check(group: group) }
         var query: [QueryItem] = []
         if !groups.isEmpty { query.append(QueryItem("channel-group", groups.joined(separator: ","))) }
         return make(.leave, "/v2/presence/sub-key/\(sub)/channel/\(Self.list(channels))/leave", query, timeout: timeout)
@@ -198,6 +200,7 @@ package struct Endpoints: Sendable {
         throws(RequestBuildError) -> RequestSpec
     {
         guard !channels.isEmpty || !groups.isEmpty else { throw .invalidArgument("at least one channel or group is required") }
+        for group in groups { try Self.check(group: group) }
         var query = [QueryItem("state", JSONValue.object(state).jsonText)]
         if !groups.isEmpty { query.append(QueryItem("channel-group", groups.joined(separator: ","))) }
         return make(.setState, "/v2/presence/sub-key/\(sub)/channel/\(Self.list(channels))/uuid/\(PercentCoding.encode(context.userId))/data",
@@ -209,6 +212,7 @@ package struct Endpoints: Sendable {
         -> RequestSpec
     {
         guard !channels.isEmpty || !groups.isEmpty else { throw .invalidArgument("at least one channel or group is required") }
+        for group in groups { try Self.check(group: group) }
         var query: [QueryItem] = []
         if !groups.isEmpty { query.append(QueryItem("channel-group", groups.joined(separator: ","))) }
         return make(.getState, "/v2/presence/sub-key/\(sub)/channel/\(Self.list(channels))/uuid/\(PercentCoding.encode(userId))",
@@ -229,6 +233,7 @@ package struct Endpoints: Sendable {
     {
         try Self.check(group: group)
         guard !channels.isEmpty else { throw .invalidArgument("at least one channel is required") }
+        for channel in channels { try Self.check(channel: channel) }
         return make(.removeChannelsFromGroup, groupPath(group), [QueryItem("remove", channels.joined(separator: ","))], timeout: timeout)
     }
 
@@ -256,6 +261,14 @@ package struct Endpoints: Sendable {
     /// `GET /v2/auth/grant/sub-key/{sub}` (requires the secret key; the client signs it).
     package func grant(_ grant: AuthKeyGrant, timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec {
         guard (0...525_600).contains(grant.ttlMinutes) else { throw .invalidArgument("ttl must be 0–525600 minutes") }
+        // Joined with commas, which the server splits on: a name holding one would grant on others.
+        for channel in grant.channels {
+            do { try NameRules.validateSubscribeChannel(channel) } catch { throw .invalidName(channel, error.description) }
+        }
+        for group in grant.groups { try Self.check(group: group) }
+        for key in grant.authKeys where key.isEmpty || key.contains(",") {
+            throw .invalidArgument("an auth key may not be empty or hold a comma: \(String(reflecting: key))")
+        }
         var query: [QueryItem] = []
         if !grant.authKeys.isEmpty { query.append(QueryItem("auth", grant.authKeys.joined(separator: ","))) }
         if !grant.channels.isEmpty { query.append(QueryItem("channel", grant.channels.joined(separator: ","))) }
@@ -287,6 +300,7 @@ package struct Endpoints: Sendable {
         for channel in channels {
             do { try NameRules.validateSubscribeChannel(channel) } catch { throw .invalidName(channel, error.description) }
         }
+        for group in groups { try Self.check(group: group) }
         var query: [QueryItem] = []
         if !groups.isEmpty { query.append(QueryItem("channel-group", groups.joined(separator: ","))) }
         if let cursor {

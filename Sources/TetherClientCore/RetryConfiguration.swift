@@ -283,12 +283,28 @@ extension RetryConfiguration.Endpoint {
 }
 
 extension RetryConfiguration {
+    /// Whether a failed call may be sent again (retried or failed over) without risking that it
+    /// takes effect twice: any idempotent call, and a call that is not only when the failure
+    /// shows the request never reached the server (nothing listening, no route, no TLS session)
+    /// or was refused unprocessed (429). After a timeout, a cut connection or a 5xx, a message
+    /// action or a file message may already be stored: sending it again would answer 409 for an
+    /// action that exists, or announce the file twice.
+    package static func maySendAgain(_ status: Status, _ spec: RequestSpec) -> Bool {
+        // A publish with its request id (the outbox's) is stored once however often it is sent.
+        guard !spec.operation.isIdempotent, spec.queryValue("requestid") == nil else { return true }
+        if status.statusCode == 429 { return true }
+        switch status.error as? TransportFailure {
+        case .connectionRefused?, .unreachable?, .tlsHandshakeFailed?, .tlsUntrustedCertificate?: return true
+        default: return false
+        }
+    }
+
     /// Whether a failed REST call may succeed if sent again unchanged: the request did not get
     /// an answer (network, timeout), an intermediary answered instead of the server (a proxy's
     /// page), or the server was overloaded or failing (429, 5xx). Refusals (400, 403, 404…) do not.
     package static func isTransient(_ status: Status) -> Bool {
         switch status.category {
-        case .networkIssues, .timeout, .malformedResponse: return true
+        case .networkIssues, .timeout, .malformedResponse, .tlsConnectionFailed: return true
         default:
             guard let code = status.statusCode else { return false }
             return code == 429 || (500...599).contains(code)

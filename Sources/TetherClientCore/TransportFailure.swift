@@ -19,6 +19,9 @@ public enum TransportFailure: Error, Sendable, Hashable, CustomStringConvertible
     case cancelled
     /// The response body exceeded the transport's limit.
     case responseTooLarge
+    /// The response could not be read as HTTP, or ended before its declared length (a body cut
+    /// short by a server that stopped mid-answer, or by a middlebox).
+    case incompleteResponse(String)
     /// Anything else.
     case other(String)
 
@@ -33,6 +36,7 @@ public enum TransportFailure: Error, Sendable, Hashable, CustomStringConvertible
         case .tlsUntrustedCertificate(let why): return "the server's TLS certificate is not trusted: \(why)"
         case .cancelled: return "the request was cancelled"
         case .responseTooLarge: return "the response body is too large"
+        case .incompleteResponse(let why): return "the response was incomplete: \(why)"
         case .other(let why): return why
         }
     }
@@ -45,7 +49,7 @@ public enum TransportFailure: Error, Sendable, Hashable, CustomStringConvertible
         case .tlsHandshakeFailed: return .tlsConnectionFailed
         case .tlsUntrustedCertificate: return .tlsUntrustedCertificate
         case .cancelled: return .cancelled
-        case .responseTooLarge: return .malformedResponse
+        case .responseTooLarge, .incompleteResponse: return .malformedResponse
         case .other: return .unknown
         }
     }

@@ -47,6 +47,25 @@ struct EndpointsTests {
         #expect(fire.operation == .fire && fire.queryValue("store") == "0" && fire.queryValue("norep") == "1")
     }
 
+    /// Lists are joined with commas, which the server splits on: a name holding one would act on
+    /// other names, so it is refused here.
+    @Test func aNameWithACommaIsRefusedWhereverNamesAreJoined() {
+        #expect(throws: RequestBuildError.self) { try e.removeChannels(["a,b"], fromGroup: "g") }
+        #expect(throws: RequestBuildError.self) { try e.heartbeat(channels: ["c"], groups: ["g,h"], presenceTimeout: 300) }
+        #expect(throws: RequestBuildError.self) { try e.leave(channels: [], groups: ["g,h"]) }
+        #expect(throws: RequestBuildError.self) { try e.setState(["k": 1], channels: [], groups: ["g,h"]) }
+        #expect(throws: RequestBuildError.self) { try e.getState(userId: "u", channels: [], groups: ["g,h"]) }
+        #expect(throws: RequestBuildError.self) {
+            try e.subscribe(channels: [], groups: ["g,h"], cursor: nil, filterExpression: nil, presenceTimeout: nil)
+        }
+        #expect(throws: RequestBuildError.self) { try e.grant(AuthKeyGrant(channels: ["a,b"], read: true)) }
+        #expect(throws: RequestBuildError.self) { try e.grant(AuthKeyGrant(groups: ["g,h"], read: true)) }
+        #expect(throws: RequestBuildError.self) { try e.grant(AuthKeyGrant(channels: ["a"], authKeys: ["k1,k2"])) }
+        #expect(throws: RequestBuildError.self) { try e.grant(AuthKeyGrant(channels: ["a"], authKeys: [""])) }
+        #expect((try? e.grant(AuthKeyGrant(channels: ["news.*"], authKeys: ["k1"]))) != nil)
+        #expect((try? e.leave(channels: ["a", "a-pnpres"], groups: ["g", "g-pnpres"])) != nil)
+    }
+
     @Test func publishNeedsKeyAndValidNames() {
         let noKey = Endpoints(context: RequestContext(publishKey: nil, subscribeKey: "sub", userId: "me", authKey: nil))
         #expect(throws: RequestBuildError.missingPublishKey) { try noKey.publish(channel: "c", messageJSON: "1", options: PublishOptions()) }

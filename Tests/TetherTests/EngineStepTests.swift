@@ -460,7 +460,8 @@ struct EngineStepTests {
         #expect(poll.isAbandoned)
         #expect(transport.isShutDown)
         #expect(await statuses.next() == nil)
-        #expect(await failure { try await client.time() }?.category == .cancelled)
+        let after = await failure { try await client.time() }
+        #expect(after?.category == .cancelled, "\(String(describing: after))")
     }
 }
 

@@ -111,6 +111,34 @@ struct FailoverStepTests {
         await client.shutdown()
     }
 
+    /// A message action's add is not idempotent: after a timeout (which may have stored it) it is
+    /// not sent again, to the fallback or after a back-off; after a refused connection (it never
+    /// arrived) it is, at once, on the fallback.
+    @Test func anAddThatMayHaveArrivedIsNotSentAgain() async throws {
+        let (client, transport, clock) = try makeClient()
+        let tt = Timetoken(17_000_000_000_000_000)
+        let timedOut = Task { try await client.addMessageAction(channel: "a", messageTimetoken: tt, type: "reaction", value: "smile") }
+        try #require(await transport.next(path: "/v1/message-actions")).fail(.timedOut)
+        let status = try #require(await failure { try await timedOut.value })
+        #expect(status.category == .timeout)
+        clock.advance(by: .seconds(60))
+        #expect(transport.requests.count == 1, "neither failed over nor retried")
+        await client.shutdown()
+    }
+
+    @Test func anAddThatNeverArrivedGoesToTheFallbackAtOnce() async throws {
+        let (client, transport, _) = try makeClient()
+        let tt = Timetoken(17_000_000_000_000_000)
+        let refused = Task { try await client.addMessageAction(channel: "a", messageTimetoken: tt, type: "reaction", value: "smile") }
+        let first = try #require(await transport.next(path: "/v1/message-actions"))
+        first.fail(.connectionRefused)
+        let second = try #require(await transport.next(path: "/v1/message-actions"))
+        #expect(second.request.url.hasPrefix("http://\(Self.fallback)/"))
+        second.respond(json: #"{"status":200,"data":{"type":"reaction","value":"smile","uuid":"stepper","actionTimetoken":"17000000000000010","messageTimetoken":"17000000000000000"}}"#)
+        _ = try await refused.value
+        await client.shutdown()
+    }
+
     @Test(arguments: [400, 403, 404, 414])
     func anApplicationErrorDoesNotFailOver(code: Int) async throws {
         let (client, transport, _) = try makeClient()

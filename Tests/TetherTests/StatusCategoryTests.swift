@@ -66,6 +66,20 @@ struct StatusCategoryTests {
         try await server.stop()
     }
 
+    /// A body cut short of its `Content-Length` (a server stopping mid-answer, as a multi-channel
+    /// fetch does on a failed read) is a malformed response, retried as one.
+    @Test func malformedResponseFromABodyCutShort() async throws {
+        let server = try await RawServer.start(replyingWith: Array(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[17953281264739664".utf8))
+        let client = try makeClient(origin: server.origin) { $0.retry = .disabled }
+        let status = await failure { try await client.time() }
+        #expect(status?.category == .malformedResponse, "\(String(describing: status))")
+        #expect(status.map(RetryConfiguration.isTransient) == true)
+        #expect(RetryConfiguration.isTransient(Status(category: .tlsConnectionFailed, operation: .time)))
+        await client.shutdown()
+        try await server.stop()
+    }
+
     @Test func malformedResponseFromACaptivePortal() async throws {
         let server = try await ScriptedServer.start { _ in .html("<html><body><form>Accept the terms to use the Wi-Fi</form></body></html>") }
         let client = try makeClient(origin: server.origin)

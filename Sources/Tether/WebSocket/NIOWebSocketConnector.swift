@@ -137,7 +137,7 @@ extension NIOWebSocketConnector {
         switch failure {
         case .timedOut, .cancelled, .tlsHandshakeFailed, .tlsUntrustedCertificate, .connectionRefused, .connectionClosed:
             return failure
-        case .unreachable(let why), .other(let why):
+        case .unreachable(let why), .other(let why), .incompleteResponse(let why):
             return .connectionClosed("the connection closed before the WebSocket upgrade was answered: \(why)")
         case .responseTooLarge:
             return .connectionClosed("the WebSocket upgrade's answer was too large")

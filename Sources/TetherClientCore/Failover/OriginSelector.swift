@@ -165,7 +165,7 @@ package struct OriginSelector: Sendable, Hashable {
         if let failure = status.error as? TransportFailure {
             switch failure {
             case .timedOut, .connectionRefused, .unreachable, .tlsHandshakeFailed, .tlsUntrustedCertificate: return true
-            case .connectionClosed, .cancelled, .responseTooLarge, .other: return false
+            case .connectionClosed, .cancelled, .responseTooLarge, .incompleteResponse, .other: return false
             }
         }
         if let code = status.statusCode, (500...504).contains(code) { return true }
