@@ -224,8 +224,12 @@ package enum WebSocketClientFrame: Sendable, Hashable {
                 var topic = ""
                 switch device["topic"] {
                 case nil, .null?: break
-                case .string(let value)? where value.utf8.count <= 256: topic = value
-                default: throw .malformed("\"push.topic\" must be a bundle id")
+                // As REST registration has it: the topic becomes the `apns-topic` header.
+                case .string(let value)? where value.utf8.count <= 255 && value.utf8.allSatisfy({ b in
+                    (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A)
+                        || b == UInt8(ascii: ".") || b == UInt8(ascii: "-") || b == UInt8(ascii: "_")
+                }): topic = value
+                default: throw .malformed("\"push.topic\" must be a bundle id (A-Z a-z 0-9 . - _)")
                 }
                 if type == "apns2" && topic.isEmpty { throw .malformed("\"push.topic\" is required for apns2") }
                 push = SuspendPush(token: token, type: type, environment: environment, topic: topic)

@@ -299,6 +299,26 @@ import TetherTesting
         await gateway.stop()
     }
 
+    /// One worker sends every push: a `Retry-After` longer than the backoff's longest wait gives
+    /// that notification up instead of holding every other push behind it for an hour.
+    @Test func aRetryAfterLongerThanTheBackoffGivesUpAndHoldsNothing() async throws {
+        let files = try Files()
+        let gateway = try await PushGatewayServer.start { request in
+            request.path.hasSuffix("/aa02") ? .init(status: 200)
+                : .init(status: 429, headers: [("retry-after", "3600")], body: #"{"reason":"TooManyRequests"}"#)
+        }
+        let server = try await Self.apnsServer(gateway, files: files, key: P256.Signing.PrivateKey())
+        try await Self.register(server, token: "aa01", channel: "busy")
+        try await Self.register(server, token: "aa02", channel: "calm")
+        try await server.publish("busy", #"{"pn_apns":{"aps":{"alert":"1"}}}"#)
+        try await server.publish("calm", #"{"pn_apns":{"aps":{"alert":"2"}}}"#)
+        #expect(await finishes(within: 20) { await server.server.state.push.waitUntilIdle() })
+        #expect(gateway.requests.map(\.path) == ["/3/device/aa01", "/3/device/aa02"])
+        #expect(try await Self.channels(server, token: "aa01") == ["busy"], "still registered")
+        await server.stop()
+        await gateway.stop()
+    }
+
     @Test func retriesAreBoundedByMaxAttempts() async throws {
         let files = try Files()
         let gateway = try await PushGatewayServer.start { _ in .init(status: 503, body: #"{"reason":"ServiceUnavailable"}"#) }

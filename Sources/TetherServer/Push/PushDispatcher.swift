@@ -347,6 +347,15 @@ package final class PushDispatcher: Sendable {
                 logger.warning("push: notification refused", metadata: ["provider": "\(provider.name)", "reason": "\(reason)"])
                 return Outcome(device: notification.device, provider: provider.name, result: "failed: \(reason)")
             case .retryable(let reason, let retryAfter):
+                // One worker sends every push: a gateway asking for a wait longer than the
+                // backoff's longest (an hour's `Retry-After`) would hold every other device's
+                // push behind it. Such a notification is given up instead.
+                if let retryAfter, retryAfter > settings.backoff.cap {
+                    metrics.recordPush(provider: provider.name, outcome: "failed")
+                    logger.warning("push: gave up, the gateway asked to wait longer than the backoff allows",
+                                   metadata: ["provider": "\(provider.name)", "reason": "\(reason)", "retryAfter": "\(retryAfter)"])
+                    return Outcome(device: notification.device, provider: provider.name, result: "failed: \(reason) (Retry-After \(retryAfter))")
+                }
                 guard attempt < settings.maxAttempts, !Task.isCancelled else {
                     metrics.recordPush(provider: provider.name, outcome: "failed")
                     logger.warning("push: gave up after retries", metadata: ["provider": "\(provider.name)", "reason": "\(reason)",
