@@ -128,6 +128,19 @@ extension MessageStore {
         }
     }
 
+    package func appContextObjectsPage(subscribeKey: String, kind: AppContextKind, offset: Int, limit: Int) async throws
+        -> (records: [AppContextRecord], total: Int)
+    {
+        try await pool.read { db in
+            let total = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM app_context_object WHERE sub_key = ? AND kind = ?",
+                                         arguments: [subscribeKey, kind.rawValue]) ?? 0
+            let records = try Row.fetchAll(db, sql: """
+                SELECT * FROM app_context_object WHERE sub_key = ? AND kind = ? ORDER BY id LIMIT ? OFFSET ?
+                """, arguments: [subscribeKey, kind.rawValue, limit, offset]).map(Self.record)
+            return (records, total)
+        }
+    }
+
     /// Applies a PATCH: members of `patch` replace the stored fields (a `null` clears one);
     /// absent members keep theirs. With `ifMatch`, the stored eTag must be that one.
     package func setAppContextObject(subscribeKey: String, kind: AppContextKind, id: String, patch: [String: JSONValue],

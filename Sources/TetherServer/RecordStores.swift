@@ -31,6 +31,10 @@ package protocol AppContextStoring: Sendable {
     func appContextObjects(subscribeKey: String, kind: AppContextKind, ids: Set<String>) async throws -> [String: AppContextRecord]
     /// Every object of one kind in a keyset, by id (byte order), at most `limit`.
     func appContextObjects(subscribeKey: String, kind: AppContextKind, limit: Int) async throws -> [AppContextRecord]
+    /// One page of a keyset's objects of one kind by id (byte order), and how many there are:
+    /// a list without a filter or another order reads its page only.
+    func appContextObjectsPage(subscribeKey: String, kind: AppContextKind, offset: Int, limit: Int) async throws
+        -> (records: [AppContextRecord], total: Int)
     /// Applies a PATCH (present members replace, `null` clears, absent keep); with `ifMatch`,
     /// the stored eTag must be that one.
     func setAppContextObject(subscribeKey: String, kind: AppContextKind, id: String, patch: [String: JSONValue],

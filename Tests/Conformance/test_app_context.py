@@ -129,6 +129,45 @@ def test_if_match_etag(make_pubnub, origin, clean_if_match):
 
 # ------------------------------------------------------------------------ get all with options
 
+def test_unfiltered_pages_read_only_their_page_and_match_the_filtered_listing(server_factory):
+    """A list without a filter or another order is read a page at a time from the store; its pages,
+    cursors and totalCount are those of the same list made through the filtering path."""
+    server = server_factory.start()
+    origin = server.origin
+    ids = [f"pg-{i:03d}" for i in range(25)]
+    for id_ in reversed(ids):
+        assert raw(origin, "PATCH", objects_path("channels", id_), body={"name": id_}).status == 200
+
+    def pages(extra):
+        seen, cursor, totals, prevs = [], None, set(), []
+        while True:
+            params = {"limit": 10, "count": "true", **extra}
+            if cursor:
+                params["start"] = cursor
+            body = raw(origin, "GET", objects_path("channels"), **params).json()
+            totals.add(body["totalCount"])
+            prevs.append(body.get("prev"))
+            if not body["data"]:
+                return seen, totals, prevs, body
+            seen += [c["id"] for c in body["data"]]
+            cursor = body["next"]
+
+    fast = pages({})
+    slow = pages({"filter": 'id LIKE "pg-*"'})
+    assert fast[0] == ids and fast[1] == {25}
+    assert fast[:3] == slow[:3]
+    # The third page's prev cursor gives the second page, in both paths.
+    assert fast[2][0] is None and fast[2][2] is not None
+    for extra in ({}, {"filter": 'id LIKE "pg-*"'}):
+        back = raw(origin, "GET", objects_path("channels"), limit=10, end=fast[2][2], **extra).json()
+        assert [c["id"] for c in back["data"]] == ids[10:20], back
+        assert back.get("prev") is not None
+    ascending = raw(origin, "GET", objects_path("channels"), limit=5, sort="id:asc").json()
+    assert [c["id"] for c in ascending["data"]] == ids[:5]
+    descending = raw(origin, "GET", objects_path("channels"), limit=5, sort="id:desc").json()
+    assert [c["id"] for c in descending["data"]] == list(reversed(ids))[:5]
+
+
 def test_a_repeated_sort_key_sorts_by_every_field_in_order(origin):
     """The JavaScript SDK sends a multi-field sort as `sort=a&sort=b` (an array), Python and Swift
     as one comma-separated value: both sort by every field, the first one first."""

@@ -162,6 +162,12 @@ struct AppContextPostgresStoreTests {
                 #expect(try await store.appContextObjects(subscribeKey: "k", kind: .channel, limit: 3).map(\.id) == ["B", "_", "a"],
                         "\(kind)")
                 #expect(try await store.appContextObjects(subscribeKey: "k", kind: .channel, ids: ["a", "zz"]).keys.sorted() == ["a"])
+                // A page in the same order, and the count of all of them.
+                let page = try await store.appContextObjectsPage(subscribeKey: "k", kind: .channel, offset: 1, limit: 2)
+                #expect(page.records.map(\.id) == ["_", "a"] && page.total == 4, "\(kind)")
+                let past = try await store.appContextObjectsPage(subscribeKey: "k", kind: .channel, offset: 9, limit: 2)
+                #expect(past.records.isEmpty && past.total == 4, "\(kind)")
+                #expect(try await store.appContextObjectsPage(subscribeKey: "k", kind: .uuid, offset: 0, limit: 2).total == 0)
             }
         }
     }

@@ -64,6 +64,21 @@ extension SharedLog: AppContextStoring {
         }
     }
 
+    package func appContextObjectsPage(subscribeKey: String, kind: AppContextKind, offset: Int, limit: Int) async throws
+        -> (records: [AppContextRecord], total: Int)
+    {
+        try await recordQuery { connection in
+            let total = try await connection.query("""
+                SELECT COUNT(*) FROM tether_app_context_object WHERE sub_key = \(subscribeKey) AND kind = \(kind.rawValue)
+                """, logger: self.logger).decode(Int.self).first(where: { _ in true }) ?? 0
+            let records = try await self.objects("""
+                SELECT id, fields, updated, etag FROM tether_app_context_object
+                WHERE sub_key = \(subscribeKey) AND kind = \(kind.rawValue) ORDER BY id LIMIT \(limit) OFFSET \(offset)
+                """, on: connection)
+            return (records, total)
+        }
+    }
+
     package func setAppContextObject(subscribeKey: String, kind: AppContextKind, id: String, patch: [String: JSONValue],
                                      ifMatch: String?, updated: String) async throws -> AppContextSetOutcome {
         try await recordTransaction { connection in

@@ -261,10 +261,31 @@ extension TetherResponder {
         try authorizeAppContext(target.keyset, wire, kind: target.kind, id: nil, permission: .get)
         let includes = try AppContextIncludes(wire, other: nil)
         let options = try AppContextListOptions(wire, sortable: ["id", "name", "updated", "status", "type"])
-        let records = try await state.appContext.appContextObjects(subscribeKey: target.keyset.subscribeKey, kind: target.kind,
-                                                              limit: AppContextBounds.scan)
+        let records: [AppContextRecord]
+        let page: (items: [JSONValue], total: Int, offset: Int)
+        if options.filter == nil, options.sort.allSatisfy({ $0.field == ["id"] && !$0.descending }) {
+            // In the store's order, with nothing to match: only the page is read (a list of
+            // every object, parsed and sorted for each page, made paging through N objects
+            // cost N² and let one request parse every object of the keyset).
+            let subscribeKey = target.keyset.subscribeKey
+            var window = try await state.appContext.appContextObjectsPage(subscribeKey: subscribeKey, kind: target.kind,
+                                                                         offset: options.start ?? 0, limit: options.limit)
+            var offset = min(options.start ?? 0, window.total)
+            if options.start == nil, let end = options.end {
+                // A `prev` cursor: the page that ends there.
+                let stop = min(end, window.total)
+                offset = max(0, stop - options.limit)
+                window = try await state.appContext.appContextObjectsPage(subscribeKey: subscribeKey, kind: target.kind,
+                                                                         offset: offset, limit: stop - offset)
+            }
+            records = window.records
+            page = (records.map { Self.filterView($0) }, window.total, offset)
+        } else {
+            records = try await state.appContext.appContextObjects(subscribeKey: target.keyset.subscribeKey, kind: target.kind,
+                                                                   limit: AppContextBounds.scan)
+            page = options.page(records.map { Self.filterView($0) }, tieBreak: ["id"])
+        }
         let byId = Dictionary(records.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
-        let page = options.page(records.map { Self.filterView($0) }, tieBreak: ["id"])
         var w = JSONWriter(capacity: 256 + page.items.count * 256)
         w.raw("{\"status\":200,\"data\":[")
         for (i, item) in page.items.enumerated() {
@@ -344,9 +365,10 @@ extension TetherResponder {
         let memberships = try await state.appContext.appContextMemberships(subscribeKey: subscribeKey, of: target.kind, id: id,
                                                                       limit: AppContextBounds.scan)
         func otherId(_ m: AppContextMembership) -> String { otherKind == .channel ? m.channel : m.uuid }
-        // The other side's metadata is read when the response or the filter / sort needs it.
-        let needsOther = includes.other || options.filter != nil || !options.sort.isEmpty
-        let others = needsOther
+        // The other side's metadata is read for every membership when the filter or the order
+        // needs it; for the page's only when only the response does.
+        let matchesOnOther = options.filter != nil || !options.sort.isEmpty
+        var others = matchesOnOther
             ? try await state.appContext.appContextObjects(subscribeKey: subscribeKey, kind: otherKind, ids: Set(memberships.map(otherId)))
             : [:]
         var byOther: [String: AppContextMembership] = [:]
@@ -360,6 +382,10 @@ extension TetherResponder {
             return .object(view)
         }
         let page = options.page(views, tieBreak: [otherName, "id"])
+        if includes.other, !matchesOnOther {
+            let ids = Set(page.items.compactMap { $0[otherName]?["id"]?.stringValue })
+            others = try await state.appContext.appContextObjects(subscribeKey: subscribeKey, kind: otherKind, ids: ids)
+        }
         var w = JSONWriter(capacity: 256 + page.items.count * 256)
         w.raw("{\"status\":200,\"data\":[")
         for (i, item) in page.items.enumerated() {
