@@ -61,10 +61,34 @@ extension TetherClient {
         })
         guard (200..<300).contains(response.statusCode) else { throw fileFailure(response, operation: .sendFile, channel: channel) }
         progress?(FileTransferProgress(completedBytes: bytes.count, totalBytes: bytes.count))
-        let timetoken = try await publishFileMessage(channel: channel, fileId: form.id, fileName: form.name, message: message,
-                                                     storeInHistory: storeInHistory, timeout: timeout)
-        return SentFile(id: form.id, name: form.name, timetoken: timetoken)
+        // The file is on the server; unannounced, nobody would know of it. Its file message
+        // carries a request id, so it is sent again on a transient failure (up to 3 attempts in
+        // all, as PubNub's SDKs retry it) and stored once; if it still fails, the status says
+        // so and its `retry()` announces the file with the same id.
+        let requestID = UUID().uuidString
+        var attempt = 1
+        while true {
+            do {
+                let timetoken = try await publishFileMessage(channel: channel, fileId: form.id, fileName: form.name, message: message,
+                                                             storeInHistory: storeInHistory, requestID: requestID, timeout: timeout)
+                return SentFile(id: form.id, name: form.name, timetoken: timetoken)
+            } catch {
+                guard attempt >= Self.fileMessageAttempts || !RetryConfiguration.isTransient(error.status) else {
+                    attempt += 1
+                    continue
+                }
+                var status = error.status
+                status.requestId = requestID
+                status.serverMessage = "the file was uploaded (id \(form.id), name \(String(reflecting: form.name))) but its file message "
+                    + "was not published: \(status.serverMessage ?? status.error.map { "\($0)" } ?? "\(status.category)"); "
+                    + "status.retry() or publishFileMessage(channel:fileId:fileName:) announces it"
+                throw TetherError(status)
+            }
+        }
     }
+
+    /// Attempts at a file message after its upload (PubNub's SDKs retry it too).
+    static let fileMessageAttempts = 3
 
     /// ``sendFile(channel:data:name:message:contentType:storeInHistory:progress:timeout:)`` with
     /// the bytes of a local file (its last path component is the name unless `name` is given).
@@ -87,6 +111,15 @@ extension TetherClient {
     public func publishFileMessage(channel: String, fileId: String, fileName: String, message: JSONValue? = nil,
                                    storeInHistory: Bool = true, timeout: Duration? = nil) async throws(TetherError) -> Timetoken
     {
+        try await publishFileMessage(channel: channel, fileId: fileId, fileName: fileName, message: message,
+                                     storeInHistory: storeInHistory, requestID: UUID().uuidString, timeout: timeout)
+    }
+
+    /// ``publishFileMessage(channel:fileId:fileName:message:storeInHistory:timeout:)`` with the
+    /// request id it is sent with (each of its attempts, and its status's `retry()`).
+    func publishFileMessage(channel: String, fileId: String, fileName: String, message: JSONValue?, storeInHistory: Bool,
+                            requestID: String, timeout: Duration?) async throws(TetherError) -> Timetoken
+    {
         var text = Endpoints.fileMessage(id: fileId, name: fileName, message: message).jsonText
         if let module = configuration.cryptoModule {
             do { text = try module.encrypt(message: Endpoints.fileMessage(id: fileId, name: fileName, message: message)).jsonText } catch {
@@ -95,7 +128,8 @@ extension TetherClient {
             }
         }
         let result = try await perform(.publishFileMessage, channels: [channel], build: { e throws(RequestBuildError) in
-            try e.publishFileMessage(channel: channel, messageJSON: text, storeInHistory: storeInHistory, timeout: timeout)
+            try e.publishFileMessage(channel: channel, messageJSON: text, storeInHistory: storeInHistory, requestID: requestID,
+                                     timeout: timeout)
         }, decode: ResponseDecoding.publish)
         return result.timetoken
     }

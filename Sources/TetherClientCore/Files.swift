@@ -192,8 +192,10 @@ extension Endpoints {
 
     /// `GET /v1/files/publish-file/{pub}/{sub}/0/{ch}/0/{message}` where the message is
     /// `{"message":…,"file":{"id","name"}}` (or that object encrypted, as `messageJSON`).
-    package func publishFileMessage(channel: String, messageJSON: String, storeInHistory: Bool, timeout: Duration? = nil)
-        throws(RequestBuildError) -> RequestSpec
+    /// The file message's publish, with `requestID` (the server stores one file message per id
+    /// within its dedup window, so the call may be sent again after any failure).
+    package func publishFileMessage(channel: String, messageJSON: String, storeInHistory: Bool, requestID: String? = nil,
+                                    timeout: Duration? = nil) throws(RequestBuildError) -> RequestSpec
     {
         guard let pub = context.publishKey, !pub.isEmpty else { throw .missingPublishKey }
         try Self.check(channel: channel)
@@ -201,6 +203,7 @@ extension Endpoints {
                                path: "/v1/files/publish-file/\(PercentCoding.encode(pub))/\(PercentCoding.encode(context.subscribeKey))/0/"
                                    + "\(PercentCoding.encode(channel))/0/\(PercentCoding.encode(messageJSON))", timeout: timeout)
         spec.append("store", storeInHistory ? "1" : "0")
+        if let requestID { spec.append("requestid", requestID) }
         appendFilesCommon(&spec)
         return spec
     }
