@@ -233,13 +233,25 @@ public final class AccessManager: Sendable {
         }
         let signature = Self.sign(CBORValue.map(map).encoded(), keyset: keyset, secret: secret)
         map.append((.bytes(Array("sig".utf8)), .bytes(signature)))
-        return Base64.encode(CBORValue.map(map).encoded())
+        let token = Base64.encode(CBORValue.map(map).encoded())
+        // A token is only issued if it can be used: one longer than a request may carry, or
+        // nested deeper than tokens are read, would be taken for an unknown auth key everywhere.
+        guard token.utf8.count <= Self.maximumTokenCharacters else {
+            throw TokenError(description: "the token would be \(token.utf8.count) characters, over the \(Self.maximumTokenCharacters) a request may carry: grant fewer resources or patterns, or less meta")
+        }
+        guard (try? verifiedToken(token, keyset: keyset)) != nil else {
+            throw TokenError(description: "the token could not be read back (meta nested too deep?): grant less meta")
+        }
+        return token
     }
+
+    /// The longest token read (and so issued), in characters.
+    public static let maximumTokenCharacters = 8192
 
     /// Parses a token and verifies the server's signature for this keyset.
     public func verifiedToken(_ token: String, keyset: Keyset) throws(TokenError) -> VerifiedToken {
         guard let secret = keyset.secretKey, !secret.isEmpty else { throw TokenError(description: "keyset has no secret key") }
-        guard token.utf8.count <= 8192, let bytes = Base64.decode(token) else { throw TokenError(description: "not a token") }
+        guard token.utf8.count <= Self.maximumTokenCharacters, let bytes = Base64.decode(token) else { throw TokenError(description: "not a token") }
         let root: CBORValue
         do { root = try CBORValue(decoding: bytes) } catch { throw TokenError(description: "not a token") }
         guard case .map(let entries) = root, let signatureIndex = entries.lastIndex(where: { $0.key.string == "sig" }),

@@ -255,6 +255,28 @@ import TetherServerCore
         await server.stop()
     }
 
+    /// A token is issued only if it can be used: one too long for a request, or with meta nested
+    /// deeper than tokens are read, is refused at the grant instead of failing every request.
+    @Test func aTokenThatCouldNotBeUsedIsNotIssued() async throws {
+        let server = try await TestServer.start(file: .init(keysets: [Self.keyset], subscribeTimeoutSeconds: 5))
+        func grant(_ body: String) async throws -> (status: Int, body: String, headers: HTTPHeaders) {
+            let path = "/v3/pam/\(Self.keyset.subscribeKey)/grant"
+            return try await server.send(signedPath(path, ["uuid": "admin"], method: "POST", body: body, keyset: Self.keyset),
+                                         method: .POST, body: Array(body.utf8), headers: [("Content-Type", "application/json")])
+        }
+        let many = (0..<300).map { #""channel-with-a-long-name-\#($0)":1"# }.joined(separator: ",")
+        let tooLong = try await grant(#"{"ttl":5,"permissions":{"resources":{"channels":{\#(many)}}}}"#)
+        #expect(tooLong.status == 400 && tooLong.body.contains("grant fewer resources"), "\(tooLong.body)")
+        let deep = (0..<20).reduce("1") { inner, _ in #"{"x":\#(inner)}"# }
+        let tooDeep = try await grant(#"{"ttl":5,"permissions":{"resources":{"channels":{"a":1}},"meta":\#(deep)}}"#)
+        #expect(tooDeep.status == 400, "\(tooDeep.body)")
+        let fine = try await grant(#"{"ttl":5,"permissions":{"resources":{"channels":{"a":1}}}}"#)
+        #expect(fine.status == 200)
+        let badTTL = try await grant(#"{"ttl":0,"permissions":{"resources":{"channels":{"a":1}}}}"#)
+        #expect(badTTL.status == 400 && badTTL.body.contains("Invalid ttl"))
+        await server.stop()
+    }
+
     /// A signature that covers neither method nor body (v1, and v2 signed as a GET) is taken for a
     /// POST publish only, as the SDKs that send them use it: elsewhere a signed GET, whose
     /// signature travels in the URL, could be sent again as a DELETE or PATCH of the same path.

@@ -210,8 +210,10 @@ extension TetherResponder {
             w.string(token)
             w.raw("},\"service\":\"Access Manager\",\"status\":200}")
             return Reply.json(.ok, w.bytes)
-        } catch {
+        } catch where !(1...43_200).contains(grant.ttl) {
             return Reply.json(.badRequest, Array(#"{"error":{"message":"Invalid ttl","source":"grant","details":[{"message":"Range should be 1 to 43200 minute(s).","location":"ttl","locationType":"body"}]},"service":"Access Manager","status":400}"#.utf8))
+        } catch {
+            return Reply.json(.badRequest, ErrorBody.service(status: 400, service: "Access Manager", message: error.description))
         }
     }
 
