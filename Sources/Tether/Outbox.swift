@@ -26,7 +26,8 @@ public struct OutboxConfiguration: Sendable, Hashable {
     /// (see ``Outbox/open()``). One client at a time may use a journal file: while one holds it
     /// (a lock on `<path>.lock`, released at ``TetherClient/shutdown()`` or when the client is
     /// freed), another client's outbox — in this process or another — fails to open with
-    /// ``OutboxError/Code/journal`` and leaves the file alone.
+    /// ``OutboxError/Code/journal`` and leaves the file alone. On iOS keep it in the app's own
+    /// container: a suspended app holding a file lock in an App Group container is terminated.
     public var journalPath: String?
 
     /// Creates the settings with the documented defaults.

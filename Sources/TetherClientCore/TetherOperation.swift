@@ -85,9 +85,10 @@ public enum TetherOperation: String, Sendable, Hashable, CaseIterable, CustomStr
     /// Whether this is the subscribe long-poll (uses the subscribe timeout and its own connection).
     public var isSubscribe: Bool { self == .subscribe }
 
-    /// Whether sending the call twice has the effect of sending it once (without a request id
-    /// the server deduplicates). Not so for a message action's add (the second answers 409), a
-    /// file message (announced twice), and a publish, signal or fire.
+    /// Whether sending the call twice has the effect of sending it once, without a request id
+    /// the server deduplicates. Not so for a message action's add (the second answers 409), a
+    /// file message (announced twice), and a publish, signal or fire; the SDK sends the file
+    /// message and the outbox's publishes and signals with a request id, which makes them so.
     package var isIdempotent: Bool {
         switch self {
         case .addMessageAction, .publishFileMessage, .publish, .signal, .fire: false

@@ -330,7 +330,7 @@ public struct TetherServer: Sendable {
                 // The cluster's log, or the embedded store's cursor lease.
                 ServiceGroupConfiguration.ServiceConfiguration(
                     service: state.hub.shared.map {
-                        SharedLogService(log: $0, hub: state.hub, access: state.access, presence: state.presence) as any Service
+                        SharedLogService(log: $0, hub: state.hub, access: state.access, presence: state.presence, push: state.push) as any Service
                     } ?? CursorLeaseService(hub: state.hub, logger: logger),
                     successTerminationBehavior: .gracefullyShutdownGroup),
                 .init(service: PresenceLoopService(presence: state.presence), successTerminationBehavior: .gracefullyShutdownGroup),
@@ -477,12 +477,13 @@ struct SharedLogService: Service {
     let hub: LongPollHub
     let access: AccessManager
     let presence: PresenceService
+    let push: PushDispatcher
 
     func run() async throws {
         await withDiscardingTaskGroup { group in
-            group.addTask { [hub, access, presence] in
+            group.addTask { [hub, access, presence, push] in
                 await log.runReader { entries, horizon in
-                    Self.deliver(entries, through: horizon, hub: hub, access: access, presence: presence)
+                    Self.deliver(entries, through: horizon, hub: hub, access: access, presence: presence, push: push)
                 }
             }
             await withGracefulShutdownHandler {
@@ -498,12 +499,19 @@ struct SharedLogService: Service {
     /// Delivers a read of the log in its order: events go to the hub; a control entry is
     /// applied after every event before it and before every event after it.
     static func deliver(_ entries: [SharedLogEntry], through horizon: Timetoken, hub: LongPollHub, access: AccessManager,
-                        presence: PresenceService) {
+                        presence: PresenceService, push: PushDispatcher? = nil) {
         var events: [BufferedEvent] = []
+        // Suspended WebSocket sessions' devices are held by the node the session is on: each
+        // node pushes to its own as every node's messages reach it here (docs/mobile.md).
+        let pushing = push?.holdsDevices == true
         for entry in entries {
             switch entry {
             case .event(let event):
                 events.append(event)
+                if pushing, event.envelope.kind == .message, !NameRules.isPresence(event.envelope.channel) {
+                    push?.heldMessageArrived(subscribeKey: event.envelope.subscribeKey, channel: event.envelope.channel,
+                                             timetoken: event.envelope.timetoken, payload: event.envelope.payload)
+                }
             case .control(let control, let at):
                 if !events.isEmpty {
                     hub.ingest(events, through: Timetoken(at.rawValue - 1))

@@ -77,9 +77,6 @@ import TetherTesting
         await server.stop()
     }
 
-    /// The JavaScript SDK sends state keyed by channel *and* by channel group
-    /// (`{"a":{…},"g":{…}}`): each channel gets its state, and the group's channels the group's —
-    /// not one flat object holding both keys.
     /// Nothing heartbeats a uuid while its long-poll waits: a long-poll with a uuid answers
     /// before its presence timeout (the longer of half of it and it less 10 s), so a client with a
     /// short timeout and no explicit heartbeats does not time out and join again every hold.
@@ -97,6 +94,9 @@ import TetherTesting
         await server.stop()
     }
 
+    /// The JavaScript SDK sends state keyed by channel *and* by channel group
+    /// (`{"a":{…},"g":{…}}`): each channel gets its state, and the group's channels the group's —
+    /// not one flat object holding both keys.
     @Test func stateKeyedByAGroupAppliesToItsChannels() async throws {
         let server = try await TestServer.start()
         #expect(try await server.get("/v1/channel-registration/sub-key/demo/channel-group/g?add=b,c").status == 200)

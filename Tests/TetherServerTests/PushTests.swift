@@ -151,7 +151,8 @@ import TetherTesting
         #expect(backoff.delay(afterAttempt: 3, jitter: 0.5) == .milliseconds(300))
         #expect(backoff.delay(afterAttempt: 10, jitter: 1) == .seconds(1))
         #expect(backoff.delay(afterAttempt: 1000, jitter: 0) == .milliseconds(500))
-        #expect(backoff.delay(afterAttempt: 1, jitter: 0, retryAfter: .seconds(5)) == .seconds(5))
+        #expect(backoff.delay(afterAttempt: 1, jitter: 0, retryAfter: .milliseconds(800)) == .milliseconds(800))
+        #expect(backoff.delay(afterAttempt: 1, jitter: 0, retryAfter: .seconds(5)) == .seconds(1), "a Retry-After waits the cap at most")
     }
 
     // MARK: - APNs
@@ -299,21 +300,25 @@ import TetherTesting
         await gateway.stop()
     }
 
-    /// One worker sends every push: a `Retry-After` longer than the backoff's longest wait gives
-    /// that notification up instead of holding every other push behind it for an hour.
-    @Test func aRetryAfterLongerThanTheBackoffGivesUpAndHoldsNothing() async throws {
+    /// One worker sends every push: a `Retry-After` longer than the backoff's longest wait is
+    /// waited for that long at most (`retryMaxDelayMilliseconds`), not an hour with every other
+    /// push behind it; the notification is retried within `maxAttempts`.
+    @Test func aRetryAfterLongerThanTheBackoffWaitsTheBackoffsLongestAtMost() async throws {
         let files = try Files()
         let gateway = try await PushGatewayServer.start { request in
             request.path.hasSuffix("/aa02") ? .init(status: 200)
                 : .init(status: 429, headers: [("retry-after", "3600")], body: #"{"reason":"TooManyRequests"}"#)
         }
-        let server = try await Self.apnsServer(gateway, files: files, key: P256.Signing.PrivateKey())
+        let server = try await Self.apnsServer(gateway, files: files, key: P256.Signing.PrivateKey()) {
+            $0.retryMaxDelayMilliseconds = 50
+            $0.maxAttempts = 2
+        }
         try await Self.register(server, token: "aa01", channel: "busy")
         try await Self.register(server, token: "aa02", channel: "calm")
         try await server.publish("busy", #"{"pn_apns":{"aps":{"alert":"1"}}}"#)
         try await server.publish("calm", #"{"pn_apns":{"aps":{"alert":"2"}}}"#)
         #expect(await finishes(within: 20) { await server.server.state.push.waitUntilIdle() })
-        #expect(gateway.requests.map(\.path) == ["/3/device/aa01", "/3/device/aa02"])
+        #expect(gateway.requests.map(\.path) == ["/3/device/aa01", "/3/device/aa01", "/3/device/aa02"])
         #expect(try await Self.channels(server, token: "aa01") == ["busy"], "still registered")
         await server.stop()
         await gateway.stop()
@@ -494,7 +499,6 @@ import TetherTesting
         await gateway.stop()
     }
 
-    // MARK: - Webhook
     // MARK: - Webhook
 
     @Test func webhookPostsASignedDocument() async throws {
@@ -689,5 +693,49 @@ import TetherTesting
         #expect(await client.closeCode() == 4400)
         await client.close()
         await server.stop()
+    }
+}
+
+/// In a cluster a suspended session's device is held by the node the session is on: what is
+/// published on any node is pushed to it, once.
+@Suite(.enabled(if: TestPostgres.available, RecordStoreKind.postgresSkipReason), .serialized)
+struct ClusterSuspendedPushTests {
+    @Test func whatIsPublishedOnAnotherNodeIsPushedToTheSuspendedSessionsDevice() async throws {
+        try await TestPostgres.withDatabase { url in
+            let files = try PushTests.Files()
+            let key = P256.Signing.PrivateKey()
+            let gateway = try await PushGatewayServer.start { _ in .init(status: 200) }
+            let keyPath = try files.write("AuthKey.p8", key.pemRepresentation)
+            func node() async throws -> TestServer {
+                var settings = ConfigurationFile.Push(apns: .init(keyPath: keyPath, keyId: "KEY1234567", teamId: "TEAM123456",
+                                                                  topic: PushTests.topic, baseURL: gateway.baseURL,
+                                                                  caCertificatePath: files.caPath))
+                settings.retryBaseDelayMilliseconds = 1
+                var file = ConfigurationFile(subscribeTimeoutSeconds: 30)
+                file.push = settings
+                return try await TestServer.start(file: file, databaseURL: url.description)
+            }
+            let a = try await node(), b = try await node()
+            let (client, _, _) = try await WebSocketTests.session(a.inProcess, uuid: "alice", channels: ["inbox"])
+            client.send(.object(["type": "suspend", "keepAliveSeconds": 600,
+                                 "push": ["token": .string(PushTests.apnsToken), "type": "apns2", "environment": "development",
+                                          "topic": .string(PushTests.topic)]]))
+            #expect(await client.frame(ofType: "suspended") != nil)
+            await client.close()
+
+            try await b.publish("inbox", #"{"text":"from b"}"#)
+            try await a.publish("inbox", #"{"text":"from a"}"#)
+            #expect(await finishes(within: 20) {
+                while gateway.requests.count < 2 { try? await Task.sleep(for: .milliseconds(20)) }
+            })
+            await a.server.state.push.waitUntilIdle()
+            await b.server.state.push.waitUntilIdle()
+            let bodies = gateway.requests.compactMap { PushTests.json($0.body) }
+                .compactMap { (($0["aps"] as? [String: Any])?["alert"] as? [String: Any])?["body"] as? String }
+            #expect(bodies.sorted() == ["from a", "from b"], "each once: \(bodies)")
+            await a.stop()
+            await b.stop()
+            await gateway.stop()
+        }
     }
 }

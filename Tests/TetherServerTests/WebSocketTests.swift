@@ -777,6 +777,20 @@ import TetherTestingServer
             #expect(!after.contains(#""x":1"#) || bound != nil, "the unbound session set no state: \(after)")
             await client.close()
         }
+        // Nor by `bye` or a suspend without presence: the unbound session's uuid stays present.
+        for (uuid, frame) in [("dave", ["type": "bye"]), ("erin", ["type": "suspend", "keepAliveSeconds": 60, "presence": false])]
+            as [(String, JSONValue)] {
+            let client = WebSocketTestClient(baseURL: server.baseURL)
+            client.send(.object(["type": "hello", "v": 1, "subscribeKey": "sub-s", "publishKey": "pub-s", "uuid": .string(uuid),
+                                 "auth": .string(try await token(nil))]))
+            #expect(await client.frame()?.type == "welcome")
+            client.send(Self.subscribe(["room"]))
+            #expect(await client.frame(ofType: "subscribed") != nil)
+            client.send(frame)
+            if frame["type"] == "suspend" { #expect(await client.frame(ofType: "suspended") != nil) }
+            await client.close()
+            #expect(try await occupants().contains(#""\#(uuid)""#), "\(uuid) after \(frame)")
+        }
         await server.stop()
     }
 

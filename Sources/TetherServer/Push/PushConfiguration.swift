@@ -17,6 +17,10 @@ extension ConfigurationFile {
         /// The first retry's delay in milliseconds (default 500); each next one doubles, at most
         /// 30 s, with jitter.
         public var retryBaseDelayMilliseconds: Int?
+        /// The longest wait before a retry in milliseconds (default 30,000), a gateway's
+        /// `Retry-After` included: one worker sends every push, so a longer wait would hold every
+        /// other device's notification behind it.
+        public var retryMaxDelayMilliseconds: Int?
         /// Notifications sent at once (default 16).
         public var concurrency: Int?
         /// Apple Push Notification service.
@@ -107,6 +111,7 @@ extension ConfigurationFile {
                 ("push.queueCapacity", queueCapacity, 1...1_000_000), ("push.maxChannelsPerDevice", maxChannelsPerDevice, 1...100_000),
                 ("push.maxDevicesPerChannel", maxDevicesPerChannel, 1...10_000_000), ("push.maxAttempts", maxAttempts, 1...20),
                 ("push.retryBaseDelayMilliseconds", retryBaseDelayMilliseconds, 1...60_000), ("push.concurrency", concurrency, 1...1_000),
+                ("push.retryMaxDelayMilliseconds", retryMaxDelayMilliseconds, 1...600_000),
                 ("push.apns.expirationSeconds", apns?.expirationSeconds, 0...31_536_000),
             ]
             for (name, value, range) in bounds {
@@ -143,12 +148,15 @@ package struct PushSettings: Sendable {
         maxDevicesPerChannel = file.maxDevicesPerChannel ?? maxDevicesPerChannel
         maxAttempts = file.maxAttempts ?? maxAttempts
         if let base = file.retryBaseDelayMilliseconds { backoff.base = .milliseconds(base) }
+        if let cap = file.retryMaxDelayMilliseconds { backoff.cap = .milliseconds(cap) }
         concurrency = file.concurrency ?? concurrency
     }
 }
 
 /// Exponential backoff with "equal jitter": attempt `n`'s delay is `d = min(cap, base · 2^(n-1))`,
-/// then a uniform draw in `[d/2, d]`; a `Retry-After` from the gateway wins when longer.
+/// then a uniform draw in `[d/2, d]`; a `Retry-After` from the gateway wins when longer, up to
+/// `cap` (the next attempt may then come before the gateway asked, and be answered 429 again,
+/// within `maxAttempts`).
 package struct PushBackoff: Sendable, Equatable {
     package var base: Duration = .milliseconds(500)
     package var cap: Duration = .seconds(30)
@@ -164,7 +172,7 @@ package struct PushBackoff: Sendable, Equatable {
         let raw = base * (1 << exponent)
         let full = raw < cap ? raw : cap
         let jittered = full / 2 + full / 2 * min(max(jitter, 0), 1)
-        if let retryAfter, retryAfter > jittered { return min(retryAfter, .seconds(3600)) }
+        if let retryAfter, retryAfter > jittered { return min(retryAfter, cap) }
         return jittered
     }
 }

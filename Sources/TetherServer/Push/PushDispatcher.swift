@@ -9,6 +9,19 @@ package struct PushJob: Sendable {
     package var channel: String
     package var timetoken: Timetoken
     package var payload: String
+    /// Which devices the job is for.
+    package var scope: Scope = .all
+
+    /// Which devices a job pushes to.
+    package enum Scope: Sendable {
+        /// Registered devices and suspended sessions' devices (a single server's publish).
+        case all
+        /// Registered devices only (a cluster node's own publish: every node pushes to the
+        /// suspended sessions it holds as the message reaches it through the shared log).
+        case registered
+        /// Suspended sessions' devices only (a message read from the shared log).
+        case held
+    }
 }
 
 /// Sends the push parts of published messages (`pn_apns`, `pn_fcm`, `pn_gcm`) to the devices
@@ -113,12 +126,33 @@ package final class PushDispatcher: Sendable {
 
     /// Queues a committed message when it may carry push parts or a suspended session's device
     /// waits on its channel. Never waits: a full queue drops the push (counted as `dropped`).
-    package func messagePublished(subscribeKey: String, channel: String, timetoken: Timetoken, payload: String) {
-        let held = isSending && state.withLock { !$0.held.isEmpty && $0.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] != nil }
+    ///
+    /// `includingHeld` false (a cluster): the suspended sessions' devices are left to
+    /// ``heldMessageArrived(subscribeKey:channel:timetoken:payload:)``, which every node calls for
+    /// the messages its shared-log reader delivers, since each node holds its own sessions.
+    package func messagePublished(subscribeKey: String, channel: String, timetoken: Timetoken, payload: String, includingHeld: Bool = true) {
+        let held = includingHeld && isSending
+            && state.withLock { !$0.held.isEmpty && $0.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] != nil }
         guard held || (payload.utf8.count > 8 && Self.contains(payload, "\"pn_")) else { return }
         guard isSending || Self.contains(payload, "\"pn_debug\"") else { return }
+        enqueue(PushJob(subscribeKey: subscribeKey, channel: channel, timetoken: timetoken, payload: payload,
+                        scope: includingHeld ? .all : .registered))
+    }
+
+    /// Whether a suspended session holds a device here (a cheap check before a batch).
+    package var holdsDevices: Bool { isSending && state.withLock { !$0.held.isEmpty } }
+
+    /// A cluster node's shared-log reader delivered a message (any node's publish): queued for
+    /// the suspended sessions this node holds on its channel, if any.
+    package func heldMessageArrived(subscribeKey: String, channel: String, timetoken: Timetoken, payload: String) {
+        guard isSending, state.withLock({ !$0.held.isEmpty && $0.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] != nil })
+        else { return }
+        enqueue(PushJob(subscribeKey: subscribeKey, channel: channel, timetoken: timetoken, payload: payload, scope: .held))
+    }
+
+    private func enqueue(_ job: PushJob) {
         state.withLock { $0.pending += 1 }
-        switch continuation.yield(PushJob(subscribeKey: subscribeKey, channel: channel, timetoken: timetoken, payload: payload)) {
+        switch continuation.yield(job) {
         case .enqueued: break
         case .dropped, .terminated:
             metrics.recordPush(provider: "queue", outcome: "dropped")
@@ -208,7 +242,8 @@ package final class PushDispatcher: Sendable {
             for token in part?.arrayValue ?? [] { if let token = token.stringValue { exceptions.insert(token) } }
         }
         var heldTokens = Set<String>()
-        for device in heldDevices(subscribeKey: job.subscribeKey, channel: job.channel) where !exceptions.contains(device.token) {
+        let held = job.scope == .registered ? [] : heldDevices(subscribeKey: job.subscribeKey, channel: job.channel)
+        for device in held where !exceptions.contains(device.token) {
             heldTokens.insert(device.token)
             switch device.gateway {
             case .apns, .apns2:
@@ -226,7 +261,9 @@ package final class PushDispatcher: Sendable {
         guard applePart != nil || googlePart != nil || !work.isEmpty else { return }
         var devices: [PushDevice] = []
         do {
-            if applePart != nil || googlePart != nil {
+            // A held-only job leaves the registered devices (and `pn_debug`) to the node that
+            // took the publish.
+            if job.scope != .held, applePart != nil || googlePart != nil {
                 devices = try await store.pushDevices(subscribeKey: job.subscribeKey, channel: job.channel, limit: settings.maxDevicesPerChannel)
             }
         } catch {
@@ -279,7 +316,7 @@ package final class PushDispatcher: Sendable {
             return results
         }
         outcomes += delivered
-        if debug { await publishDebug(job, devices: devices.count, outcomes: outcomes) }
+        if debug, job.scope != .held { await publishDebug(job, devices: devices.count, outcomes: outcomes) }
     }
 
     /// The notification a suspended session's device gets for a message without a push part for
@@ -347,15 +384,6 @@ package final class PushDispatcher: Sendable {
                 logger.warning("push: notification refused", metadata: ["provider": "\(provider.name)", "reason": "\(reason)"])
                 return Outcome(device: notification.device, provider: provider.name, result: "failed: \(reason)")
             case .retryable(let reason, let retryAfter):
-                // One worker sends every push: a gateway asking for a wait longer than the
-                // backoff's longest (an hour's `Retry-After`) would hold every other device's
-                // push behind it. Such a notification is given up instead.
-                if let retryAfter, retryAfter > settings.backoff.cap {
-                    metrics.recordPush(provider: provider.name, outcome: "failed")
-                    logger.warning("push: gave up, the gateway asked to wait longer than the backoff allows",
-                                   metadata: ["provider": "\(provider.name)", "reason": "\(reason)", "retryAfter": "\(retryAfter)"])
-                    return Outcome(device: notification.device, provider: provider.name, result: "failed: \(reason) (Retry-After \(retryAfter))")
-                }
                 guard attempt < settings.maxAttempts, !Task.isCancelled else {
                     metrics.recordPush(provider: provider.name, outcome: "failed")
                     logger.warning("push: gave up after retries", metadata: ["provider": "\(provider.name)", "reason": "\(reason)",

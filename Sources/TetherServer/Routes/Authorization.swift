@@ -54,6 +54,13 @@ extension TetherResponder {
     /// permission check: for requests authorized otherwise that also change what `uuid` shows
     /// others (a heartbeat or subscribe that sets presence state). Nothing on a keyset without a
     /// secret key, or for a request signed with it.
+    /// Whether the request may act for `uuid` (``requireActing(as:_:_:verdict:)`` without the
+    /// refusal).
+    func mayAct(as uuid: String, _ keyset: Keyset, _ wire: WireRequest, verdict: AccessManager.SignatureVerdict) -> Bool {
+        do { try requireActing(as: uuid, keyset, wire, verdict: verdict) } catch { return false }
+        return true
+    }
+
     func requireActing(as uuid: String, _ keyset: Keyset, _ wire: WireRequest, verdict: AccessManager.SignatureVerdict) throws(RequestError) {
         guard keyset.secretKey != nil, verdict != .valid else { return }
         func refuse(_ message: String) -> RequestError {

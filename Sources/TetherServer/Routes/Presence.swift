@@ -91,9 +91,12 @@ extension TetherResponder {
             try authorize(keyset, wire, channels: channels.filter { !NameRules.isPresence($0) },
                           groups: groups.filter { !NameRules.isPresence($0) }, permission: .read, verified: verdict)
             let timeout = try RequestValidation.heartbeatSeconds(wire)
-            let states = try RequestValidation.channelStates(wire, service: "Presence", channels: channels, groups: groups)
-            // Setting state is acting for the uuid, as set-state is (docs/security.md).
-            if !states.isEmpty { try requireActing(as: uuid, keyset, wire, verdict: verdict) }
+            var states = try RequestValidation.channelStates(wire, service: "Presence", channels: channels, groups: groups)
+            // Setting state is acting for the uuid, as set-state is (docs/security.md): without
+            // that proof the heartbeat counts and its state is ignored. (Refused whole, it would
+            // stop a PubNub JavaScript client, which repeats the state of a refused `setState`
+            // on every later heartbeat and subscribe.)
+            if !states.isEmpty, !mayAct(as: uuid, keyset, wire, verdict: verdict) { states = [:] }
             await state.presence.heartbeat(subscribeKey: key, uuid: uuid, channels: channels, groups: groups, timeoutSeconds: timeout, states: states)
             return Reply.json(.ok, #"{"status":200,"message":"OK","service":"Presence"}"#)
         case .leave:

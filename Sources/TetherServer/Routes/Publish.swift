@@ -233,7 +233,10 @@ extension TetherResponder {
             return .sent(outcome.timetoken, isRepeat: true)
         }
         state.metrics.recordPublish(kind: kind == .signal ? "signal" : kind == .file ? "file" : "message")
-        if kind == .message { state.push.messagePublished(subscribeKey: subscribeKey, channel: channel, timetoken: outcome.timetoken, payload: publish.payload) }
+        if kind == .message {
+            state.push.messagePublished(subscribeKey: subscribeKey, channel: channel, timetoken: outcome.timetoken, payload: publish.payload,
+                                        includingHeld: state.hub.shared == nil)
+        }
         state.console?.published()
         return .sent(outcome.timetoken, isRepeat: false)
     }

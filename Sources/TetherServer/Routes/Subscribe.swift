@@ -87,9 +87,10 @@ extension TetherResponder {
             : state.access.verifySignature(keyset: keyset, method: "GET", rawPath: wire.rawPath, rawQuery: wire.rawQuery, body: []))
         let check = try authorize(keyset, wire, channels: names, groups: groups, permission: .read, verified: signature)
         slot?.signature.withLock { $0 = signature }
-        let options = try SubscribeRequest.Options(wire, channels: names, groups: groups)
-        // Setting state is acting for the uuid, as set-state is (docs/security.md).
-        if let uuid = options.uuid, !options.states.isEmpty { try requireActing(as: uuid, keyset, wire, verdict: signature) }
+        var options = try SubscribeRequest.Options(wire, channels: names, groups: groups)
+        // Setting state is acting for the uuid, as set-state is (docs/security.md): without that
+        // proof the subscribe goes on and its state is ignored (see the heartbeat route).
+        if let uuid = options.uuid, !options.states.isEmpty, !mayAct(as: uuid, keyset, wire, verdict: signature) { options.states = [:] }
         // A subscribe is a heartbeat for its uuid on every channel and group in it (§6.4.8).
         var heartbeatAt: Duration?
         // What this request's heartbeat joined again right after the uuid left (a stale

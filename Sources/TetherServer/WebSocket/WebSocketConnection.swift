@@ -277,6 +277,7 @@ final class WebSocketConnection: Sendable {
                         if s.hasSubscribed { s.cursor = resumePoint } else { s.resumedCursor = resumePoint }
                     }
                     s.auth = hello.auth
+                    s.actsForUUID = mayActFor(s)
                     if hello.publishKey != nil { s.publishKey = hello.publishKey }
                 } ?? kept
                 send(welcome(session: session, token: token, resumed: true, state: resumed, cursor: current))
@@ -290,7 +291,8 @@ final class WebSocketConnection: Sendable {
             }
         }
         let token = WebSocketSessions.makeToken()
-        let fresh = SessionState(keyset: keyset, uuid: hello.uuid, auth: hello.auth, publishKey: hello.publishKey)
+        var fresh = SessionState(keyset: keyset, uuid: hello.uuid, auth: hello.auth, publishKey: hello.publishKey)
+        fresh.actsForUUID = mayActFor(fresh)
         guard let session = sessions.open(id, token: token, state: fresh) else {
             fail(WebSocketCloseCode.malformed, "malformed", "hello was already received")
             return false
@@ -371,7 +373,7 @@ final class WebSocketConnection: Sendable {
             return true
         }
         // Setting state is acting for the uuid, as REST's set-state is (docs/security.md).
-        if !request.states.isEmpty, !mayActFor(current) {
+        if !request.states.isEmpty, !current.actsForUUID {
             send(WebSocketServerFrame.error(code: "invalidState", message: "Forbidden: setting presence state acts for the uuid, "
                                                 + "and the session's token is not authorized for \(String(reflecting: current.uuid))"))
             return true
@@ -458,7 +460,7 @@ final class WebSocketConnection: Sendable {
         }) else { return }
         // A leave acts for the uuid, as REST's is refused for a token bound to another uuid or to
         // none: then the names leave the subscription and the uuid times out there.
-        if !(removedChannels.isEmpty && removedGroups.isEmpty), mayActFor(after) {
+        if !(removedChannels.isEmpty && removedGroups.isEmpty), after.actsForUUID {
             await state.presence.leave(subscribeKey: after.keyset.subscribeKey, uuid: after.uuid, channels: removedChannels, groups: removedGroups)
         }
         send(WebSocketServerFrame.unsubscribed(channels: after.channels, groups: after.groups))

@@ -26,6 +26,10 @@ struct SessionState: Sendable {
     var resumedCursor: Timetoken?
     /// Suspended with `presence: false`: the uuid left; it joins again when the session resumes.
     var presenceSuspended = false
+    /// Whether the session may act for its uuid (send its leaves, set its state): `hello` names a
+    /// uuid nobody proves, so with a v3 token bound to no uuid or another one it may not
+    /// (docs/security.md); set at `hello` and at every resume (whose `auth` may differ).
+    var actsForUUID = true
     /// Raised whenever the subscription grows (names added, or another filter): a delivery round
     /// read before it may have passed messages the subscription now takes, so its page must not
     /// move the cursor (``WebSocketConnection``'s `finishRound`).
@@ -223,7 +227,9 @@ final class WebSocketSessions: Sendable {
             guard s.table.suspend(connection, keepAlive: .seconds(granted)), let id = s.table.session(on: connection),
                   var state = s.table.payload(of: id) else { return (false, nil, nil) }
             let pushing = device != nil && state.hasSubscribed ? (id, state) : nil
-            guard !presence, state.hasSubscribed, !state.presenceSuspended else { return (true, nil, pushing) }
+            // A session that may not act for its uuid sends no leave: the uuid stays until its
+            // timeout, as after a REST leave refused for it.
+            guard !presence, state.hasSubscribed, !state.presenceSuspended, state.actsForUUID else { return (true, nil, pushing) }
             state.presenceSuspended = true
             s.table.update(id, payload: state, bytes: state.estimatedBytes)
             return (true, state, pushing)
@@ -265,7 +271,7 @@ final class WebSocketSessions: Sendable {
         if let session = locked.withLock({ $0.table.session(on: connection) }) { releaseSuspendedPush(session) }
         guard let state = locked.withLock({ $0.table.end(connection) }) else { return }
         console?.socketClosed(uuid: state.uuid, reason: "bye; session ended")
-        if state.hasSubscribed {
+        if state.hasSubscribed, state.actsForUUID {
             await presence.leave(subscribeKey: state.keyset.subscribeKey, uuid: state.uuid, channels: state.channels, groups: state.groups)
         }
     }
