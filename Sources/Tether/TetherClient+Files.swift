@@ -227,6 +227,8 @@ extension TetherClient {
         case .failure(let category, let details):
             let code = Self.xmlElement("Code", in: text)
             let message = details.message ?? Self.xmlElement("Message", in: text).map { m in code.map { "\($0): \(m)" } ?? m } ?? text
+            // A storage answers in XML: its 403 (an expired or foreign upload form) is a refusal.
+            let category = response.statusCode == 403 ? .accessDenied : category
             return TetherError(Status(category: category == .malformedResponse && response.statusCode >= 400 ? .unknown : category,
                                       operation: operation, statusCode: response.statusCode, serverMessage: message,
                                       affectedChannels: [channel]))

@@ -39,7 +39,9 @@ package enum ClassifiedResponse: Sendable, Hashable {
 ///
 /// Rules, in order:
 /// 1. 400, 413, 414 → bad request; 403 → access denied (with `payload.channels` and
-///    `payload.channel-groups`); 481 → malformed filter expression — whatever the body.
+///    `payload.channel-groups`); 481 → malformed filter expression — whatever the body, except a
+///    403 whose body is there and not JSON: a proxy's HTML "access denied" page is a malformed
+///    response (seed 002), not a refusal by Access Manager (whose answer is JSON).
 /// 2. A body that is not JSON → malformed response (captive portals, proxies, truncated bodies),
 ///    for any other status.
 /// 3. 2xx JSON → success, unless the object carries `"error": true` with a numeric `status` ≥ 400,
@@ -66,7 +68,12 @@ package enum ResponseClassifier {
         details.body = bodyText
         switch effective {
         case 400, 413, 414: return .failure(.badRequest, details)
-        case 403: return .failure(.accessDenied, details)
+        case 403:
+            if parsed == nil, body.contains(where: { $0 > 0x20 }) {
+                if details.message == nil { details.message = "a 403 that is not JSON (a proxy's page?)" }
+                return .failure(.malformedResponse, details)
+            }
+            return .failure(.accessDenied, details)
         case 481: return .failure(.malformedFilterExpression, details)
         default:
             guard parsed != nil else {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 import socket
 import subprocess
 import urllib.parse
@@ -327,13 +328,17 @@ def test_orphans_are_removed_at_start(server_factory):
     server = server_factory.start()
     files_dir = os.path.join(server.data_dir, "files")
     server.stop()
-    with open(os.path.join(files_dir, "demo%2Forphan"), "wb") as f:
+    # An object whose upload committed but whose row did not (an id is a UUID), and a file that
+    # is not an object of the storage (never removed: the directory may hold other things).
+    with open(os.path.join(files_dir, "demo%2F" + str(uuid.uuid4())), "wb") as f:
         f.write(b"left by a crash")
+    with open(os.path.join(files_dir, "notes.txt"), "wb") as f:
+        f.write(b"not an upload")
     os.makedirs(os.path.join(files_dir, ".incoming"), exist_ok=True)
     with open(os.path.join(files_dir, ".incoming", "half"), "wb") as f:
         f.write(b"half-written")
     server.start()
-    assert os.listdir(files_dir) == [".incoming"] and os.listdir(os.path.join(files_dir, ".incoming")) == []
+    assert sorted(os.listdir(files_dir)) == [".incoming", "notes.txt"] and os.listdir(os.path.join(files_dir, ".incoming")) == []
 
 
 # ------------------------------------------------------------------------------- access manager

@@ -27,6 +27,9 @@ struct ResponseClassifierTests {
         Case(status: 500, body: "{\"status\":500,\"error\":true,\"message\":\"Internal\"}", expected: .unknown),
         Case(status: 429, body: "{\"status\":429,\"error\":true,\"message\":\"Too Many Requests\"}", expected: .unknown),
         Case(status: 502, body: "<html>Bad Gateway</html>", expected: .malformedResponse),
+        // A proxy's "access denied" page is not Access Manager's answer (seed 002).
+        Case(status: 403, body: "<html><body>Access denied by the proxy</body></html>", expected: .malformedResponse),
+        Case(status: 403, body: "", expected: .accessDenied),
         Case(status: 200, body: "{\"status\":403,\"error\":true,\"message\":\"Forbidden\"}", expected: .accessDenied),
         Case(status: 200, body: "{\"status\":200,\"error\":false}", expected: nil),
     ]
