@@ -50,7 +50,7 @@ extension TetherClient {
                                                           data: bytes, boundary: boundary)
         progress?(FileTransferProgress(completedBytes: 0, totalBytes: bytes.count))
         let request = TransportRequest(url: form.url, method: .post, headers: ["Content-Type": formType, "User-Agent": "Tether-Swift/0.1"],
-                                       body: body, timeout: timeout ?? configuration.nonSubscribeTimeout)
+                                       body: body, timeout: timeout ?? Self.uploadTimeout(bytes: body.count, base: configuration.nonSubscribeTimeout))
         // Progress counts the file's bytes: the form's own bytes before and after it are not.
         let fileStart = body.count - bytes.count - "\r\n--\(boundary)--\r\n".utf8.count, fileSize = bytes.count
         let response = try await sendFileRequest(request, operation: .sendFile, channel: channel, sent: progress.map { report in
@@ -85,6 +85,13 @@ extension TetherClient {
                 throw TetherError(status)
             }
         }
+    }
+
+    /// An upload's deadline when the call gives none: the non-subscribe timeout, plus a second
+    /// for every 64 KiB (a 5 MiB file gets 80 s more), so a large file over a slow uplink is not
+    /// cut off at 15 s.
+    static func uploadTimeout(bytes: Int, base: Duration) -> Duration {
+        base + .seconds(bytes / 65_536)
     }
 
     /// Attempts at a file message after its upload (PubNub's SDKs retry it too).

@@ -80,10 +80,12 @@ public struct TetherConfiguration: Sendable {
     public var catchUpOnSubscriptionRestore: Bool
     /// Time API probing period while unexpectedly disconnected (default 10 s).
     public var timeProbeInterval: Duration
-    /// Dead-link detection while receiving: a probe (presence heartbeat when
-    /// ``heartbeatInterval`` > 0, otherwise a Time request) every `probeInterval`, each allowed
+    /// Dead-link detection while receiving: a Time request every `probeInterval`, each allowed
     /// `probeTimeout`; a failure restarts the loop. Default 25 s + 10 s: a dead link is noticed
-    /// within 35 s. `nil` disables it.
+    /// within 35 s. `nil` disables it. With ``heartbeatInterval`` > 0 the presence heartbeats
+    /// are the probes instead, at that interval (a dead link is then noticed within
+    /// `heartbeatInterval` + `probeTimeout`), and a failed heartbeat restarts the loop even when
+    /// this is `nil`.
     public var deadLinkDetection: DeadLinkDetection?
     /// Whether the client watches the device's network itself (default true): rtnetlink on
     /// Linux (loopback counted when the origin is a loopback address), `NWPathMonitor` on Apple
@@ -172,7 +174,7 @@ public struct TetherConfiguration: Sendable {
     public mutating func setFallbackOrigins(_ origins: [String]) throws(ConfigurationError) {
         for origin in origins where Self.parseOrigin(origin) == nil { throw .invalidOrigin(origin) }
         var seen: Set<String> = []
-        self.fallbackOrigins = origins.filter { seen.insert($0).inserted }
+        self.fallbackOrigins = origins.filter { $0 != origin && seen.insert($0).inserted }
     }
 
     /// The origin's host and optional port.

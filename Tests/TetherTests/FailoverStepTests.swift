@@ -111,6 +111,12 @@ struct FailoverStepTests {
         await client.shutdown()
     }
 
+    @Test func theFallbacksDropRepeatsAndThePrimary() throws {
+        var configuration = try TetherConfiguration(subscribeKey: "demo", userId: "u", origin: Self.primary)
+        try configuration.setFallbackOrigins([Self.fallback, Self.primary, Self.fallback, "third.invalid"])
+        #expect(configuration.fallbackOrigins == [Self.fallback, "third.invalid"])
+    }
+
     /// A message action's add is not idempotent: after a timeout (which may have stored it) it is
     /// not sent again, to the fallback or after a back-off; after a refused connection (it never
     /// arrived) it is, at once, on the fallback.

@@ -54,4 +54,9 @@ struct FileStepTests {
     }
 
     static var attempts: Int { TetherClient.fileMessageAttempts }
+
+    @Test func anUploadsDefaultDeadlineGrowsWithTheFile() {
+        #expect(TetherClient.uploadTimeout(bytes: 1_000, base: .seconds(15)) == .seconds(15))
+        #expect(TetherClient.uploadTimeout(bytes: 5 << 20, base: .seconds(15)) == .seconds(95))
+    }
 }
