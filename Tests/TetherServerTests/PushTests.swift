@@ -634,6 +634,32 @@ import TetherTesting
         await gateway.stop()
     }
 
+    /// A session subscribed through a group and a wildcard gets pushes for what arrives on the
+    /// group's channels and under the wildcard, as its deliveries would carry them.
+    @Test func aSessionsGroupsAndWildcardsArePushedToo() async throws {
+        let files = try PushTests.Files()
+        let gateway = try await PushGatewayServer.start { _ in .init(status: 200) }
+        let server = try await PushTests.apnsServer(gateway, files: files, key: P256.Signing.PrivateKey())
+        #expect(try await server.get("/v1/channel-registration/sub-key/demo/channel-group/g?add=inbox&uuid=admin").status == 200)
+        let client = WebSocketTestClient(baseURL: server.baseURL)
+        client.send(WebSocketTests.hello("alice"))
+        #expect(await client.frame(ofType: "welcome") != nil)
+        client.send(.object(["type": "subscribe", "channels": ["news.*"], "groups": ["g"]]))
+        #expect(await client.frame(ofType: "subscribed") != nil)
+        client.send(.object(["type": "suspend", "keepAliveSeconds": 600,
+                             "push": ["token": .string(PushTests.apnsToken), "type": "apns2", "environment": "development",
+                                      "topic": .string(PushTests.topic)]]))
+        #expect(await client.frame(ofType: "suspended") != nil)
+        await client.close()
+        for channel in ["inbox", "news.eu", "sports"] { try await server.publish(channel, #"{"text":"on \#(channel)"}"#) }
+        await server.server.state.push.waitUntilIdle()
+        let bodies = gateway.requests.compactMap { PushTests.json($0.body) }
+            .compactMap { (($0["aps"] as? [String: Any])?["alert"] as? [String: Any])?["body"] as? String }
+        #expect(bodies.sorted() == ["on inbox", "on news.eu"])
+        await server.stop()
+        await gateway.stop()
+    }
+
     /// A suspended session's pushes carry its messages: each checks the session's read access
     /// when it goes, as the socket's deliveries do. A revoked grant stops them.
     @Test func aRevokedGrantStopsTheSuspendedSessionsPushes() async throws {

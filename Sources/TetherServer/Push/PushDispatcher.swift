@@ -53,8 +53,18 @@ package final class PushDispatcher: Sendable {
         var idleWaiters: [CheckedContinuation<Void, Never>] = []
         /// Devices of suspended WebSocket sessions, by subscribe key and channel, then by owner.
         var held: [HeldKey: [UInt64: PushDevice]] = [:]
-        /// The channels each owner holds a device on.
+        /// The channels each owner holds a device on (a wildcard's key is its prefix, `news.`).
         var heldBy: [UInt64: [HeldKey]] = [:]
+        /// Devices held on wildcard subscriptions (`news.*`), by subscribe key and prefix
+        /// (`news.`), then by owner: few, and matched by prefix.
+        var heldPrefixes: [HeldKey: [UInt64: PushDevice]] = [:]
+
+        /// Whether a device is held on `channel`, exactly or by a wildcard.
+        func holds(_ subscribeKey: String, _ channel: String) -> Bool {
+            if held.isEmpty && heldPrefixes.isEmpty { return false }
+            if held[HeldKey(subscribeKey: subscribeKey, channel: channel)] != nil { return true }
+            return heldPrefixes.keys.contains { $0.subscribeKey == subscribeKey && channel.hasPrefix($0.channel) }
+        }
         /// Whether each owner may still read a channel (its grant or token, checked when a
         /// message is pushed: a revoked grant or an expired token stops the pushes).
         var mayRead: [UInt64: @Sendable (String) -> Bool] = [:]
@@ -93,12 +103,24 @@ package final class PushDispatcher: Sendable {
     /// there — its `pn_apns` / `pn_fcm` part when it has one, otherwise a notification made from
     /// the message (``defaultNotification(_:channel:timetoken:apple:)``). Not stored: a held device
     /// lasts as long as the session, which does not outlive the process.
+    ///
+    /// `channels` are concrete channels (a session's groups expanded by the caller) and wildcard
+    /// patterns (`news.*`, matching every channel under `news.`).
     package func holdDevice(_ device: PushDevice, channels: [String], owner: UInt64,
                             mayRead: @escaping @Sendable (String) -> Bool = { _ in true }) {
         releaseDevice(owner: owner)
-        let keys = channels.map { HeldKey(subscribeKey: device.subscribeKey, channel: $0) }
+        let keys = channels.map { name in
+            HeldKey(subscribeKey: device.subscribeKey, channel: NameRules.isWildcard(name) ? String(name.dropLast()) : name)
+        }
+        let wildcards = Set(channels.filter(NameRules.isWildcard).map { String($0.dropLast()) })
         state.withLock { s in
-            for key in keys { s.held[key, default: [:]][owner] = device }
+            for key in keys {
+                if wildcards.contains(key.channel) {
+                    s.heldPrefixes[key, default: [:]][owner] = device
+                } else {
+                    s.held[key, default: [:]][owner] = device
+                }
+            }
             s.heldBy[owner] = keys
             s.mayRead[owner] = mayRead
         }
@@ -110,15 +132,22 @@ package final class PushDispatcher: Sendable {
             for key in s.heldBy.removeValue(forKey: owner) ?? [] {
                 s.held[key]?[owner] = nil
                 if s.held[key]?.isEmpty == true { s.held[key] = nil }
+                s.heldPrefixes[key]?[owner] = nil
+                if s.heldPrefixes[key]?.isEmpty == true { s.heldPrefixes[key] = nil }
             }
             s.mayRead[owner] = nil
         }
     }
 
-    /// Devices held on a channel whose sessions may still read it.
+    /// Devices held on a channel (exactly, or by a wildcard) whose sessions may still read it;
+    /// a device held both ways is pushed once.
     private func heldDevices(subscribeKey: String, channel: String) -> [PushDevice] {
         let held = state.withLock { s in
-            (s.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] ?? [:]).map { (device: $0.value, mayRead: s.mayRead[$0.key]) }
+            var owners = s.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] ?? [:]
+            for (key, devices) in s.heldPrefixes where key.subscribeKey == subscribeKey && channel.hasPrefix(key.channel) {
+                owners.merge(devices) { current, _ in current }
+            }
+            return owners.map { (device: $0.value, mayRead: s.mayRead[$0.key]) }
         }
         // Checked outside the lock: a check reads the access manager.
         return held.filter { $0.mayRead?(channel) ?? true }.map(\.device)
@@ -131,8 +160,7 @@ package final class PushDispatcher: Sendable {
     /// ``heldMessageArrived(subscribeKey:channel:timetoken:payload:)``, which every node calls for
     /// the messages its shared-log reader delivers, since each node holds its own sessions.
     package func messagePublished(subscribeKey: String, channel: String, timetoken: Timetoken, payload: String, includingHeld: Bool = true) {
-        let held = includingHeld && isSending
-            && state.withLock { !$0.held.isEmpty && $0.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] != nil }
+        let held = includingHeld && isSending && state.withLock { $0.holds(subscribeKey, channel) }
         guard held || (payload.utf8.count > 8 && Self.contains(payload, "\"pn_")) else { return }
         guard isSending || Self.contains(payload, "\"pn_debug\"") else { return }
         enqueue(PushJob(subscribeKey: subscribeKey, channel: channel, timetoken: timetoken, payload: payload,
@@ -140,13 +168,12 @@ package final class PushDispatcher: Sendable {
     }
 
     /// Whether a suspended session holds a device here (a cheap check before a batch).
-    package var holdsDevices: Bool { isSending && state.withLock { !$0.held.isEmpty } }
+    package var holdsDevices: Bool { isSending && state.withLock { !$0.held.isEmpty || !$0.heldPrefixes.isEmpty } }
 
     /// A cluster node's shared-log reader delivered a message (any node's publish): queued for
     /// the suspended sessions this node holds on its channel, if any.
     package func heldMessageArrived(subscribeKey: String, channel: String, timetoken: Timetoken, payload: String) {
-        guard isSending, state.withLock({ !$0.held.isEmpty && $0.held[HeldKey(subscribeKey: subscribeKey, channel: channel)] != nil })
-        else { return }
+        guard isSending, state.withLock({ $0.holds(subscribeKey, channel) }) else { return }
         enqueue(PushJob(subscribeKey: subscribeKey, channel: channel, timetoken: timetoken, payload: payload, scope: .held))
     }
 

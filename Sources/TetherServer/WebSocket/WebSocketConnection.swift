@@ -221,9 +221,16 @@ final class WebSocketConnection: Sendable {
             var mayRead: (@Sendable (String) -> Bool)?
             if let current = sessions.state(of: session), current.keyset.secretKey != nil {
                 let (access, keyset, uuid, auth) = (state.access, current.keyset, current.uuid, current.auth)
+                let (names, groups) = (current.channels, current.groups)
                 mayRead = { channel in
-                    let check = access.check(AccessRequest(channels: [channel], groups: [], permission: .read, uuid: uuid),
-                                             keyset: keyset, auth: auth, signature: .absent)
+                    // Read on the channel when the session names it; otherwise on what brought
+                    // it (the wildcards that match it, and the session's groups), as the
+                    // session's deliveries check the names it subscribed to.
+                    let request = names.contains(channel)
+                        ? AccessRequest(channels: [channel], groups: [], permission: .read, uuid: uuid)
+                        : AccessRequest(channels: names.filter { NameRules.isWildcard($0) && channel.hasPrefix(String($0.dropLast())) },
+                                        groups: groups, permission: .read, uuid: uuid)
+                    let check = access.check(request, keyset: keyset, auth: auth, signature: .absent)
                     if case .denied = check.decision { return false }
                     return true
                 }

@@ -239,7 +239,12 @@ final class WebSocketSessions: Sendable {
             push.holdDevice(PushDevice(subscribeKey: state.keyset.subscribeKey, token: device.token, gateway: gateway,
                                        environment: gateway == .apns2 ? device.environment : "",
                                        topic: gateway == .apns2 ? device.topic : ""),
-                            channels: state.channels.filter { !NameRules.isPresence($0) }, owner: id, mayRead: mayRead ?? { _ in true })
+                            // The session's channels, its groups' channels as they are now, and its
+                            // wildcards (matched by prefix); not presence channels.
+                            channels: Array(Set(state.channels.filter { !NameRules.isPresence($0) && NameRules.isWildcard($0) }
+                                                + self.presence.concreteChannels(subscribeKey: state.keyset.subscribeKey,
+                                                                                 channels: state.channels, groups: state.groups))),
+                            owner: id, mayRead: mayRead ?? { _ in true })
         }
         if let leaving {
             await self.presence.leave(subscribeKey: leaving.keyset.subscribeKey, uuid: leaving.uuid, channels: leaving.channels,
