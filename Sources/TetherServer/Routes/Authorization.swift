@@ -50,17 +50,16 @@ extension TetherResponder {
         try authorize(keyset, wire, channels: channels, groups: groups, permission: permission)
     }
 
-    /// The proof ``authorizeActing(as:_:_:channels:groups:permission:)`` asks for, without the
-    /// permission check: for requests authorized otherwise that also change what `uuid` shows
-    /// others (a heartbeat or subscribe that sets presence state). Nothing on a keyset without a
-    /// secret key, or for a request signed with it.
     /// Whether the request may act for `uuid` (``requireActing(as:_:_:verdict:)`` without the
-    /// refusal).
+    /// refusal): for requests authorized otherwise that also change what `uuid` shows others (a
+    /// heartbeat or subscribe that sets presence state).
     func mayAct(as uuid: String, _ keyset: Keyset, _ wire: WireRequest, verdict: AccessManager.SignatureVerdict) -> Bool {
         do { try requireActing(as: uuid, keyset, wire, verdict: verdict) } catch { return false }
         return true
     }
 
+    /// The proof ``authorizeActing(as:_:_:channels:groups:permission:)`` asks for, without the
+    /// permission check. Nothing on a keyset without a secret key, or for a request signed with it.
     func requireActing(as uuid: String, _ keyset: Keyset, _ wire: WireRequest, verdict: AccessManager.SignatureVerdict) throws(RequestError) {
         guard keyset.secretKey != nil, verdict != .valid else { return }
         func refuse(_ message: String) -> RequestError {
