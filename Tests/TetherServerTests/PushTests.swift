@@ -143,6 +143,26 @@ import TetherTesting
         #expect(PushDispatcher.contains("{\"pn_\u{301}apns\":1}", "\"pn_"))
     }
 
+    /// Every numeric push setting is bounded: hostile values are refused at load, naming the key.
+    @Test(arguments: [0, -1, Int.min, Int.max, 600_001])
+    func pushSettingsOutOfRangeAreRefusedNamingTheKey(_ value: Int) {
+        let setters: [(String, (inout ConfigurationFile.Push) -> Void)] = [
+            ("push.retryMaxDelayMilliseconds", { $0.retryMaxDelayMilliseconds = value }),
+            ("push.retryBaseDelayMilliseconds", { $0.retryBaseDelayMilliseconds = value }),
+            ("push.maxAttempts", { $0.maxAttempts = value }),
+            ("push.concurrency", { $0.concurrency = value }),
+        ]
+        for (key, set) in setters {
+            var push = ConfigurationFile.Push()
+            set(&push)
+            #expect(throws: ServerConfigurationError.self, "\(key) = \(value)") { try push.validate() }
+            do { try push.validate() } catch { #expect("\(error)".contains(key), "\(error)") }
+        }
+        var fine = ConfigurationFile.Push()
+        fine.retryMaxDelayMilliseconds = 600_000
+        #expect(throws: Never.self) { try fine.validate() }
+    }
+
     @Test func backoffDoublesToItsCapWithEqualJitter() {
         let backoff = PushBackoff(base: .milliseconds(100), cap: .seconds(1))
         #expect(backoff.delay(afterAttempt: 1, jitter: 0) == .milliseconds(50))
